@@ -1,0 +1,164 @@
+"""Backend selection: ``reference``, ``cpu``, ``triton``, ``cuda`` and ``auto``.
+
+Every op registers one implementation per backend it supports (same signature and semantics as
+its reference). ``auto`` (the default) picks the fastest available backend for the tensors'
+device and silently falls back to ``reference``; a backend forced with
+:func:`use_backend` or ``QKERNELS_BACKEND`` must be usable or the call raises
+:class:`BackendUnavailableError` saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+
+import torch
+
+from qkernels import _ext
+
+BACKENDS = ("reference", "cpu", "triton", "cuda")
+# auto's order of preference per device type (first available implementation wins)
+AUTO_ORDER = {"cpu": ("cpu", "reference"), "cuda": ("cuda", "triton", "reference")}
+
+
+class BackendUnavailableError(RuntimeError):
+    """A forced backend cannot run the requested op on the given tensors."""
+
+
+def _check_name(name: str) -> str:
+    if name not in BACKENDS + ("auto",):
+        raise ValueError(f"backend must be one of {BACKENDS + ('auto',)}, got {name!r}")
+    return name
+
+
+_forced: str = _check_name(os.environ.get("QKERNELS_BACKEND", "auto") or "auto")
+_REGISTRY: dict[str, dict[str, Callable]] = {}
+
+
+def triton_interpret() -> bool:
+    """True when Triton kernels run on CPU tensors through the interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _triton_reason() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'qkernels[triton]')"
+    if not (torch.cuda.is_available() or triton_interpret()):
+        return "no CUDA device (set TRITON_INTERPRET=1 to run Triton kernels on CPU tensors)"
+    return None
+
+
+def unavailable_reason(backend: str, device: torch.device | None = None) -> str | None:
+    """Why ``backend`` cannot run on ``device`` (None: it can). ``device=None``: on any device."""
+    _check_name(backend)
+    dev = None if device is None else torch.device(device).type
+    if backend == "reference":
+        return None
+    if backend == "cpu":
+        if not _ext.LOADED:
+            return f"the cpu backend needs the native extension: {_ext.REASON}"
+        if dev not in (None, "cpu"):
+            return f"the cpu backend runs on CPU tensors, got {dev} tensors"
+        return None
+    if backend == "cuda":
+        if not _ext.LOADED:
+            return f"the cuda backend needs the native extension: {_ext.REASON}"
+        if not cuda_built():
+            return "qkernels._C was built without CUDA kernels (torch without CUDA or no nvcc)"
+        if not torch.cuda.is_available():
+            return "no CUDA device is available"
+        if dev not in (None, "cuda"):
+            return f"the cuda backend runs on CUDA tensors, got {dev} tensors"
+        return None
+    # triton
+    reason = _triton_reason()
+    if reason is not None:
+        return reason
+    if dev == "cpu" and not triton_interpret():
+        return "the triton backend runs on CPU tensors only under TRITON_INTERPRET=1"
+    if dev not in (None, "cpu", "cuda"):
+        return f"the triton backend does not support {dev} tensors"
+    return None
+
+
+def cuda_built() -> bool:
+    """Whether qkernels._C contains the CUDA kernels."""
+    return _ext.LOADED and any(_ext.has_kernel(op, "CUDA") for op in _native_ops())
+
+
+def _native_ops() -> list[str]:
+    from qkernels.ops import NATIVE_OPS
+
+    return list(NATIVE_OPS)
+
+
+def available_backends(device: torch.device | str | None = None) -> list[str]:
+    """Backends usable on this machine (for tensors on ``device`` when given)."""
+    return [b for b in BACKENDS if unavailable_reason(b, device) is None]
+
+
+def current_backend() -> str:
+    """The forced backend name, or ``"auto"``."""
+    return _forced
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Force backend ``name`` (or ``"auto"``) inside the ``with`` block."""
+    global _forced
+    previous, _forced = _forced, _check_name(name)
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def register(op: str, backend: str) -> Callable[[Callable], Callable]:
+    """Decorator: register ``fn`` as ``backend``'s implementation of functional op ``op``."""
+    _check_name(backend)
+
+    def deco(fn: Callable) -> Callable:
+        _REGISTRY.setdefault(op, {})[backend] = fn
+        return fn
+
+    return deco
+
+
+def implementations(op: str) -> dict[str, Callable]:
+    """``{backend: implementation}`` registered for ``op``."""
+    _load_triton_impls()
+    return dict(_REGISTRY.get(op, {}))
+
+
+_TRITON_LOADED = False
+
+
+def _load_triton_impls() -> None:
+    # Triton modules are imported only when triton can run, so importing qkernels never
+    # requires triton.
+    global _TRITON_LOADED
+    if _TRITON_LOADED:
+        return
+    _TRITON_LOADED = True
+    if _triton_reason() is None:
+        importlib.import_module("qkernels.triton")
+
+
+def select(op: str, device: torch.device) -> tuple[str, Callable]:
+    """``(backend, implementation)`` of ``op`` for tensors on ``device``."""
+    impls = implementations(op)
+    if _forced != "auto":
+        if _forced not in impls:
+            raise BackendUnavailableError(
+                f"backend {_forced!r} does not implement {op} (it has: {sorted(impls)})"
+            )
+        reason = unavailable_reason(_forced, device)
+        if reason is not None:
+            raise BackendUnavailableError(f"backend {_forced!r} unavailable for {op}: {reason}")
+        return _forced, impls[_forced]
+    for name in AUTO_ORDER.get(device.type, ("reference",)):
+        if name in impls and unavailable_reason(name, device) is None:
+            return name, impls[name]
+    return "reference", impls["reference"]

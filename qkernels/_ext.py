@@ -1,0 +1,30 @@
+"""Loading of the native extension ``qkernels._C`` and why it may be missing."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+LOADED = False
+REASON: str | None = None
+
+if os.environ.get("QKERNELS_NO_EXT", "0") == "1":
+    REASON = "QKERNELS_NO_EXT=1 is set"
+else:
+    try:
+        from qkernels import _C  # noqa: F401  (import registers the qkernels:: C++ ops)
+
+        LOADED = True
+    except ImportError as exc:  # pragma: no cover - depends on how the package was installed
+        REASON = (
+            f"qkernels._C is not built ({exc}); reinstall with "
+            "`pip install --no-build-isolation -e .` without QKERNELS_NO_EXT=1"
+        )
+
+
+def has_kernel(op: str, dispatch_key: str) -> bool:
+    """Whether the C++ op ``qkernels::<op>`` has a kernel for ``dispatch_key`` ("CPU", "CUDA")."""
+    if not LOADED:
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"qkernels::{op}", dispatch_key)

@@ -1,0 +1,63 @@
+"""Input checks shared by every functional op: clear ``TypeError``/``ValueError`` naming the
+argument, never a silent NaN. Data-dependent checks (finiteness) are skipped while
+``torch.compile`` traces, where they would break the graph."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    min_ndim: int | None = None,
+    floating: bool = True,
+    finite: bool = True,
+    nonempty: bool = True,
+) -> torch.Tensor:
+    """Validate ``t`` as argument ``name``; return it unchanged."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if floating and not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else ndim
+        if t.dim() not in allowed:
+            want = " or ".join(str(a) for a in allowed)
+            raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions, got shape {tuple(t.shape)}"
+        )
+    if nonempty and t.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
+    if finite and t.is_floating_point() and not _compiling() and not torch.isfinite(t).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    return t
+
+
+def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, *, dtype=True) -> None:
+    """Same device (and dtype when ``dtype``) for two tensor arguments."""
+    if a.device != b.device:
+        raise ValueError(f"{name_a} is on {a.device} but {name_b} is on {b.device}")
+    if dtype and a.dtype != b.dtype:
+        raise TypeError(f"{name_a} has dtype {a.dtype} but {name_b} has dtype {b.dtype}")
+
+
+def check_positive(name: str, value: object, *, integer: bool = False, minimum=None) -> None:
+    """A positive number (``> 0``), or ``>= minimum`` when given."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "an int" if integer else "a number"
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+    if minimum is not None:
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    elif not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")

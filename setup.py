@@ -1,0 +1,45 @@
+"""Build the native extension ``qkernels._C``.
+
+CPU/OpenMP kernels (csrc/cpu) are always built; CUDA kernels (csrc/cuda) too when the installed
+torch has CUDA and nvcc is found. ``QKERNELS_NO_EXT=1`` skips native code entirely (the pure
+PyTorch reference backend still works). A failing compile fails the install, never first use.
+"""
+
+import glob
+import os
+import shutil
+
+from setuptools import setup
+
+if os.environ.get("QKERNELS_NO_EXT", "0") == "1":
+    setup()
+else:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+    nvcc = shutil.which("nvcc") or (CUDA_HOME and os.path.join(CUDA_HOME, "bin", "nvcc"))
+    with_cuda = (
+        torch.version.cuda is not None
+        and nvcc is not None
+        and os.path.exists(nvcc)
+        and os.environ.get("QKERNELS_NO_CUDA", "0") != "1"
+    )
+    cxx_flags = ["-O3", "-std=c++17", "-fopenmp"]
+    define_macros = []
+    if with_cuda:
+        sources += sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda/*.cpp"))
+        define_macros.append(("QKERNELS_WITH_CUDA", "1"))
+        extension = CUDAExtension
+    else:
+        extension = CppExtension
+    ext = extension(
+        "qkernels._C",
+        sources,
+        include_dirs=[os.path.join(here, "csrc", "include")],
+        define_macros=define_macros,
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math", "-std=c++17"]},
+        extra_link_args=["-fopenmp"],
+    )
+    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension})
