@@ -26,7 +26,7 @@ else:
         and os.path.exists(nvcc)
         and os.environ.get("QKERNELS_NO_CUDA", "0") != "1"
     )
-    cxx_flags = ["-O3", "-std=c++17", "-fopenmp"]
+    cxx_flags = ["-O3", "-fopenmp"]
     define_macros = []
     if with_cuda:
         sources += sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda/*.cpp"))
@@ -39,7 +39,7 @@ else:
         sources,
         include_dirs=[os.path.join(here, "csrc", "include")],
         define_macros=define_macros,
-        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math", "-std=c++17"]},
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
         extra_link_args=["-fopenmp"],
     )
     setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension})

@@ -6,12 +6,28 @@ from qkernels._backend import (
     current_backend,
     use_backend,
 )
+from qkernels.ops.quantize import (
+    CategoricalSample,
+    GumbelQuantized,
+    Quantized,
+    categorical_latent,
+    fsq,
+    gumbel_quantize,
+    latent_quantize,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "CategoricalSample",
+    "GumbelQuantized",
+    "Quantized",
     "available_backends",
+    "categorical_latent",
     "current_backend",
+    "fsq",
+    "gumbel_quantize",
+    "latent_quantize",
     "use_backend",
 ]

@@ -146,8 +146,12 @@ def _load_triton_impls() -> None:
         importlib.import_module("qkernels.triton")
 
 
-def select(op: str, device: torch.device) -> tuple[str, Callable]:
-    """``(backend, implementation)`` of ``op`` for tensors on ``device``."""
+# dtypes the kernels of the cpu, triton and cuda backends are written for
+KERNEL_DTYPES = (torch.float32, torch.float64)
+
+
+def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Callable]:
+    """``(backend, implementation)`` of ``op`` for ``dtype`` tensors on ``device``."""
     impls = implementations(op)
     if _forced != "auto":
         if _forced not in impls:
@@ -155,10 +159,14 @@ def select(op: str, device: torch.device) -> tuple[str, Callable]:
                 f"backend {_forced!r} does not implement {op} (it has: {sorted(impls)})"
             )
         reason = unavailable_reason(_forced, device)
+        if reason is None and _forced != "reference" and dtype not in KERNEL_DTYPES:
+            reason = f"its kernels take float32/float64 tensors, got {dtype}"
         if reason is not None:
             raise BackendUnavailableError(f"backend {_forced!r} unavailable for {op}: {reason}")
         return _forced, impls[_forced]
     for name in AUTO_ORDER.get(device.type, ("reference",)):
+        if name != "reference" and dtype not in KERNEL_DTYPES:
+            continue
         if name in impls and unavailable_reason(name, device) is None:
             return name, impls[name]
     return "reference", impls["reference"]

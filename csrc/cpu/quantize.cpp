@@ -1,0 +1,220 @@
+// CPU (OpenMP via at::parallel_for) kernels of the quantization hot path, and the schemas of its
+// qkernels:: ops. Math lives in csrc/include/qkernels/quantize.h, shared with csrc/cuda.
+//
+// Reductions (losses, codebook gradients) use a fixed row chunking whose partial sums are added in
+// chunk order, so results do not depend on the number of threads.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "qkernels/quantize.h"
+
+namespace qkernels {
+namespace {
+
+using at::Tensor;
+
+// Row chunks for deterministic reductions: at most kMaxChunks partial buffers.
+constexpr int64_t kMaxChunks = 64;
+int64_t chunk_rows(int64_t rows) { return std::max<int64_t>(64, (rows + kMaxChunks - 1) / kMaxChunks); }
+
+void check_codebook(const Tensor& x, const Tensor& values, int64_t d, const char* op) {
+  TORCH_CHECK(values.dim() == 2 && (values.size(0) == 1 || values.size(0) == d), op,
+              ": values must be (1, n_v) or (d, n_v) with d = ", d, ", got ", values.sizes());
+  TORCH_CHECK(values.size(1) >= 1, op, ": empty codebook");
+  TORCH_CHECK(x.scalar_type() == values.scalar_type(), op, ": dtype mismatch");
+  TORCH_CHECK(x.device() == values.device(), op, ": device mismatch");
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cpu(const Tensor& z_, const Tensor& values_) {
+  TORCH_CHECK(z_.dim() == 2, "latent_quantize: z must be (N, d), got ", z_.sizes());
+  const int64_t N = z_.size(0), d = z_.size(1);
+  check_codebook(z_, values_, d, "latent_quantize");
+  const Tensor z = z_.contiguous(), values = values_.contiguous();
+  const int64_t G = values.size(0), nv = values.size(1);
+  Tensor zq = at::empty_like(z);
+  Tensor idx = at::empty({N, d}, z.options().dtype(at::kLong));
+  const int64_t rows = chunk_rows(N), n_chunks = (N + rows - 1) / rows;
+  std::vector<double> partial(std::max<int64_t>(n_chunks, 1), 0.0);
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "latent_quantize_cpu", [&] {
+    const scalar_t* zp = z.data_ptr<scalar_t>();
+    const scalar_t* vp = values.data_ptr<scalar_t>();
+    scalar_t* qp = zq.data_ptr<scalar_t>();
+    int64_t* ip = idx.data_ptr<int64_t>();
+    at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        double acc = 0.0;
+        const int64_t r1 = std::min(N, (c + 1) * rows);
+        for (int64_t i = c * rows; i < r1; ++i) {
+          for (int64_t j = 0; j < d; ++j) {
+            const scalar_t* vrow = vp + (G == 1 ? 0 : j) * nv;
+            const int64_t e = i * d + j;
+            const int k = nearest_index(vrow, static_cast<int>(nv), zp[e]);
+            const scalar_t q = vrow[k];
+            qp[e] = q;
+            ip[e] = k;
+            const double diff = static_cast<double>(zp[e]) - static_cast<double>(q);
+            acc += diff * diff;
+          }
+        }
+        partial[c] = acc;
+      }
+    });
+  });
+  double total = 0.0;
+  for (double p : partial) total += p;
+  Tensor loss = at::scalar_tensor(total / static_cast<double>(N * d), z.options());
+  return {zq, idx, loss, loss.clone()};
+}
+
+std::tuple<Tensor, Tensor> latent_quantize_backward_cpu(const Tensor& grad_zq_, const Tensor& grad_lq,
+                                                        const Tensor& grad_lc, const Tensor& z_,
+                                                        const Tensor& values_, const Tensor& idx_) {
+  const int64_t N = z_.size(0), d = z_.size(1);
+  check_codebook(z_, values_, d, "latent_quantize_backward");
+  const Tensor z = z_.contiguous(), values = values_.contiguous(), idx = idx_.contiguous();
+  const Tensor grad_zq = grad_zq_.contiguous();
+  const int64_t G = values.size(0), nv = values.size(1);
+  const double scale = 2.0 / static_cast<double>(N * d);
+  const double s_c = grad_lc.item<double>() * scale, s_q = grad_lq.item<double>() * scale;
+  Tensor grad_z = at::empty_like(z);
+  const int64_t rows = chunk_rows(N), n_chunks = (N + rows - 1) / rows;
+  std::vector<double> partial(n_chunks * G * nv, 0.0);
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "latent_quantize_backward_cpu", [&] {
+    const scalar_t* zp = z.data_ptr<scalar_t>();
+    const scalar_t* vp = values.data_ptr<scalar_t>();
+    const scalar_t* gp = grad_zq.data_ptr<scalar_t>();
+    const int64_t* ip = idx.data_ptr<int64_t>();
+    scalar_t* gz = grad_z.data_ptr<scalar_t>();
+    at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        double* part = partial.data() + c * G * nv;
+        const int64_t r1 = std::min(N, (c + 1) * rows);
+        for (int64_t i = c * rows; i < r1; ++i) {
+          for (int64_t j = 0; j < d; ++j) {
+            const int64_t e = i * d + j, g = (G == 1 ? 0 : j);
+            const scalar_t q = vp[g * nv + ip[e]];
+            const double diff = static_cast<double>(zp[e]) - static_cast<double>(q);
+            gz[e] = static_cast<scalar_t>(static_cast<double>(gp[e]) + s_c * diff);
+            part[g * nv + ip[e]] -= diff;
+          }
+        }
+      }
+    });
+  });
+  Tensor grad_values = at::empty({G, nv}, values.options());
+  AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "latent_quantize_backward_cpu_reduce", [&] {
+    scalar_t* gv = grad_values.data_ptr<scalar_t>();
+    for (int64_t e = 0; e < G * nv; ++e) {
+      double acc = 0.0;
+      for (int64_t c = 0; c < n_chunks; ++c) acc += partial[c * G * nv + e];
+      gv[e] = static_cast<scalar_t>(s_q * acc);
+    }
+  });
+  return {grad_z, grad_values};
+}
+
+void check_categorical(const Tensor& logits, const Tensor& values, const std::optional<Tensor>& uniform,
+                       const char* op) {
+  TORCH_CHECK(logits.dim() == 3, op, ": logits must be (N, d, K), got ", logits.sizes());
+  check_codebook(logits, values, logits.size(1), op);
+  TORCH_CHECK(values.size(1) == logits.size(2), op, ": values must have K = ", logits.size(2),
+              " entries per codebook, got ", values.sizes());
+  if (uniform.has_value()) {
+    TORCH_CHECK(uniform->sizes() == logits.sizes(), op, ": uniform must match logits' shape");
+    TORCH_CHECK(uniform->scalar_type() == logits.scalar_type(), op, ": uniform dtype mismatch");
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor> relaxed_categorical_cpu(const Tensor& logits_, const Tensor& values_,
+                                                           const std::optional<Tensor>& uniform_,
+                                                           double tau, double noise_scale, bool hard) {
+  check_categorical(logits_, values_, uniform_, "relaxed_categorical");
+  const Tensor logits = logits_.contiguous(), values = values_.contiguous();
+  const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();
+  const int64_t N = logits.size(0), d = logits.size(1), K = logits.size(2), G = values.size(0);
+  Tensor z = at::empty({N, d}, logits.options());
+  Tensor y = at::empty_like(logits);
+  Tensor kl = at::empty({N, d}, logits.options());
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "relaxed_categorical_cpu", [&] {
+    const scalar_t* lp = logits.data_ptr<scalar_t>();
+    const scalar_t* up = uniform.defined() ? uniform.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* vp = values.data_ptr<scalar_t>();
+    scalar_t *zp = z.data_ptr<scalar_t>(), *yp = y.data_ptr<scalar_t>(), *kp = kl.data_ptr<scalar_t>();
+    at::parallel_for(0, N * d, 256, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t g = G == 1 ? 0 : r % d;
+        zp[r] = categorical_row_forward<scalar_t>(lp + r * K, up ? up + r * K : nullptr, vp + g * K,
+                                                  static_cast<int>(K), scalar_t(tau),
+                                                  scalar_t(noise_scale), hard, yp + r * K, kp + r);
+      }
+    });
+  });
+  return {z, y, kl};
+}
+
+std::tuple<Tensor, Tensor> relaxed_categorical_backward_cpu(
+    const Tensor& grad_z_, const Tensor& grad_y_, const Tensor& grad_kl_, const Tensor& logits_,
+    const Tensor& values_, const std::optional<Tensor>& uniform_, const Tensor& y_, double tau,
+    double noise_scale) {
+  check_categorical(logits_, values_, uniform_, "relaxed_categorical_backward");
+  const Tensor logits = logits_.contiguous(), values = values_.contiguous(), y = y_.contiguous();
+  const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();
+  const Tensor grad_z = grad_z_.contiguous(), grad_y = grad_y_.contiguous(), grad_kl = grad_kl_.contiguous();
+  const int64_t N = logits.size(0), d = logits.size(1), K = logits.size(2), G = values.size(0);
+  Tensor grad_logits = at::empty_like(logits);
+  const int64_t rows = chunk_rows(N), n_chunks = (N + rows - 1) / rows;
+  std::vector<double> partial(n_chunks * G * K, 0.0);
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "relaxed_categorical_backward_cpu", [&] {
+    const scalar_t* lp = logits.data_ptr<scalar_t>();
+    const scalar_t* up = uniform.defined() ? uniform.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* vp = values.data_ptr<scalar_t>();
+    const scalar_t* yp = y.data_ptr<scalar_t>();
+    const scalar_t *gzp = grad_z.data_ptr<scalar_t>(), *gyp = grad_y.data_ptr<scalar_t>(),
+                   *gkp = grad_kl.data_ptr<scalar_t>();
+    scalar_t* glp = grad_logits.data_ptr<scalar_t>();
+    at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        double* part = partial.data() + c * G * K;
+        const int64_t i1 = std::min(N, (c + 1) * rows);
+        for (int64_t r = c * rows * d; r < i1 * d; ++r) {
+          const int64_t g = G == 1 ? 0 : r % d;
+          categorical_row_backward<scalar_t>(lp + r * K, up ? up + r * K : nullptr, vp + g * K,
+                                             static_cast<int>(K), scalar_t(tau), scalar_t(noise_scale),
+                                             gzp[r], gyp + r * K, gkp[r], glp + r * K);
+          for (int64_t k = 0; k < K; ++k) part[g * K + k] += static_cast<double>(gzp[r]) * yp[r * K + k];
+        }
+      }
+    });
+  });
+  Tensor grad_values = at::empty({G, K}, values.options());
+  AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "relaxed_categorical_backward_cpu_reduce", [&] {
+    scalar_t* gv = grad_values.data_ptr<scalar_t>();
+    for (int64_t e = 0; e < G * K; ++e) {
+      double acc = 0.0;
+      for (int64_t c = 0; c < n_chunks; ++c) acc += partial[c * G * K + e];
+      gv[e] = static_cast<scalar_t>(acc);
+    }
+  });
+  return {grad_logits, grad_values};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(qkernels, m) {
+  m.def("latent_quantize(Tensor z, Tensor values) -> (Tensor z_q, Tensor indices, Tensor loss_quantize, Tensor loss_commit)");
+  m.def("latent_quantize_backward(Tensor grad_zq, Tensor grad_loss_quantize, Tensor grad_loss_commit, Tensor z, Tensor values, Tensor indices) -> (Tensor grad_z, Tensor grad_values)");
+  m.def("relaxed_categorical(Tensor logits, Tensor values, Tensor? uniform, float tau, float noise_scale, bool hard) -> (Tensor z, Tensor y, Tensor kl)");
+  m.def("relaxed_categorical_backward(Tensor grad_z, Tensor grad_y, Tensor grad_kl, Tensor logits, Tensor values, Tensor? uniform, Tensor y, float tau, float noise_scale) -> (Tensor grad_logits, Tensor grad_values)");
+}
+
+TORCH_LIBRARY_IMPL(qkernels, CPU, m) {
+  m.impl("latent_quantize", &latent_quantize_cpu);
+  m.impl("latent_quantize_backward", &latent_quantize_backward_cpu);
+  m.impl("relaxed_categorical", &relaxed_categorical_cpu);
+  m.impl("relaxed_categorical_backward", &relaxed_categorical_backward_cpu);
+}
+
+}  // namespace qkernels

@@ -1,0 +1,315 @@
+"""Quantization hot path: op registration (fake + autograd), dispatch and the functional API.
+
+Ops (``torch.ops.qkernels``; ``*_triton`` twins are registered by :mod:`qkernels.triton.quantize`):
+
+- ``latent_quantize(z (N, d), values (G, n_v)) -> (z_q, indices, loss_quantize, loss_commit)``
+- ``relaxed_categorical(logits (N, d, K), values (G, K), uniform?, tau, noise_scale, hard)
+  -> (z (N, d), y (N, d, K), kl (N, d))``
+
+with G = 1 (a global codebook) or G = d (one codebook per latent), each with a ``*_backward`` op
+that recomputes instead of saving (N, d, n_v) intermediates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from qkernels import _ext
+from qkernels._backend import register, select
+from qkernels._validation import check_positive, check_same, check_tensor
+from qkernels.reference import quantize as ref
+
+
+class Quantized(NamedTuple):
+    """z_q (..., d) straight-through quantized latents; indices (..., d) int64 codebook indices;
+    loss_quantize and loss_commit: scalar codebook losses (QLAE eq. 5; zeros for FSQ)."""
+
+    z_q: torch.Tensor
+    indices: torch.Tensor
+    loss_quantize: torch.Tensor
+    loss_commit: torch.Tensor
+
+
+class GumbelQuantized(NamedTuple):
+    """z_q (..., d) relaxed quantized latents; weights (..., d, K) relaxed one-hots; logits
+    (..., d, K) = -(z - values)^2; kl_uniform (..., d) = sum_k p log(p K), p = softmax(logits)."""
+
+    z_q: torch.Tensor
+    weights: torch.Tensor
+    logits: torch.Tensor
+    kl_uniform: torch.Tensor
+
+
+class CategoricalSample(NamedTuple):
+    """z (..., d) = sum_k y_k values_k; y (..., d, K) the relaxed sample; kl (..., d) =
+    KL(softmax(logits) || Uniform(K))."""
+
+    z: torch.Tensor
+    y: torch.Tensor
+    kl: torch.Tensor
+
+
+# ----------------------------------------------------------------------------- op wiring
+
+
+def _zeros_if_none(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if g is None else g
+
+
+def wire_latent_quantize(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a latent_quantize op pair."""
+
+    @torch.library.register_fake(fwd)
+    def _(z, values):
+        return z.new_empty(z.shape), z.new_empty(z.shape, dtype=torch.long), z.new_empty(()), z.new_empty(())
+
+    @torch.library.register_fake(bwd)
+    def _(grad_zq, grad_lq, grad_lc, z, values, indices):
+        return torch.empty_like(z), torch.empty_like(values)
+
+    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+
+    def setup_context(ctx, inputs, output):
+        z, values = inputs
+        ctx.save_for_backward(z, values, output[1])
+
+    def backward(ctx, grad_zq, _grad_indices, grad_lq, grad_lc):
+        z, values, indices = ctx.saved_tensors
+        scalar = z.new_zeros(())
+        return backward_op(
+            _zeros_if_none(grad_zq, z),
+            _zeros_if_none(grad_lq, scalar),
+            _zeros_if_none(grad_lc, scalar),
+            z,
+            values,
+            indices,
+        )
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+def wire_relaxed_categorical(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a relaxed_categorical op pair."""
+
+    @torch.library.register_fake(fwd)
+    def _(logits, values, uniform, tau, noise_scale, hard):
+        n, d, _k = logits.shape
+        return logits.new_empty(n, d), torch.empty_like(logits), logits.new_empty(n, d)
+
+    @torch.library.register_fake(bwd)
+    def _(grad_z, grad_y, grad_kl, logits, values, uniform, y, tau, noise_scale):
+        return torch.empty_like(logits), torch.empty_like(values)
+
+    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+
+    def setup_context(ctx, inputs, output):
+        logits, values, uniform, tau, noise_scale, _hard = inputs
+        ctx.save_for_backward(logits, values, uniform, output[1])
+        ctx.tau, ctx.noise_scale = tau, noise_scale
+
+    def backward(ctx, grad_z, grad_y, grad_kl):
+        logits, values, uniform, y = ctx.saved_tensors
+        row = logits[..., 0]
+        grads = backward_op(
+            _zeros_if_none(grad_z, row),
+            _zeros_if_none(grad_y, logits),
+            _zeros_if_none(grad_kl, row),
+            logits,
+            values,
+            uniform,
+            y,
+            ctx.tau,
+            ctx.noise_scale,
+        )
+        return grads[0], grads[1], None, None, None, None
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+register("latent_quantize", "reference")(ref.latent_quantize)
+register("relaxed_categorical", "reference")(ref.relaxed_categorical)
+
+if _ext.LOADED:
+    wire_latent_quantize("qkernels::latent_quantize", "qkernels::latent_quantize_backward")
+    wire_relaxed_categorical("qkernels::relaxed_categorical", "qkernels::relaxed_categorical_backward")
+    for _backend in ("cpu", "cuda"):  # one C++ op, CPU and CUDA dispatch keys
+        register("latent_quantize", _backend)(torch.ops.qkernels.latent_quantize)
+        register("relaxed_categorical", _backend)(torch.ops.qkernels.relaxed_categorical)
+
+
+# ----------------------------------------------------------------------------- functional API
+
+
+def _codebook(name: str, values: torch.Tensor, d: int) -> torch.Tensor:
+    """(n_v,) or (d, n_v) -> (G, n_v)."""
+    check_tensor(name, values, ndim=(1, 2))
+    if values.dim() == 1:
+        return values[None]
+    if values.shape[0] != d:
+        raise ValueError(
+            f"{name} must be (n_v,) or (d, n_v) with d = {d} (the last dimension of the latents), "
+            f"got shape {tuple(values.shape)}"
+        )
+    return values
+
+
+def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
+    """Nearest-codebook scalar quantization with straight-through gradients (QLAE, Alg. 1).
+
+    Args:
+        z: (..., d) float latents.
+        values: (d, n_v), one scalar codebook per latent (QLAE), or (n_v,), a global codebook.
+    Returns:
+        :class:`Quantized`: z_q (..., d) holds the nearest value (ties -> lowest index) with the
+        gradient passed straight through to z; indices (..., d) int64; loss_quantize =
+        mean((sg(z) - z_q)^2) (gradient to ``values`` only); loss_commit = mean((z - sg(z_q))^2)
+        (gradient to ``z`` only).
+    """
+    check_tensor("z", z, min_ndim=1)
+    vals = _codebook("values", values, z.shape[-1])
+    check_same("z", z, "values", values)
+    _, impl = select("latent_quantize", z.device, z.dtype)
+    z_q, indices, loss_q, loss_c = impl(z.reshape(-1, z.shape[-1]), vals)
+    return Quantized(z_q.reshape(z.shape), indices.reshape(z.shape), loss_q, loss_c)
+
+
+def _levels(levels: int | Sequence[int] | torch.Tensor, d: int, device) -> torch.Tensor:
+    if isinstance(levels, torch.Tensor):
+        if levels.is_floating_point() or levels.dtype == torch.bool:
+            raise TypeError(f"levels must hold integers, got dtype {levels.dtype}")
+        lv = levels.to(device=device, dtype=torch.long).reshape(-1)
+    elif isinstance(levels, int) and not isinstance(levels, bool):
+        lv = torch.full((d,), levels, dtype=torch.long, device=device)
+    elif isinstance(levels, Sequence) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in levels
+    ):
+        lv = torch.tensor(list(levels), dtype=torch.long, device=device)
+    else:
+        raise TypeError(f"levels must be an int or a sequence of ints, got {levels!r}")
+    if lv.numel() == 1:
+        lv = lv.expand(d)
+    if lv.numel() != d:
+        raise ValueError(f"levels must give 1 or d = {d} values, got {lv.numel()}")
+    if (lv < 2).any():
+        raise ValueError(f"levels must all be >= 2, got {lv.tolist()}")
+    return lv
+
+
+def fsq(z: torch.Tensor, levels: int | Sequence[int] | torch.Tensor) -> Quantized:
+    """Finite scalar quantization (Tripod eq. 10) with a straight-through round.
+
+    z_q = 2 round((tanh(z) + 1) / 2 * (L - 1)) / (L - 1) - 1 in [-1, 1], with gradient
+    1 - tanh(z)^2. ``levels``: L, an int or one int per latent (each >= 2).
+    Returns :class:`Quantized` with indices in [0, L - 1] and zero auxiliary losses.
+    FSQ is elementwise and memory-bound; it has no fused kernel (PyTorch's elementwise ops, or
+    torch.compile, already run it at memory speed).
+    """
+    check_tensor("z", z, min_ndim=1)
+    lv = _levels(levels, z.shape[-1], z.device)
+    z_q, indices = ref.fsq(z.reshape(-1, z.shape[-1]), lv)
+    zero = z.new_zeros(())
+    return Quantized(z_q.reshape(z.shape), indices.reshape(z.shape), zero, zero.clone())
+
+
+def _uniform(
+    uniform: torch.Tensor | None,
+    shape: tuple[int, ...],
+    like: torch.Tensor,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Uniform [0, 1) noise shaped like ``like`` (N, d, K): drawn from ``generator``, or the
+    user's ``uniform`` checked against the public shape ``shape`` (..., d, K)."""
+    if uniform is None:
+        return torch.rand(like.shape, generator=generator, device=like.device, dtype=like.dtype)
+    check_tensor("uniform", uniform)
+    check_same("uniform", uniform, "logits", like)
+    if tuple(uniform.shape) != tuple(shape):
+        raise ValueError(f"uniform must have shape {tuple(shape)}, got {tuple(uniform.shape)}")
+    if not torch.compiler.is_compiling() and ((uniform < 0) | (uniform > 1)).any():
+        raise ValueError("uniform must hold values in [0, 1]")
+    return uniform.reshape(like.shape)
+
+
+def _relaxed(logits, vals, uniform, tau, noise_scale, hard):
+    _, impl = select("relaxed_categorical", logits.device, logits.dtype)
+    return impl(logits, vals, uniform, float(tau), float(noise_scale), bool(hard))
+
+
+def gumbel_quantize(
+    z: torch.Tensor,
+    values: torch.Tensor,
+    tau: float,
+    *,
+    hard: bool = False,
+    generator: torch.Generator | None = None,
+    uniform: torch.Tensor | None = None,
+) -> GumbelQuantized:
+    """FactorQVAE's relaxed quantizer over a codebook of scalars.
+
+    logits = -(z - values)^2 (K = n_v categories); weights = softmax((logits + Gumbel) / tau)
+    (straight-through one-hot of its argmax when ``hard``); z_q = weights @ values.
+
+    Args:
+        z: (..., d) latents; values: (n_v,) global codebook (or (d, n_v) per latent).
+        tau: temperature > 0. generator: source of the Gumbel noise; ``uniform`` ((..., d, n_v) in
+            [0, 1)) replaces it with explicit noise, so every backend draws the same sample.
+    Returns:
+        :class:`GumbelQuantized` (z_q, weights, logits, kl_uniform (..., d)).
+    """
+    check_tensor("z", z, min_ndim=1)
+    vals = _codebook("values", values, z.shape[-1])
+    check_same("z", z, "values", values)
+    check_positive("tau", tau)
+    z2 = z.reshape(-1, z.shape[-1])
+    logits = -((z2[:, :, None] - vals[None]) ** 2)
+    k = vals.shape[-1]
+    u = _uniform(uniform, (*z.shape, k), logits, generator)
+    z_q, y, kl = _relaxed(logits, vals, u, tau, 1.0, hard)
+    return GumbelQuantized(
+        z_q.reshape(z.shape), y.reshape(*z.shape, k), logits.reshape(*z.shape, k), kl.reshape(z.shape)
+    )
+
+
+def categorical_latent(
+    logits: torch.Tensor,
+    values: torch.Tensor | None = None,
+    *,
+    tau: float = 1.0,
+    noise_scale: float = 1.0,
+    hard: bool = False,
+    generator: torch.Generator | None = None,
+    uniform: torch.Tensor | None = None,
+) -> CategoricalSample:
+    """D-VAE's categorical latent over fixed scalar values.
+
+    y = softmax((logits + noise_scale * Gumbel) / tau) (straight-through one-hot when ``hard``),
+    z = sum_k y_k values_k, kl = KL(softmax(logits) || Uniform(K)).
+
+    Args:
+        logits: (..., d, K). values: (K,) or (d, K); default linspace(-1, 1, K).
+        tau: temperature > 0; noise_scale >= 0 (0: no noise, the evaluation setting).
+        generator / uniform: the Gumbel noise source, as in :func:`gumbel_quantize`.
+    Returns:
+        :class:`CategoricalSample` (z (..., d), y (..., d, K), kl (..., d)).
+    """
+    check_tensor("logits", logits, min_ndim=2)
+    k = logits.shape[-1]
+    if values is None:
+        values = torch.linspace(-1, 1, k, device=logits.device, dtype=logits.dtype)
+    vals = _codebook("values", values, logits.shape[-2])
+    check_same("logits", logits, "values", values)
+    if vals.shape[-1] != k:
+        raise ValueError(f"values must have K = {k} entries (logits' last dim), got {tuple(values.shape)}")
+    check_positive("tau", tau)
+    check_positive("noise_scale", noise_scale, minimum=0)
+    lg = logits.reshape(-1, logits.shape[-2], k)
+    u = None
+    if noise_scale > 0:
+        u = _uniform(uniform, tuple(logits.shape), lg, generator)
+    z, y, kl = _relaxed(lg, vals, u, tau, noise_scale, hard)
+    lead = logits.shape[:-1]
+    return CategoricalSample(z.reshape(lead), y.reshape(logits.shape), kl.reshape(lead))
+
