@@ -1,0 +1,114 @@
+// TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the quantization kernels: checks, allocation,
+// stream, then the raw-pointer launchers of csrc/cuda/quantize.cu. Built only with CUDA torch.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "quantize.cuh"
+
+namespace qkernels {
+namespace {
+
+using at::Tensor;
+
+void check_cuda(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cuda(const Tensor& z_, const Tensor& values_) {
+  TORCH_CHECK(z_.dim() == 2 && values_.dim() == 2, "latent_quantize: z (N, d) and values (G, n_v)");
+  const c10::cuda::CUDAGuard guard(z_.device());
+  const Tensor z = z_.contiguous(), values = values_.contiguous();
+  const int64_t N = z.size(0), d = z.size(1), G = values.size(0), nv = values.size(1);
+  TORCH_CHECK(G == 1 || G == d, "latent_quantize: values must be (1, n_v) or (d, n_v)");
+  Tensor zq = at::empty_like(z);
+  Tensor idx = at::empty({N, d}, z.options().dtype(at::kLong));
+  Tensor partial = at::empty({cuda::latent_quantize_num_blocks(N, d)}, z.options());
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "latent_quantize_cuda", [&] {
+    check_cuda(cuda::latent_quantize_fwd<scalar_t>(z.data_ptr<scalar_t>(), values.data_ptr<scalar_t>(),
+                                                   zq.data_ptr<scalar_t>(), idx.data_ptr<int64_t>(),
+                                                   partial.data_ptr<scalar_t>(), N, d, G, nv, stream),
+               "latent_quantize");
+  });
+  Tensor loss = partial.sum() / static_cast<double>(N * d);
+  return {zq, idx, loss, loss.clone()};
+}
+
+std::tuple<Tensor, Tensor> latent_quantize_backward_cuda(const Tensor& grad_zq, const Tensor& grad_lq,
+                                                         const Tensor& grad_lc, const Tensor& z_,
+                                                         const Tensor& values_, const Tensor& idx_) {
+  const c10::cuda::CUDAGuard guard(z_.device());
+  const Tensor z = z_.contiguous(), values = values_.contiguous(), idx = idx_.contiguous();
+  const Tensor g = grad_zq.contiguous();
+  const Tensor glq = grad_lq.to(z.scalar_type()).contiguous(), glc = grad_lc.to(z.scalar_type()).contiguous();
+  const int64_t N = z.size(0), d = z.size(1), G = values.size(0), nv = values.size(1);
+  Tensor grad_z = at::empty_like(z);
+  Tensor grad_values = at::zeros_like(values);
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "latent_quantize_backward_cuda", [&] {
+    check_cuda(cuda::latent_quantize_bwd<scalar_t>(
+                   g.data_ptr<scalar_t>(), glq.data_ptr<scalar_t>(), glc.data_ptr<scalar_t>(),
+                   z.data_ptr<scalar_t>(), values.data_ptr<scalar_t>(), idx.data_ptr<int64_t>(),
+                   grad_z.data_ptr<scalar_t>(), grad_values.data_ptr<scalar_t>(), N, d, G, nv,
+                   c10::cuda::getCurrentCUDAStream()),
+               "latent_quantize_backward");
+  });
+  return {grad_z, grad_values};
+}
+
+std::tuple<Tensor, Tensor, Tensor> relaxed_categorical_cuda(const Tensor& logits_, const Tensor& values_,
+                                                            const std::optional<Tensor>& uniform_,
+                                                            double tau, double noise_scale, bool hard) {
+  TORCH_CHECK(logits_.dim() == 3 && values_.dim() == 2, "relaxed_categorical: logits (N, d, K), values (G, K)");
+  const c10::cuda::CUDAGuard guard(logits_.device());
+  const Tensor logits = logits_.contiguous(), values = values_.contiguous();
+  const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();
+  const int64_t N = logits.size(0), d = logits.size(1), K = logits.size(2), G = values.size(0);
+  Tensor z = at::empty({N, d}, logits.options()), y = at::empty_like(logits);
+  Tensor kl = at::empty({N, d}, logits.options());
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "relaxed_categorical_cuda", [&] {
+    check_cuda(cuda::relaxed_categorical_fwd<scalar_t>(
+                   logits.data_ptr<scalar_t>(), uniform.defined() ? uniform.data_ptr<scalar_t>() : nullptr,
+                   values.data_ptr<scalar_t>(), z.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                   kl.data_ptr<scalar_t>(), N * d, d, G, K, scalar_t(tau), scalar_t(noise_scale), hard,
+                   c10::cuda::getCurrentCUDAStream()),
+               "relaxed_categorical");
+  });
+  return {z, y, kl};
+}
+
+std::tuple<Tensor, Tensor> relaxed_categorical_backward_cuda(
+    const Tensor& grad_z, const Tensor& grad_y, const Tensor& grad_kl, const Tensor& logits_,
+    const Tensor& values_, const std::optional<Tensor>& uniform_, const Tensor& y, double tau,
+    double noise_scale) {
+  const c10::cuda::CUDAGuard guard(logits_.device());
+  const Tensor logits = logits_.contiguous(), values = values_.contiguous();
+  const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();
+  const Tensor gz = grad_z.contiguous(), gy = grad_y.contiguous(), gk = grad_kl.contiguous();
+  const int64_t N = logits.size(0), d = logits.size(1), K = logits.size(2), G = values.size(0);
+  Tensor grad_logits = at::empty_like(logits);
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "relaxed_categorical_backward_cuda", [&] {
+    check_cuda(cuda::relaxed_categorical_bwd<scalar_t>(
+                   gz.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(), gk.data_ptr<scalar_t>(),
+                   logits.data_ptr<scalar_t>(), uniform.defined() ? uniform.data_ptr<scalar_t>() : nullptr,
+                   values.data_ptr<scalar_t>(), grad_logits.data_ptr<scalar_t>(), N * d, d, G, K,
+                   scalar_t(tau), scalar_t(noise_scale), c10::cuda::getCurrentCUDAStream()),
+               "relaxed_categorical_backward");
+  });
+  // codebook gradient: sum over rows of g_z * y_out, a (batched) GEMV
+  Tensor grad_values = G == 1 ? at::einsum("nd,ndk->k", {gz, y}).unsqueeze(0)
+                              : at::einsum("nd,ndk->dk", {gz, y});
+  return {grad_logits, grad_values};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(qkernels, CUDA, m) {
+  m.impl("latent_quantize", &latent_quantize_cuda);
+  m.impl("latent_quantize_backward", &latent_quantize_backward_cuda);
+  m.impl("relaxed_categorical", &relaxed_categorical_cuda);
+  m.impl("relaxed_categorical_backward", &relaxed_categorical_backward_cuda);
+}
+
+}  // namespace qkernels
