@@ -154,11 +154,9 @@ def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Call
     """``(backend, implementation)`` of ``op`` for ``dtype`` tensors on ``device``."""
     impls = implementations(op)
     if _forced != "auto":
-        if _forced not in impls:
-            raise BackendUnavailableError(
-                f"backend {_forced!r} does not implement {op} (it has: {sorted(impls)})"
-            )
         reason = unavailable_reason(_forced, device)
+        if reason is None and _forced not in impls:
+            reason = f"it does not implement this op (implemented by: {sorted(impls)})"
         if reason is None and _forced != "reference" and dtype not in KERNEL_DTYPES:
             reason = f"its kernels take float32/float64 tensors, got {dtype}"
         if reason is not None:

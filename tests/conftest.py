@@ -1,0 +1,29 @@
+"""Shared test set-up. Triton kernels run on CPU tensors through the interpreter on machines
+without a GPU; the variable must be set before any module defining kernels is imported."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import qkernels  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# every backend that can run on this machine's test device, reference included
+BACKENDS = qkernels.available_backends(DEVICE)
+KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Each available backend in turn, forced for the duration of the test."""
+    with qkernels.use_backend(request.param):
+        yield request.param
+
+
+def tol(dtype: torch.dtype) -> dict:
+    """assert_close tolerances per dtype."""
+    return {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}

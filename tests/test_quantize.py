@@ -1,0 +1,401 @@
+"""Quantization hot path: every available backend against float64 recomputations (numpy) and the
+reference; gradients, gradcheck, opcheck, torch.compile, bad input, modules."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import BACKENDS, DEVICE, KERNEL_BACKENDS, tol
+
+import qkernels
+from qkernels import nn as qnn
+
+SHAPES = [(1, 1, 2), (5, 7, 10), (123, 13, 64)]  # (batch, d, n_v)
+DTYPES = [torch.float32, torch.float64]
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _inputs(batch, d, nv, dtype, global_codebook, seed=0):
+    g = _gen(seed)
+    z = (torch.randn(batch, d, generator=g, dtype=torch.float64) * 1.5).to(dtype)
+    shape = (nv,) if global_codebook else (d, nv)
+    values = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    return z.to(DEVICE), values.to(DEVICE)
+
+
+def np_nearest(z, values):
+    """float64 numpy recomputation of QLAE's quantizer: argmin |z - v|, first index on ties."""
+    z = np.asarray(z, np.float64)
+    v = np.asarray(values, np.float64)
+    v = np.broadcast_to(v, (z.shape[-1], v.shape[-1]))
+    idx = np.empty(z.shape, np.int64)
+    for i in range(z.shape[0]):
+        for j in range(z.shape[1]):
+            idx[i, j] = int(np.argmin(np.abs(z[i, j] - v[j])))
+    q = v[np.arange(z.shape[1])[None, :], idx]
+    return q, idx, float(np.mean((z - q) ** 2))
+
+
+# ---------------------------------------------------------------------------- latent_quantize
+
+
+@pytest.mark.parametrize("global_codebook", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_latent_quantize_forward_matches_float64(backend, shape, dtype, global_codebook):
+    z, values = _inputs(*shape, dtype, global_codebook)
+    out = qkernels.latent_quantize(z, values)
+    q, idx, loss = np_nearest(z.double().cpu(), values.double().cpu())
+    assert out.indices.dtype == torch.int64
+    np.testing.assert_array_equal(out.indices.cpu().numpy(), idx)
+    # z_q is exactly the chosen codebook value, in the input dtype
+    assert out.z_q.dtype == dtype
+    np.testing.assert_array_equal(out.z_q.cpu().double().numpy(), q)
+    for loss_t in (out.loss_quantize, out.loss_commit):
+        assert loss_t.shape == ()
+        assert math.isclose(loss_t.item(), loss, rel_tol=1e-5 if dtype == torch.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("global_codebook", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_latent_quantize_gradients_match_reference(shape, dtype, global_codebook):
+    z0, v0 = _inputs(*shape, dtype, global_codebook)
+    upstream = torch.randn(z0.shape, generator=_gen(1), dtype=dtype).to(DEVICE)
+    grads = {}
+    for name in BACKENDS:
+        z, v = z0.clone().requires_grad_(), v0.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            out = qkernels.latent_quantize(z, v)
+        ((out.z_q * upstream).sum() + 0.3 * out.loss_quantize + 0.7 * out.loss_commit).backward()
+        grads[name] = (z.grad, v.grad)
+    # independent float64 formulas: STE + commit gradient to z, quantize gradient to values
+    q, idx, _ = np_nearest(z0.double().cpu(), v0.double().cpu())
+    n = z0.numel()
+    zd = z0.double().cpu().numpy()
+    gz = upstream.double().cpu().numpy() + 0.7 * 2 * (zd - q) / n
+    gv = np.zeros((1 if global_codebook else shape[1], shape[2]))
+    for (i, j), k in np.ndenumerate(idx):
+        gv[0 if global_codebook else j, k] += 0.3 * 2 * (q[i, j] - zd[i, j]) / n
+    for name, (g_z, g_v) in grads.items():
+        torch.testing.assert_close(g_z.cpu().double(), torch.from_numpy(gz), **tol(dtype), msg=name)
+        torch.testing.assert_close(
+            g_v.cpu().double().reshape(gv.shape), torch.from_numpy(gv), **tol(dtype), msg=name
+        )
+
+
+def test_latent_quantize_ties_and_out_of_range(backend):
+    # z exactly between two values -> the lower index; repeated values -> the first copy
+    values = torch.tensor([[1.0, 0.0, 2.0], [0.5, 0.5, -1.0]], device=DEVICE)
+    z = torch.tensor([[0.5, 0.5], [1.5, 7.0], [-9.0, -0.3], [100.0, -0.25]], device=DEVICE)
+    out = qkernels.latent_quantize(z, values)
+    expected = torch.tensor([[0, 0], [0, 0], [1, 2], [2, 0]])  # -0.25: three-way tie
+    assert torch.equal(out.indices.cpu(), expected)
+    assert torch.equal(out.z_q.cpu(), values.cpu()[torch.arange(2), expected])
+
+
+def test_latent_quantize_leading_dims(backend):
+    z, values = _inputs(24, 5, 7, torch.float32, False)
+    z4 = z.reshape(2, 3, 4, 5)
+    out = qkernels.latent_quantize(z4, values)
+    flat = qkernels.latent_quantize(z, values)
+    assert out.z_q.shape == z4.shape and out.indices.shape == z4.shape
+    assert torch.equal(out.indices.reshape(24, 5), flat.indices)
+
+
+def test_latent_quantize_gradcheck_fp64():
+    z, values = _inputs(6, 3, 5, torch.float64, False, seed=3)
+    for name in BACKENDS:
+        with qkernels.use_backend(name):
+            # loss_commit is a true function of z, loss_quantize of values (indices stay fixed
+            # under gradcheck's tiny perturbations)
+            assert torch.autograd.gradcheck(
+                lambda z_: qkernels.latent_quantize(z_, values).loss_commit, z.clone().requires_grad_()
+            ), name
+            assert torch.autograd.gradcheck(
+                lambda v_: qkernels.latent_quantize(z, v_).loss_quantize, values.clone().requires_grad_()
+            ), name
+
+
+# ---------------------------------------------------------------------------- FSQ
+
+
+@pytest.mark.parametrize("levels", [2, 5, 12, [3, 8, 12, 2]])
+def test_fsq_matches_float64(levels):
+    z = torch.randn(37, 4, generator=_gen(2), dtype=torch.float64, device="cpu") * 2
+    z.requires_grad_()
+    out = qkernels.fsq(z, levels)
+    lv = np.broadcast_to(np.asarray(levels, np.float64), (4,))
+    zd = z.detach().numpy()
+    idx = np.round((np.tanh(zd) + 1) / 2 * (lv - 1))
+    np.testing.assert_array_equal(out.indices.numpy(), idx.astype(np.int64))
+    np.testing.assert_allclose(out.z_q.detach().numpy(), 2 * idx / (lv - 1) - 1, rtol=0, atol=1e-15)
+    assert out.indices.min() >= 0 and (out.indices.numpy() <= lv - 1).all()
+    assert out.loss_quantize.item() == 0 and out.loss_commit.item() == 0
+    out.z_q.sum().backward()
+    np.testing.assert_allclose(z.grad.numpy(), 1 - np.tanh(zd) ** 2, rtol=1e-12)
+
+
+def test_fsq_module_round_trip():
+    fsq = qnn.FSQ([3, 12, 5])
+    out = fsq(torch.randn(50, 3, generator=_gen(3)) * 3)
+    assert torch.equal(fsq.values_to_indices(out.z_q), out.indices)
+    torch.testing.assert_close(fsq.indices_to_values(out.indices), out.z_q)
+
+
+# ---------------------------------------------------------------------------- Gumbel / categorical
+
+
+def np_relaxed(logits, values, uniform, tau, noise_scale, hard):
+    """float64 numpy recomputation of the relaxed categorical sample and KL to uniform."""
+    logits = np.asarray(logits, np.float64)
+    a = logits.copy()
+    if uniform is not None:
+        u = np.clip(np.asarray(uniform, np.float64), 1e-300, 1 - 1.1102230246251565e-16)
+        a = a + noise_scale * -np.log(-np.log(u))
+    a = a / tau
+    y = np.exp(a - a.max(-1, keepdims=True))
+    y /= y.sum(-1, keepdims=True)
+    if hard:
+        y = np.eye(y.shape[-1])[y.argmax(-1)]
+    v = np.broadcast_to(np.asarray(values, np.float64), logits.shape[-2:])
+    z = (y * v).sum(-1)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    kl = (p * np.log(p * logits.shape[-1])).sum(-1)
+    return z, y, kl
+
+
+@pytest.mark.parametrize("hard", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 2), (5, 7, 10), (33, 3, 64)])  # (batch, d, K)
+def test_categorical_latent_matches_float64(backend, shape, dtype, hard):
+    g = _gen(4)
+    logits = (torch.randn(shape, generator=g, dtype=torch.float64) * 2).to(dtype).to(DEVICE)
+    values = torch.randn(shape[1:], generator=g, dtype=torch.float64).to(dtype).to(DEVICE)
+    uniform = torch.rand(shape, generator=g, dtype=torch.float64).to(dtype).to(DEVICE)
+    out = qkernels.categorical_latent(logits, values, tau=0.7, noise_scale=1.3, hard=hard, uniform=uniform)
+    z, y, kl = np_relaxed(logits.cpu(), values.cpu(), uniform.cpu(), 0.7, 1.3, hard)
+    t = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    np.testing.assert_allclose(out.z.cpu().double().numpy(), z, **t)
+    np.testing.assert_allclose(out.y.cpu().double().numpy(), y, **t)
+    np.testing.assert_allclose(out.kl.cpu().double().numpy(), kl, **t)
+
+
+@pytest.mark.parametrize("hard", [False, True])
+@pytest.mark.parametrize("global_codebook", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gumbel_quantize_gradients_match_reference(dtype, global_codebook, hard):
+    g = _gen(5)
+    z0 = torch.randn(19, 6, generator=g, dtype=dtype).to(DEVICE)
+    v0 = torch.randn((9,) if global_codebook else (6, 9), generator=g, dtype=dtype).to(DEVICE)
+    u = torch.rand(19, 6, 9, generator=g, dtype=dtype).to(DEVICE)
+    ups = [torch.randn(s, generator=g, dtype=dtype).to(DEVICE) for s in [(19, 6), (19, 6, 9), (19, 6, 9), (19, 6)]]
+    results = {}
+    for name in BACKENDS:
+        z, v = z0.clone().requires_grad_(), v0.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            out = qkernels.gumbel_quantize(z, v, 0.5, hard=hard, uniform=u)
+        sum(((o * w).sum() for o, w in zip(out, ups))).backward()
+        results[name] = [t.detach() for t in out] + [z.grad, v.grad]
+    for name in KERNEL_BACKENDS:
+        for got, want in zip(results[name], results["reference"]):
+            torch.testing.assert_close(got, want, rtol=1e-4 if dtype == torch.float32 else 1e-9, atol=1e-5
+                                       if dtype == torch.float32 else 1e-11, msg=name)
+
+
+def test_relaxed_categorical_gradcheck_fp64():
+    g = _gen(6)
+    logits = torch.randn(4, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    values = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    u = torch.rand(4, 3, 5, generator=g, dtype=torch.float64)
+    for name in BACKENDS:
+        with qkernels.use_backend(name):
+            assert torch.autograd.gradcheck(
+                lambda lg, v: tuple(qkernels.categorical_latent(lg, v, tau=0.8, noise_scale=0.9, uniform=u)),
+                (logits, values),
+            ), name
+
+
+def test_categorical_latent_defaults_and_noise_free(backend):
+    logits = torch.randn(8, 4, 16, generator=_gen(7)).to(DEVICE)
+    out = qkernels.categorical_latent(logits, noise_scale=0.0, tau=2.0)
+    values = torch.linspace(-1, 1, 16, device=DEVICE)
+    y = torch.softmax(logits / 2.0, -1)
+    torch.testing.assert_close(out.y, y)
+    torch.testing.assert_close(out.z, (y * values).sum(-1))
+    # KL to uniform: 0 for uniform logits, log K for a (numerically) one-hot distribution
+    flat = qkernels.categorical_latent(torch.zeros(2, 3, 16, device=DEVICE), noise_scale=0.0)
+    torch.testing.assert_close(flat.kl, torch.zeros(2, 3, device=DEVICE), atol=1e-6, rtol=0)
+    peaked = torch.full((1, 1, 16), -1e4, device=DEVICE)
+    peaked[..., 3] = 0
+    assert math.isclose(qkernels.categorical_latent(peaked, noise_scale=0.0).kl.item(), math.log(16), rel_tol=1e-5)
+
+
+def test_generator_gives_identical_samples_across_backends():
+    logits = torch.randn(10, 4, 8, generator=_gen(8)).to(DEVICE)
+    outs = []
+    for name in BACKENDS:
+        with qkernels.use_backend(name):
+            outs.append(qkernels.categorical_latent(logits, generator=torch.Generator(DEVICE).manual_seed(9)).y)
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], rtol=1e-5, atol=1e-6)
+    # and a different seed gives a different sample
+    other = qkernels.categorical_latent(logits, generator=torch.Generator(DEVICE).manual_seed(10)).y
+    assert not torch.allclose(other, outs[0])
+
+
+def test_gumbel_hard_is_one_hot_of_nearest_when_noise_free():
+    # with uniform = exp(-1) the Gumbel noise is exactly 0 for every category
+    z = torch.randn(20, 3, generator=_gen(11)).to(DEVICE)
+    values = torch.randn(7, generator=_gen(12)).to(DEVICE)
+    u = torch.full((20, 3, 7), math.exp(-1.0), device=DEVICE)
+    out = qkernels.gumbel_quantize(z, values, 0.3, hard=True, uniform=u)
+    nearest = qkernels.latent_quantize(z, values)
+    assert torch.equal(out.weights.argmax(-1), nearest.indices)
+    assert torch.equal(out.z_q, nearest.z_q)
+
+
+# ---------------------------------------------------------------------------- ops: opcheck, compile
+
+
+def _op_samples():
+    z, v = _inputs(9, 4, 6, torch.float64, False)
+    lg = torch.randn(3, 4, 6, dtype=torch.float64, device=DEVICE)
+    u = torch.rand(3, 4, 6, dtype=torch.float64, device=DEVICE)
+    return z, v, lg, u
+
+
+@pytest.mark.parametrize("suffix", [""] + (["_triton"] if "triton" in BACKENDS else []))
+def test_opcheck(suffix):
+    if suffix == "" and "cpu" not in BACKENDS and "cuda" not in BACKENDS:
+        pytest.skip("native extension not built")
+    ops = torch.ops.qkernels
+    z, v, lg, u = _op_samples()
+    zr, vr = z.clone().requires_grad_(), v.clone().requires_grad_()
+    torch.library.opcheck(getattr(ops, "latent_quantize" + suffix), (zr, vr))
+    zq, idx, _, _ = getattr(ops, "latent_quantize" + suffix)(z, v)
+    scalar = torch.tensor(0.5, dtype=torch.float64, device=DEVICE)
+    torch.library.opcheck(getattr(ops, "latent_quantize_backward" + suffix), (zq, scalar, scalar, z, v, idx))
+    lgr, vr2 = lg.clone().requires_grad_(), v.clone().requires_grad_()
+    for uniform, hard in [(u, False), (None, True)]:
+        torch.library.opcheck(getattr(ops, "relaxed_categorical" + suffix), (lgr, vr2, uniform, 0.7, 1.0, hard))
+    zz, y, kl = getattr(ops, "relaxed_categorical" + suffix)(lg, v, u, 0.7, 1.0, False)
+    torch.library.opcheck(
+        getattr(ops, "relaxed_categorical_backward" + suffix), (zz, y, kl, lg, v, u, y, 0.7, 1.0)
+    )
+
+
+def test_torch_compile_fullgraph(backend):
+    torch._dynamo.reset()
+
+    def step(z, values, logits, u):
+        q = qkernels.latent_quantize(z, values)
+        c = qkernels.categorical_latent(logits, values, uniform=u)
+        return (q.z_q ** 2).sum() + q.loss_quantize + q.loss_commit + c.z.sum() + c.kl.sum()
+
+    z, v, lg, u = (t.float() for t in _op_samples())
+    args = [z.requires_grad_(), v.requires_grad_(), lg.requires_grad_(), u]
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    eager = step(*args)
+    got = compiled(*args)
+    torch.testing.assert_close(got, eager)
+    grads = torch.autograd.grad(got, args[:3])
+    want = torch.autograd.grad(step(*args), args[:3])
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_errors():
+    z = torch.randn(4, 3)
+    v = torch.randn(3, 5)
+    with pytest.raises(TypeError, match="z"):
+        qkernels.latent_quantize(z.long(), v)
+    with pytest.raises(TypeError, match="z"):
+        qkernels.latent_quantize([[0.0]], v)
+    with pytest.raises(ValueError, match="values"):
+        qkernels.latent_quantize(z, torch.randn(4, 5))
+    with pytest.raises(ValueError, match="values"):
+        qkernels.latent_quantize(z, torch.randn(3, 5, 1))
+    with pytest.raises(ValueError, match="z"):
+        qkernels.latent_quantize(torch.empty(0, 3), v)
+    with pytest.raises(ValueError, match="z.*NaN"):
+        qkernels.latent_quantize(torch.tensor([[float("nan"), 0, 0]]), v)
+    with pytest.raises(ValueError, match="values.*NaN"):
+        qkernels.latent_quantize(z, torch.full((3, 5), float("inf")))
+    with pytest.raises(TypeError, match="dtype"):
+        qkernels.latent_quantize(z, v.double())
+    with pytest.raises(ValueError, match="levels"):
+        qkernels.fsq(z, 1)
+    with pytest.raises(ValueError, match="levels"):
+        qkernels.fsq(z, [3, 4])
+    with pytest.raises(TypeError, match="levels"):
+        qkernels.fsq(z, 2.5)
+    with pytest.raises(ValueError, match="tau"):
+        qkernels.gumbel_quantize(z, torch.randn(5), 0.0)
+    with pytest.raises(ValueError, match="tau"):
+        qkernels.categorical_latent(torch.randn(2, 3, 4), tau=-1.0)
+    with pytest.raises(ValueError, match="noise_scale"):
+        qkernels.categorical_latent(torch.randn(2, 3, 4), noise_scale=-0.5)
+    with pytest.raises(ValueError, match="values"):
+        qkernels.categorical_latent(torch.randn(2, 3, 4), torch.randn(5))
+    with pytest.raises(ValueError, match="logits"):
+        qkernels.categorical_latent(torch.randn(4))
+    with pytest.raises(ValueError, match="uniform"):
+        qkernels.categorical_latent(torch.randn(2, 3, 4), uniform=torch.rand(2, 3, 5))
+    with pytest.raises(ValueError, match="uniform"):
+        qkernels.categorical_latent(torch.randn(2, 3, 4), uniform=torch.rand(2, 3, 4) + 1)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device"):
+            qkernels.latent_quantize(z.cuda(), v)
+
+
+# ---------------------------------------------------------------------------- modules
+
+
+def test_latent_quantizer_module():
+    lq = qnn.LatentQuantizer(4, 10)
+    torch.testing.assert_close(lq.values[2], torch.linspace(-0.5, 0.5, 10))
+    z = torch.randn(16, 4, generator=_gen(13), requires_grad=True)
+    out = lq(z)
+    (out.z_q.sum() + out.loss_quantize + out.loss_commit).backward()
+    assert lq.values.grad is not None and lq.values.grad.abs().sum() > 0
+    assert z.grad is not None
+    assert torch.equal(lq.values_to_indices(lq.indices_to_values(out.indices)), out.indices)
+    assert torch.equal(lq.indices_to_values(out.indices), out.z_q.detach())
+    glob = qnn.LatentQuantizer(4, 6, global_codebook=True)
+    assert glob.values.shape == (6,)
+    assert torch.equal(glob.indices_to_values(glob(z).indices), glob(z).z_q.detach())
+    with pytest.raises(ValueError, match="init_range"):
+        qnn.LatentQuantizer(4, 10, init_range=(1.0, -1.0))
+    with pytest.raises(ValueError, match="num_values"):
+        qnn.LatentQuantizer(4, 1)
+
+
+def test_gumbel_and_categorical_modules():
+    gq = qnn.GumbelQuantizer(64)
+    z = torch.randn(8, 5, generator=_gen(14), requires_grad=True)
+    out = gq(z, tau=0.9, generator=_gen(15))
+    assert out.weights.shape == (8, 5, 64)
+    out.z_q.sum().backward()
+    assert gq.values.grad is not None and z.grad is not None
+    gq.eval()
+    ev = gq(z)
+    nearest = qkernels.latent_quantize(z, gq.values)
+    assert torch.equal(ev.z_q, nearest.z_q)
+    assert torch.equal(gq.values_to_indices(ev.z_q), nearest.indices)
+    cl = qnn.CategoricalLatent(5, 64)
+    logits = torch.randn(8, 5, 64, generator=_gen(16))
+    cl.eval()
+    s = cl(logits)
+    torch.testing.assert_close(s.z, torch.softmax(logits, -1) @ torch.linspace(-1, 1, 64))
+    idx = torch.randint(0, 64, (8, 5), generator=_gen(17))
+    assert torch.equal(cl.values_to_indices(cl.indices_to_values(idx)), idx)
+    assert not any(p.requires_grad for p in cl.parameters())  # D-VAE's values are fixed
