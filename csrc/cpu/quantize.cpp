@@ -19,6 +19,11 @@ using at::Tensor;
 // Row chunks for deterministic reductions: at most kMaxChunks partial buffers.
 constexpr int64_t kMaxChunks = 64;
 int64_t chunk_rows(int64_t rows) { return std::max<int64_t>(64, (rows + kMaxChunks - 1) / kMaxChunks); }
+// Grain (in chunks) for at::parallel_for: problems below ~64k scalar operations run on the calling
+// thread, where waking the thread pool would cost more than the work.
+int64_t grain(int64_t n_chunks, int64_t ops_per_chunk) {
+  return n_chunks * ops_per_chunk < (int64_t(1) << 16) ? std::max<int64_t>(n_chunks, 1) : 1;
+}
 
 void check_codebook(const Tensor& x, const Tensor& values, int64_t d, const char* op) {
   TORCH_CHECK(values.dim() == 2 && (values.size(0) == 1 || values.size(0) == d), op,
@@ -43,19 +48,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cpu(const Tensor& z_,
     const scalar_t* vp = values.data_ptr<scalar_t>();
     scalar_t* qp = zq.data_ptr<scalar_t>();
     int64_t* ip = idx.data_ptr<int64_t>();
-    at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+    // transposed codebook (nv, d) so the scan over latents is contiguous
+    std::vector<scalar_t> vt(nv * d);
+    for (int64_t j = 0; j < d; ++j)
+      for (int64_t k = 0; k < nv; ++k) vt[k * d + j] = vp[(G == 1 ? 0 : j) * nv + k];
+    at::parallel_for(0, n_chunks, grain(n_chunks, rows * d * nv), [&](int64_t c0, int64_t c1) {
+      std::vector<scalar_t> best_d(d);
+      std::vector<int> best_k(d);
       for (int64_t c = c0; c < c1; ++c) {
         double acc = 0.0;
         const int64_t r1 = std::min(N, (c + 1) * rows);
         for (int64_t i = c * rows; i < r1; ++i) {
+          const scalar_t* x = zp + i * d;
+          nearest_row(x, vt.data(), static_cast<int>(d), static_cast<int>(nv), best_d.data(), best_k.data());
           for (int64_t j = 0; j < d; ++j) {
-            const scalar_t* vrow = vp + (G == 1 ? 0 : j) * nv;
-            const int64_t e = i * d + j;
-            const int k = nearest_index(vrow, static_cast<int>(nv), zp[e]);
-            const scalar_t q = vrow[k];
-            qp[e] = q;
-            ip[e] = k;
-            const double diff = static_cast<double>(zp[e]) - static_cast<double>(q);
+            const scalar_t q = vt[best_k[j] * d + j];
+            qp[i * d + j] = q;
+            ip[i * d + j] = best_k[j];
+            const double diff = static_cast<double>(x[j]) - static_cast<double>(q);
             acc += diff * diff;
           }
         }
@@ -88,7 +98,7 @@ std::tuple<Tensor, Tensor> latent_quantize_backward_cpu(const Tensor& grad_zq_, 
     const scalar_t* gp = grad_zq.data_ptr<scalar_t>();
     const int64_t* ip = idx.data_ptr<int64_t>();
     scalar_t* gz = grad_z.data_ptr<scalar_t>();
-    at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+    at::parallel_for(0, n_chunks, grain(n_chunks, rows * d * 4), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double* part = partial.data() + c * G * nv;
         const int64_t r1 = std::min(N, (c + 1) * rows);
@@ -143,7 +153,7 @@ std::tuple<Tensor, Tensor, Tensor> relaxed_categorical_cpu(const Tensor& logits_
     const scalar_t* up = uniform.defined() ? uniform.data_ptr<scalar_t>() : nullptr;
     const scalar_t* vp = values.data_ptr<scalar_t>();
     scalar_t *zp = z.data_ptr<scalar_t>(), *yp = y.data_ptr<scalar_t>(), *kp = kl.data_ptr<scalar_t>();
-    at::parallel_for(0, N * d, 256, [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, N * d, std::max<int64_t>(256, (int64_t(1) << 16) / (8 * K)), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t g = G == 1 ? 0 : r % d;
         zp[r] = categorical_row_forward<scalar_t>(lp + r * K, up ? up + r * K : nullptr, vp + g * K,
@@ -175,7 +185,7 @@ std::tuple<Tensor, Tensor> relaxed_categorical_backward_cpu(
     const scalar_t *gzp = grad_z.data_ptr<scalar_t>(), *gyp = grad_y.data_ptr<scalar_t>(),
                    *gkp = grad_kl.data_ptr<scalar_t>();
     scalar_t* glp = grad_logits.data_ptr<scalar_t>();
-    at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+    at::parallel_for(0, n_chunks, grain(n_chunks, rows * d * K * 8), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double* part = partial.data() + c * G * K;
         const int64_t i1 = std::min(N, (c + 1) * rows);

@@ -1,0 +1,5 @@
+import sys
+
+from qkernels.cli import main
+
+sys.exit(main())
