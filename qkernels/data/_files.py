@@ -66,10 +66,9 @@ def grid_from_labels(
     values, classes = [], []
     for k in range(labels.shape[1]):
         col = labels[:, k]
-        if col.dtype.kind == "f":
-            col = np.round(col, decimals)
-        v, inv = np.unique(col, return_inverse=True)
-        values.append(v)
+        key = np.round(col, decimals) if col.dtype.kind == "f" else col
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        values.append(col[first])  # the stored value (first occurrence) of each class
         classes.append(inv.reshape(-1))
     sizes = tuple(len(v) for v in values)
     total = int(np.prod(sizes, dtype=np.int64))

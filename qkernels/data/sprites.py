@@ -16,7 +16,7 @@ import math
 import torch
 
 from qkernels.data.base import GroundTruthDataset
-from qkernels.data.render import coverage, pixel_grid
+from qkernels.data.render import coverage
 
 SHAPES = ("square", "ellipse", "heart")
 HALF_EXTENT = 0.16  # of the image size, at scale 1
@@ -76,20 +76,31 @@ class Sprites(GroundTruthDataset):
             torch.linspace(0.0, 1.0, n_x) if n_x > 1 else torch.full((1,), 0.5),
             torch.linspace(0.0, 1.0, n_y) if n_y > 1 else torch.full((1,), 0.5),
         ]
-        self._x, self._y = pixel_grid(image_size, image_size)
 
     def _observations(self, factors: torch.Tensor) -> torch.Tensor:
         s = self.image_size
+        n = factors.shape[0]
         vals = [self.factor_values[k][factors[:, k]] for k in range(5)]
-        half = (HALF_EXTENT * s * vals[1])[:, None, None]
-        c, sn = torch.cos(vals[2])[:, None, None], torch.sin(vals[2])[:, None, None]
-        cx = (s * (0.2 + 0.6 * vals[3]) - 0.5)[:, None, None]
-        cy = (s * (0.2 + 0.6 * vals[4]) - 0.5)[:, None, None]
-        out = torch.empty(factors.shape[0], s, s)
+        half = HALF_EXTENT * s * vals[1]
+        c, sn = torch.cos(vals[2]), torch.sin(vals[2])
+        cx = s * (0.2 + 0.6 * vals[3]) - 0.5
+        cy = s * (0.2 + 0.6 * vals[4]) - 0.5
+        # evaluate only a window around each sprite (its reach is < 1.5 half-extents + 1 px)
+        win = min(s, 2 * math.ceil(1.5 * HALF_EXTENT * s + 1))
+        ox = (cx.round().long() - win // 2).clamp(0, s - win)
+        oy = (cy.round().long() - win // 2).clamp(0, s - win)
+        ramp = torch.arange(win)
+        cols, rows = ox[:, None] + ramp, oy[:, None] + ramp  # (n, win)
+        local = torch.empty(n, win, win)
         for k in factors[:, 0].unique().tolist():
             sel = (factors[:, 0] == k).nonzero().flatten()
-            dx, dy = self._x - cx[sel], self._y - cy[sel]
-            u = (c[sel] * dx + sn[sel] * dy) / half[sel]
-            v = (-sn[sel] * dx + c[sel] * dy) / half[sel]
-            out[sel] = coverage(_SDF[k](u, v) * half[sel])
+            h = half[sel, None, None]
+            dx = cols[sel, None, :].float() - cx[sel, None, None]
+            dy = rows[sel, :, None].float() - cy[sel, None, None]
+            cs, ss = c[sel, None, None], sn[sel, None, None]
+            u = (cs * dx + ss * dy) / h
+            v = (cs * dy - ss * dx) / h
+            local[sel] = coverage(_SDF[k](u, v) * h)
+        out = torch.zeros(n, s, s)
+        out[torch.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]] = local
         return out.unsqueeze(1)
