@@ -22,6 +22,7 @@ distribution rather than a uniform grid (which the SCM samplers do not cover).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from qkernels.data.base import GroundTruthDataset, as_long_tensor
@@ -160,9 +161,9 @@ class Balls(GroundTruthDataset):
         return self.latents.shape[0]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(i, bool) or not isinstance(i, int):
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"index must be an int, got {type(i).__name__}")
-        return self.render(self.latents[i].unsqueeze(0))[0], self.factors[i]
+        return self.render(self.latents[int(i)].unsqueeze(0))[0], self.factors[int(i)]
 
     def __getitems__(self, indices):
         idx = as_long_tensor("indices", list(indices))
