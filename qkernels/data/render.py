@@ -45,12 +45,6 @@ def hsv_to_rgb(h: torch.Tensor, s: float | torch.Tensor = 1.0,
     return v - v * s * torch.minimum(k, 4.0 - k).clamp(0.0, 1.0)
 
 
-def rotation(angle: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cos, sin)`` of ``angle`` (radians), shaped for broadcasting against (n, H, W)."""
-    a = angle.to(torch.float32)[:, None, None]
-    return torch.cos(a), torch.sin(a)
-
-
 def segment_distance(x: torch.Tensor, y: torch.Tensor, ax: torch.Tensor, ay: torch.Tensor,
                      bx: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
     """Distance from points (x, y) to segments a-b (endpoints broadcast as (n, 1, 1))."""
