@@ -1,0 +1,134 @@
+"""Datasets with ground-truth factors: loaders for the standard benchmark files and procedural
+stand-ins that need no download.
+
+``load_dataset(name, root=None, **kw)``:
+
+==================== ============================================= ===========================
+name                 source                                        class
+==================== ============================================= ===========================
+shapes3d             ``<root>/3dshapes.h5``                        :class:`Shapes3D`
+dsprites             ``<root>/dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz``  :class:`DSprites`
+mpi3d                ``<root>/<variant file>`` (``variant=``)      :class:`MPI3D`
+falcor3d             ``<root>/Falcor3D_down128/``                  :class:`NVLabs3D`
+isaac3d              ``<root>/Isaac3D_down128/``                   :class:`NVLabs3D`
+quantized_grid2d     procedural (``seed=``)                        :class:`QuantizedGrid2D`
+balls                procedural                                    :class:`Balls`
+sprites              procedural                                    :class:`Sprites`
+shapes3d_procedural  procedural                                    :class:`Shapes3DProcedural`
+==================== ============================================= ===========================
+
+File datasets take ``root`` or ``$QKERNELS_DATA``; other keywords go to the class.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from qkernels.data._files import (
+    ENV_VAR,
+    DatasetFormatError,
+    convert_npz_to_npy,
+    converted_path,
+    require,
+    resolve_root,
+)
+from qkernels.data.balls import Balls
+from qkernels.data.base import GroundTruthDataset
+from qkernels.data.contact_sheet import contact_sheet
+from qkernels.data.dsprites import DSPRITES_FILE, DSPRITES_URL, DSprites
+from qkernels.data.grid2d import QuantizedGrid2D
+from qkernels.data.mpi3d import MPI3D, MPI3D_FILES, MPI3D_SIZES, MPI3D_URL
+from qkernels.data.nvlabs import (
+    FALCOR3D_FOLDER,
+    FALCOR3D_LABELS,
+    ISAAC3D_FOLDER,
+    ISAAC3D_LABELS,
+    NVLABS_URL,
+    NVLabs3D,
+    falcor3d,
+    isaac3d,
+)
+from qkernels.data.shapes3d import SHAPES3D_FILE, SHAPES3D_URL, Shapes3D
+from qkernels.data.shapes3d_procedural import Shapes3DProcedural
+from qkernels.data.sprites import Sprites
+
+FILE_DATASETS = ("shapes3d", "dsprites", "mpi3d", "falcor3d", "isaac3d")
+PROCEDURAL_DATASETS = ("quantized_grid2d", "balls", "sprites", "shapes3d_procedural")
+DATASETS = FILE_DATASETS + PROCEDURAL_DATASETS
+
+_PROCEDURAL = {
+    "quantized_grid2d": QuantizedGrid2D,
+    "balls": Balls,
+    "sprites": Sprites,
+    "shapes3d_procedural": Shapes3DProcedural,
+}
+
+
+def load_dataset(name: str, root: str | os.PathLike | None = None, **kw):
+    """Dataset ``name`` (see the module table); ``root`` (or ``$QKERNELS_DATA``) for file datasets.
+
+    A missing file raises FileNotFoundError naming the expected path and where the file is
+    published; a malformed one raises :class:`DatasetFormatError` naming file and mismatch.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if name in _PROCEDURAL:
+        if root is not None:
+            raise ValueError(f"{name} is procedural and reads no files; got root={root!r}")
+        return _PROCEDURAL[name](**kw)
+    if name not in FILE_DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    base = resolve_root(root, name)
+    if name == "shapes3d":
+        return Shapes3D(require(base / SHAPES3D_FILE, name, SHAPES3D_URL), **kw)
+    if name == "dsprites":
+        return DSprites(require(base / DSPRITES_FILE, name, DSPRITES_URL), **kw)
+    if name == "mpi3d":
+        return _load_mpi3d(base, **kw)
+    folder_name, labels, url, make = (
+        (FALCOR3D_FOLDER, FALCOR3D_LABELS, NVLABS_URL, falcor3d) if name == "falcor3d"
+        else (ISAAC3D_FOLDER, ISAAC3D_LABELS, NVLABS_URL, isaac3d))
+    folder = require(base / folder_name, name, url, folder=True)
+    require(folder / labels, name, url)
+    return make(folder, **kw)
+
+
+def _load_mpi3d(base: Path, *, variant: str = "complex", **kw) -> MPI3D:
+    if variant not in MPI3D_FILES:
+        raise ValueError(f"variant must be one of {tuple(MPI3D_FILES)}, got {variant!r}")
+    path = base / MPI3D_FILES[variant]
+    if not converted_path(path, "images").is_file():
+        require(path, f"mpi3d ({variant})", MPI3D_URL)
+    ds = MPI3D(path, **kw)
+    if kw.get("factor_sizes") is None:
+        want = MPI3D_SIZES[460_800 if variant == "complex" else 1_036_800]
+        if ds.factor_sizes != want:
+            raise DatasetFormatError(
+                f"{path}: has {len(ds)} images, the size of another MPI3D variant than "
+                f"{variant!r} (expected sizes {list(want)})"
+            )
+    return ds
+
+
+__all__ = [
+    "DATASETS",
+    "ENV_VAR",
+    "FILE_DATASETS",
+    "PROCEDURAL_DATASETS",
+    "Balls",
+    "DSprites",
+    "DatasetFormatError",
+    "GroundTruthDataset",
+    "MPI3D",
+    "NVLabs3D",
+    "QuantizedGrid2D",
+    "Shapes3D",
+    "Shapes3DProcedural",
+    "Sprites",
+    "contact_sheet",
+    "convert_npz_to_npy",
+    "falcor3d",
+    "isaac3d",
+    "load_dataset",
+]

@@ -1,0 +1,87 @@
+"""Shapes3D (``3dshapes.h5``): lazily read HDF5, one handle per process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from qkernels.data._files import (
+    DatasetFormatError,
+    grid_from_labels,
+    h5_rows,
+    read_sorted,
+    uint8_hwc_to_float_chw,
+)
+from qkernels.data.base import GroundTruthDataset
+
+SHAPES3D_FILE = "3dshapes.h5"
+SHAPES3D_URL = (
+    "https://storage.googleapis.com/3d-shapes/3dshapes.h5 (github.com/deepmind/3d-shapes)"
+)
+SHAPES3D_FACTORS = ("floor_hue", "wall_hue", "object_hue", "scale", "shape", "orientation")
+
+
+class Shapes3D(GroundTruthDataset):
+    """Shapes3D from ``path`` (an ``.h5`` with ``images`` (N, 64, 64, 3) uint8 and ``labels``
+    (N, 6) float factor values). The full file has sizes (10, 10, 10, 8, 4, 15); any complete
+    row-major sub-grid works too.
+
+    Only ``labels`` is read at construction (to derive and verify the grid); images are read per
+    batch. The h5py handle is opened on first read and reopened after pickling or in a forked
+    DataLoader worker. ``factor_values[k]``: the sorted label values of factor k.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, seed: int = 0):
+        self.path = Path(path)
+        try:
+            with h5py.File(self.path, "r") as f:
+                for key in ("images", "labels"):
+                    if key not in f:
+                        raise DatasetFormatError(
+                            f"{self.path}: missing dataset {key!r} (has {sorted(f.keys())})"
+                        )
+                images, labels = f["images"], f["labels"][()]
+                img_shape, img_dtype = images.shape, images.dtype
+        except OSError as err:
+            raise DatasetFormatError(f"{self.path}: not a readable HDF5 file ({err})") from None
+        if len(img_shape) != 4 or img_shape[3] != 3 or img_dtype != np.uint8:
+            raise DatasetFormatError(
+                f"{self.path}: images must be (N, H, W, 3) uint8, got {img_shape} {img_dtype}"
+            )
+        if img_shape[0] != labels.shape[0]:
+            raise DatasetFormatError(
+                f"{self.path}: {img_shape[0]} images but {labels.shape[0]} label rows"
+            )
+        sizes, self.factor_values = grid_from_labels(labels, self.path, SHAPES3D_FACTORS)
+        self._set_factors(SHAPES3D_FACTORS, sizes, seed)
+        self.observation_shape = (3, int(img_shape[1]), int(img_shape[2]))
+        self._h5: h5py.File | None = None
+        self._pid = -1
+
+    def _images(self):
+        if self._h5 is None or self._pid != os.getpid():
+            self._h5 = h5py.File(self.path, "r")
+            self._pid = os.getpid()
+        return self._h5["images"]
+
+    def _observations(self, factors: torch.Tensor) -> torch.Tensor:
+        idx = (factors @ self._bases).numpy()
+        images = self._images()
+        raw = read_sorted(lambda u: h5_rows(images, u), idx)
+        return torch.from_numpy(uint8_hwc_to_float_chw(raw))
+
+    def close(self) -> None:
+        """Close the HDF5 handle (it is reopened on the next read)."""
+        if self._h5 is not None:
+            if self._pid == os.getpid():
+                self._h5.close()
+            self._h5 = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_h5"], state["_pid"] = None, -1
+        return state

@@ -1,0 +1,244 @@
+"""Procedural datasets: determinism per seed, every factor changes the image, ranges, dtypes,
+the samplers' rules, the 2-D mixing formulas, and contact sheets."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from qkernels.data import (
+    Balls,
+    QuantizedGrid2D,
+    Shapes3DProcedural,
+    Sprites,
+    contact_sheet,
+    load_dataset,
+)
+
+
+@pytest.fixture(scope="module")
+def shapes3d():
+    return Shapes3DProcedural()
+
+
+def small_sprites(**kw):
+    return Sprites(n_scales=3, n_orientations=6, n_x=4, n_y=3, **kw)
+
+
+def image_datasets(shapes3d):
+    return [small_sprites(), shapes3d, Balls(64, "iid"), Balls(64, "quantized", n_bins=5)]
+
+
+def test_interface_shapes_dtypes_ranges(shapes3d):
+    g = torch.Generator().manual_seed(0)
+    for ds in image_datasets(shapes3d):
+        f = ds.sample_factors(40, g)
+        assert f.dtype == torch.int64 and f.shape == (40, len(ds.factor_sizes))
+        assert (f >= 0).all() and (f < torch.tensor(ds.factor_sizes)).all()
+        x = ds.observations_from_factors(f)
+        assert x.dtype == torch.float32 and x.shape == (40, *ds.observation_shape)
+        assert x.min() >= 0.0 and x.max() <= 1.0 and torch.isfinite(x).all()
+        assert x.std() > 0.05  # not blank
+        xi, fi = ds[3]
+        assert xi.shape == ds.observation_shape and fi.dtype == torch.int64
+        batch = ds.__getitems__([3, 0, 3])
+        torch.testing.assert_close(batch[0][0], xi)
+        assert torch.equal(batch[0][1], fi)
+
+
+def test_grid_datasets_index_getitem_consistency(shapes3d):
+    sp = small_sprites()
+    assert sp.factor_sizes == (3, 3, 6, 4, 3) and len(sp) == 3 * 3 * 6 * 4 * 3
+    assert shapes3d.factor_sizes == (10, 10, 10, 8, 4, 15) and len(shapes3d) == 480_000
+    assert shapes3d.factor_names == ("floor_hue", "wall_hue", "object_hue", "scale", "shape",
+                                     "orientation")
+    for ds in (sp, shapes3d):
+        idx = torch.tensor([0, 1, 77, len(ds) - 1])
+        f = ds.factors_of(idx)
+        assert torch.equal(ds.index_of(f), idx)
+        x, fi = ds[77]
+        assert torch.equal(fi, f[2])
+        torch.testing.assert_close(x, ds.observations_from_factors(f[2:3])[0])
+    # last factor fastest
+    assert shapes3d.factors_of(1).tolist() == [0, 0, 0, 0, 0, 1]
+    assert shapes3d.factors_of(15).tolist() == [0, 0, 0, 0, 1, 0]
+
+
+def test_determinism_per_seed(shapes3d):
+    for make in (small_sprites, lambda **kw: Balls(50, "scm_nonlinear", **kw)):
+        a, b, c = make(seed=3), make(seed=3), make(seed=4)
+        fa, fb = a.sample_factors(20), b.sample_factors(20)
+        assert torch.equal(fa, fb) and not torch.equal(fa, c.sample_factors(20))
+        torch.testing.assert_close(a.observations_from_factors(fa),
+                                   b.observations_from_factors(fb), rtol=0, atol=0)
+    assert torch.equal(Balls(50, seed=1).latents, Balls(50, seed=1).latents)
+    assert not torch.equal(Balls(50, seed=1).latents, Balls(50, seed=2).latents)
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    other = Shapes3DProcedural()
+    f = shapes3d.sample_factors(30, g1)
+    assert torch.equal(f, other.sample_factors(30, g2))
+    torch.testing.assert_close(shapes3d.observations_from_factors(f),
+                               other.observations_from_factors(f), rtol=0, atol=0)
+
+
+def test_every_factor_step_changes_the_image(shapes3d):
+    """For random combinations, moving any factor by one class changes pixels (a factor that
+    leaves the image unchanged would be invisible to every model and metric)."""
+    g = torch.Generator().manual_seed(1)
+    for ds in image_datasets(shapes3d):
+        base = ds.sample_factors(6, g)
+        for k, size in enumerate(ds.factor_sizes):
+            for v in range(size - 1):
+                lo, hi = base.clone(), base.clone()
+                lo[:, k], hi[:, k] = v, v + 1
+                diff = (ds.observations_from_factors(lo) - ds.observations_from_factors(hi))
+                changed = diff.abs().flatten(1).max(1).values > 1e-3
+                assert changed.all(), (type(ds).__name__, ds.factor_names[k], v, base[~changed])
+
+
+def test_sprites_symmetries_and_centres():
+    sp = Sprites(n_orientations=4, n_x=3, n_y=3, n_scales=2)
+    f = torch.tensor([[0, 1, 0, 1, 1], [0, 1, 1, 1, 1], [1, 1, 0, 1, 1], [1, 1, 2, 1, 1],
+                      [2, 1, 0, 1, 1], [2, 1, 2, 1, 1]])
+    x = sp.observations_from_factors(f)[:, 0]
+    torch.testing.assert_close(x[0], x[1], atol=1e-4, rtol=0)  # square turned 90 degrees
+    torch.testing.assert_close(x[2], x[3], atol=1e-4, rtol=0)  # ellipse turned 180 degrees
+    assert (x[4] - x[5]).abs().max() > 0.5  # a heart turned upside down is another image
+    # a centred sprite covers the centre, not the corners; pos_x moves it right
+    assert x[0, 31:33, 31:33].min() == 1.0 and x[0, :8, :8].max() == 0.0
+    right = sp.observations_from_factors(torch.tensor([[0, 1, 0, 2, 1]]))[0, 0]
+    cols = torch.arange(64.0)
+    assert (right.sum(0) * cols).sum() / right.sum() > (x[0].sum(0) * cols).sum() / x[0].sum()
+
+
+def test_balls_samplers_follow_their_rules():
+    r = 0.16
+    iid = Balls(2000, "iid").latents
+    assert ((iid >= 0.1) & (iid <= 0.9)).all()
+    assert (torch.hypot(iid[:, 0] - iid[:, 2], iid[:, 1] - iid[:, 3]) >= 2 * r).all()
+    lin = Balls(2000, "scm_linear").latents.double()
+    up = lin[:, 0] + lin[:, 1] >= 1
+    assert ((lin[up, 2] <= 0.5) & (lin[up, 3] >= 0.5)).all()
+    assert ((lin[~up, 2] >= 0.5) & (lin[~up, 3] <= 0.5)).all()
+    assert 0.3 < up.double().mean() < 0.7
+    non = Balls(2000, "scm_nonlinear").latents.double()
+    up = 1.25 * (non[:, 0] ** 2 + non[:, 1] ** 2) >= 1
+    assert ((non[up, 2] <= 0.5) & (non[up, 3] >= 0.5)).all()
+    assert ((non[~up, 2] >= 0.5) & (non[~up, 3] <= 0.5)).all()
+    q = Balls(4000, "quantized")
+    assert ((q.latents >= 0.1) & (q.latents <= 0.9)).all()
+    # ManhattanUniform: a piecewise-constant density, so the histogram has jumps
+    hist = torch.histc(q.latents[:, 0], bins=40, min=0.1, max=0.9)
+    assert hist.max() > 2 * hist.min()
+    d = q.discretize(q.latents)
+    assert d.min() == 0 and d.max() == 7 and torch.equal(d, q.factors)
+    s = q.sample_factors(3000, torch.Generator().manual_seed(0))
+    assert torch.equal(s, q.discretize(q.sample_latents(3000, torch.Generator().manual_seed(0))))
+
+
+def test_balls_geometry_y_up_colours_and_occlusion():
+    b = Balls(10)
+    x = b.render(torch.tensor([[0.5, 0.8, 0.2, 0.2]]))[0]
+    teal = torch.tensor([2, 156, 154]) / 255
+    red = torch.tensor([222, 100, 100]) / 255
+    torch.testing.assert_close(x[:, 63 - 51, 32], teal)  # y = 0.8 is near the top (y up)
+    torch.testing.assert_close(x[:, 63 - 13, 13], red)
+    torch.testing.assert_close(x[:, 0, 63], torch.ones(3))  # white background
+    # radius 0.16 * 64 = 10.24 px: inside at 9.5 px from the centre, outside at 11 px
+    torch.testing.assert_close(x[:, 63 - 51, 32 + 9], teal)
+    torch.testing.assert_close(x[:, 63 - 51, 32 + 11], torch.ones(3))
+    same = b.render(torch.tensor([[0.5, 0.5, 0.5, 0.5]]))[0]
+    torch.testing.assert_close(same[:, 31, 32], red)  # the later ball occludes
+    assert len(b) == 10 and b.latents.shape == (10, 4)
+    xb, zb = b.sample(5, torch.Generator().manual_seed(0))
+    assert xb.shape == (5, 3, 64, 64) and zb.shape == (5, 4)
+
+
+def test_quantized_grid2d_construction_and_mixing():
+    ds = QuantizedGrid2D(4000, "nonlinear", seed=5)
+    t = ds.thresholds
+    assert t.shape == (2, 5) and (t[:, 0] == 0).all()
+    spacing = t.diff(dim=1)
+    assert ((spacing >= 0.3) & (spacing <= 2.5)).all()
+    assert ds.priors.shape == (16,) and math.isclose(ds.priors.sum().item(), 1.0)
+    for m in (ds.A, ds.B):
+        assert torch.linalg.cond(m) <= 2.0 + 1e-9
+    # z lies in the grid, in the recorded cells, with cell frequencies following the priors
+    assert torch.equal(ds.quantize(ds.z), ds.cells)
+    lo = t.gather(1, ds.cells.T).T.float()
+    hi = t.gather(1, ds.cells.T + 1).T.float()
+    assert ((ds.z >= lo - 1e-5) & (ds.z <= hi + 1e-5)).all()
+    freq = torch.bincount(ds.cells[:, 0] + 4 * ds.cells[:, 1], minlength=16) / len(ds)
+    assert (freq - ds.priors).abs().max() < 0.03
+    # the documented formulas, recomputed in numpy
+    z = ds.z.double().numpy()
+    c = ds.center.numpy()
+    np.testing.assert_allclose(ds.center.numpy(), (t[:, 0] + t[:, -1]).numpy() / 2)
+    x_nl = np.tanh((0.5 * (z - c)) @ ds.A.numpy().T) @ ds.B.numpy().T
+    np.testing.assert_allclose(ds.x.numpy(), x_nl, rtol=0, atol=1e-5)
+    lin = QuantizedGrid2D(100, "linear", seed=5)
+    np.testing.assert_allclose(lin.x.numpy(), (lin.z.double().numpy() - c) @ ds.A.numpy().T,
+                               rtol=0, atol=1e-5)
+    assert torch.equal(lin.thresholds, ds.thresholds)  # the seed fixes the grid, not the mixing
+    x0, z0 = ds[0]
+    assert x0.shape == (2,) and torch.equal(z0, ds.z[0])
+
+
+def test_quantized_grid2d_determinism_and_arguments():
+    a, b, c = QuantizedGrid2D(50, seed=1), QuantizedGrid2D(50, seed=1), QuantizedGrid2D(50, seed=2)
+    assert torch.equal(a.x, b.x) and torch.equal(a.A, b.A) and not torch.equal(a.x, c.x)
+    xs, zs = a.sample(10, torch.Generator().manual_seed(0))
+    xs2, zs2 = a.sample(10, torch.Generator().manual_seed(0))
+    assert torch.equal(xs, xs2) and torch.equal(zs, zs2) and xs.dtype == torch.float32
+    with pytest.raises(ValueError, match="mixing"):
+        QuantizedGrid2D(10, "cubic")
+    with pytest.raises(ValueError, match="n must"):
+        QuantizedGrid2D(0)
+    with pytest.raises(TypeError, match="generator"):
+        a.sample(3, generator=0)
+    assert isinstance(load_dataset("quantized_grid2d", n=20, mixing="linear", seed=1),
+                      QuantizedGrid2D)
+
+
+def test_procedural_argument_checks_and_pickling():
+    with pytest.raises(ValueError, match="sampler"):
+        Balls(10, "gaussian")
+    with pytest.raises(ValueError, match="n_balls=2"):
+        Balls(10, "scm_linear", n_balls=3)
+    with pytest.raises(ValueError, match="n_shapes"):
+        Sprites(n_shapes=4)
+    with pytest.raises(ValueError, match="n_x"):
+        Sprites(n_x=0)
+    with pytest.raises(ValueError, match="latents"):
+        Balls(10).render(torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="image_size"):
+        Shapes3DProcedural(image_size=2)
+    three = Balls(20, "iid", n_balls=3)
+    assert three.factor_names == ("x1", "y1", "x2", "y2", "x3", "y3")
+    sp = small_sprites()
+    clone = pickle.loads(pickle.dumps(sp))
+    torch.testing.assert_close(clone[11][0], sp[11][0])
+    assert isinstance(load_dataset("sprites", n_scales=2), Sprites)
+
+
+def test_contact_sheets(tmp_path, shapes3d):
+    for i, ds in enumerate([small_sprites(), shapes3d, Balls(30)]):
+        path = contact_sheet(ds, tmp_path / f"s{i}.png", rows=2, cols=3, scale=1, pad=2)
+        with Image.open(path) as im:
+            assert im.size == (3 * 66 + 2, 2 * 66 + 2)
+            assert np.asarray(im).std() > 5
+    path = contact_sheet(shapes3d, tmp_path / "v.png", rows=2, cols=20, vary=4, scale=1)
+    with Image.open(path) as im:
+        assert im.size == (4 * 66 + 2, 2 * 66 + 2)  # shape has 4 classes
+    path = contact_sheet(QuantizedGrid2D(200), tmp_path / "g.png", scale=1)
+    with Image.open(path) as im:
+        assert im.size == (256, 256) and np.asarray(im).std() > 5
+    with pytest.raises(ValueError, match="vary"):
+        contact_sheet(shapes3d, tmp_path / "x.png", vary=6)
+    with pytest.raises(ValueError, match="rows"):
+        contact_sheet(shapes3d, tmp_path / "x.png", rows=0)
