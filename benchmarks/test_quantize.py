@@ -1,0 +1,21 @@
+"""latent_quantize forward + backward: every backend, the reference and the materialized
+formulation, at (n, d, n_v) = (128, 12, 10), (4096, 64, 64), (65536, 64, 64), per-dim and global
+codebooks. Peak memory (growth of peak RSS in a fresh subprocess) goes to extra_info.
+
+    pytest benchmarks/test_quantize.py --benchmark-only --benchmark-group-by=param:case
+"""
+
+import pytest
+
+from qkernels.bench import cases, peak_memory
+
+PARAMS = [(c, v) for c in cases("quantize") for v in c.variants]
+
+
+@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
+def test_latent_quantize(benchmark, case, variant):
+    inputs = case.make(1)
+    fn = case.variants[variant]
+    benchmark.group = case.name
+    benchmark.extra_info["peak_mib"] = (peak_memory(case, variant) or 0) / 2**20
+    benchmark.pedantic(fn, args=inputs, rounds=3, warmup_rounds=1)
