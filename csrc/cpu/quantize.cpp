@@ -25,6 +25,21 @@ int64_t grain(int64_t n_chunks, int64_t ops_per_chunk) {
   return n_chunks * ops_per_chunk < (int64_t(1) << 16) ? std::max<int64_t>(n_chunks, 1) : 1;
 }
 
+// Sum of per-chunk partials partial[c * size + e] in chunk order, times scale, as a (G, n) tensor.
+Tensor sum_partials(const std::vector<double>& partial, int64_t n_chunks, int64_t G, int64_t n, double scale,
+                    const at::TensorOptions& options) {
+  Tensor out = at::empty({G, n}, options);
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "sum_partials", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    for (int64_t e = 0; e < G * n; ++e) {
+      double acc = 0.0;
+      for (int64_t c = 0; c < n_chunks; ++c) acc += partial[c * G * n + e];
+      o[e] = static_cast<scalar_t>(scale * acc);
+    }
+  });
+  return out;
+}
+
 void check_codebook(const Tensor& x, const Tensor& values, int64_t d, const char* op) {
   TORCH_CHECK(values.dim() == 2 && (values.size(0) == 1 || values.size(0) == d), op,
               ": values must be (1, n_v) or (d, n_v) with d = ", d, ", got ", values.sizes());
@@ -114,15 +129,7 @@ std::tuple<Tensor, Tensor> latent_quantize_backward_cpu(const Tensor& grad_zq_, 
       }
     });
   });
-  Tensor grad_values = at::empty({G, nv}, values.options());
-  AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "latent_quantize_backward_cpu_reduce", [&] {
-    scalar_t* gv = grad_values.data_ptr<scalar_t>();
-    for (int64_t e = 0; e < G * nv; ++e) {
-      double acc = 0.0;
-      for (int64_t c = 0; c < n_chunks; ++c) acc += partial[c * G * nv + e];
-      gv[e] = static_cast<scalar_t>(s_q * acc);
-    }
-  });
+  Tensor grad_values = sum_partials(partial, n_chunks, G, nv, s_q, values.options());
   return {grad_z, grad_values};
 }
 
@@ -199,15 +206,7 @@ std::tuple<Tensor, Tensor> relaxed_categorical_backward_cpu(
       }
     });
   });
-  Tensor grad_values = at::empty({G, K}, values.options());
-  AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "relaxed_categorical_backward_cpu_reduce", [&] {
-    scalar_t* gv = grad_values.data_ptr<scalar_t>();
-    for (int64_t e = 0; e < G * K; ++e) {
-      double acc = 0.0;
-      for (int64_t c = 0; c < n_chunks; ++c) acc += partial[c * G * K + e];
-      gv[e] = static_cast<scalar_t>(acc);
-    }
-  });
+  Tensor grad_values = sum_partials(partial, n_chunks, G, K, 1.0, values.options());
   return {grad_logits, grad_values};
 }
 

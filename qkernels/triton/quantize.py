@@ -21,16 +21,22 @@ BLOCK_R = 32  # relaxed_categorical: rows of K categories per program
 
 
 @triton.jit
+def _tile(N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows, latent columns, column mask, element mask and offsets of this program's (N, D) tile."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = (rows[:, None] < N) & cmask[None, :]
+    return cols, cmask, mask, rows[:, None] * D + cols[None, :]
+
+
+@triton.jit
 def _latent_quantize_fwd(
     z_ptr, v_ptr, zq_ptr, idx_ptr, part_ptr, N, D, NV,
     GLOBAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_n, pid_d = tl.program_id(0), tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows[:, None] < N) & cmask[None, :]
-    offs = rows[:, None] * D + cols[None, :]
+    cols, cmask, mask, offs = _tile(N, D, BLOCK_N, BLOCK_D)
     x = tl.load(z_ptr + offs, mask=mask, other=0.0)
     vrow = cols * 0 if GLOBAL else cols
     best_d = tl.full((BLOCK_N, BLOCK_D), float("inf"), x.dtype)
@@ -55,11 +61,7 @@ def _latent_quantize_bwd(
     GLOBAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_n, pid_d = tl.program_id(0), tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows[:, None] < N) & cmask[None, :]
-    offs = rows[:, None] * D + cols[None, :]
+    cols, cmask, mask, offs = _tile(N, D, BLOCK_N, BLOCK_D)
     x = tl.load(z_ptr + offs, mask=mask, other=0.0)
     idx = tl.load(idx_ptr + offs, mask=mask, other=0)
     vrow = cols * 0 if GLOBAL else cols
@@ -146,23 +148,34 @@ def _perturbed_softmax(l_ptr, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NO
 
 
 @triton.jit
+def _row_tile(R, K, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's (BLOCK_R, BLOCK_K) tile of the (R, K) rows of categories."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ks = tl.arange(0, BLOCK_K)
+    rmask = rows < R
+    kmask = ks[None, :] < K
+    return rows, ks, rmask, kmask, rmask[:, None] & kmask, rows[:, None] * K + ks[None, :]
+
+
+@triton.jit
+def _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL: tl.constexpr):
+    """The codebook values of each row's latent (row r is latent r % D), (BLOCK_R, BLOCK_K)."""
+    vrow = rows * 0 if GLOBAL else rows % D
+    return tl.load(v_ptr + vrow[:, None] * K + ks[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _relaxed_categorical_fwd(
     l_ptr, u_ptr, v_ptr, z_ptr, y_ptr, kl_ptr, R, D, K, tau, noise_scale, log_k,
     HAS_NOISE: tl.constexpr, HARD: tl.constexpr, GLOBAL: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ks = tl.arange(0, BLOCK_K)
-    rmask = rows < R
-    kmask = ks[None, :] < K
-    mask = rmask[:, None] & kmask
-    offs = rows[:, None] * K + ks[None, :]
+    rows, ks, rmask, kmask, mask, offs = _row_tile(R, K, BLOCK_R, BLOCK_K)
     y, logp = _perturbed_softmax(l_ptr, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE)
     if HARD:
         am = tl.argmax(y, 1, tie_break_left=True)
         y = tl.where(ks[None, :] == am[:, None], 1.0, 0.0).to(y.dtype)
-    vrow = rows * 0 if GLOBAL else rows % D
-    v = tl.load(v_ptr + vrow[:, None] * K + ks[None, :], mask=mask, other=0.0)
+    v = _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL)
     tl.store(y_ptr + offs, y, mask=mask)
     tl.store(z_ptr + rows, tl.sum(y * v, 1), mask=rmask)
     p = tl.where(kmask, tl.exp(logp), 0.0)
@@ -174,15 +187,9 @@ def _relaxed_categorical_bwd(
     gz_ptr, gy_ptr, gkl_ptr, l_ptr, u_ptr, v_ptr, gl_ptr, R, D, K, tau, noise_scale,
     HAS_NOISE: tl.constexpr, GLOBAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ks = tl.arange(0, BLOCK_K)
-    rmask = rows < R
-    kmask = ks[None, :] < K
-    mask = rmask[:, None] & kmask
-    offs = rows[:, None] * K + ks[None, :]
+    rows, ks, rmask, kmask, mask, offs = _row_tile(R, K, BLOCK_R, BLOCK_K)
     y, logp = _perturbed_softmax(l_ptr, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE)
-    vrow = rows * 0 if GLOBAL else rows % D
-    v = tl.load(v_ptr + vrow[:, None] * K + ks[None, :], mask=mask, other=0.0)
+    v = _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL)
     g_z = tl.load(gz_ptr + rows, mask=rmask, other=0.0)
     g_kl = tl.load(gkl_ptr + rows, mask=rmask, other=0.0)
     gy = tl.load(gy_ptr + offs, mask=mask, other=0.0) + g_z[:, None] * v
