@@ -200,10 +200,10 @@ def test_gumbel_quantize_gradients_match_reference(dtype, global_codebook, hard)
         z, v = z0.clone().requires_grad_(), v0.clone().requires_grad_()
         with qkernels.use_backend(name):
             out = qkernels.gumbel_quantize(z, v, 0.5, hard=hard, uniform=u)
-        sum(((o * w).sum() for o, w in zip(out, ups))).backward()
+        sum(((o * w).sum() for o, w in zip(out, ups, strict=True))).backward()
         results[name] = [t.detach() for t in out] + [z.grad, v.grad]
     for name in KERNEL_BACKENDS:
-        for got, want in zip(results[name], results["reference"]):
+        for got, want in zip(results[name], results["reference"], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4 if dtype == torch.float32 else 1e-9, atol=1e-5
                                        if dtype == torch.float32 else 1e-11, msg=name)
 
@@ -306,7 +306,7 @@ def test_torch_compile_fullgraph(backend):
     torch.testing.assert_close(got, eager)
     grads = torch.autograd.grad(got, args[:3])
     want = torch.autograd.grad(step(*args), args[:3])
-    for a, b in zip(grads, want):
+    for a, b in zip(grads, want, strict=True):
         torch.testing.assert_close(a, b)
 
 
