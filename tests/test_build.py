@@ -56,7 +56,8 @@ def test_cuda_glue_compiles(path, tmp_path):
     inc = os.path.join(os.path.dirname(torch.__file__), "include")
     res = subprocess.run(
         ["g++", "-std=c++20", "-fsyntax-only", "-I", str(tmp_path / "stub"),
-         "-I", os.path.join(ROOT, "csrc", "include"), "-I", inc, "-I", os.path.join(inc, "torch", "csrc", "api", "include"), "-I", CUDA_INC, path],
+         "-I", os.path.join(ROOT, "csrc", "include"), "-I", inc,
+         "-I", os.path.join(inc, "torch", "csrc", "api", "include"), "-I", CUDA_INC, path],
         capture_output=True, text=True, timeout=300,
     )
     assert res.returncode == 0, res.stderr
