@@ -1,0 +1,152 @@
+// CPU (OpenMP via at::parallel_for) kernels of the Hessian hot path and the schemas of its
+// qkernels:: ops. Math lives in csrc/include/qkernels/hessian.h, shared with csrc/cuda.
+//
+// finite_difference_curvature reduces the stacked activations (R, M) of the finite-difference
+// batch to per-sample statistics (groups, n): the mean (or max, with its first argmax) over the M
+// activation columns of the variance over k directions of the second central differences. Work
+// items are (sample, column tile); each writes its own partials, which are combined in a fixed
+// order, so results do not depend on the number of threads.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "qkernels/hessian.h"
+
+namespace qkernels {
+namespace {
+
+using at::Tensor;
+
+constexpr int64_t kTile = 512;  // activation columns per work item
+
+struct FdShape {
+  int64_t n, k, groups, M, offset;  // offset: center rows before the perturbed blocks (0 or n)
+  bool use_max;
+};
+
+FdShape check_fd(const Tensor& stacked, int64_t n, int64_t k, double eps, int64_t groups,
+                 c10::string_view reduce, const char* op) {
+  TORCH_CHECK(stacked.dim() == 2, op, ": stacked must be (R, M), got ", stacked.sizes());
+  TORCH_CHECK(at::isFloatingType(stacked.scalar_type()), op, ": stacked must be floating point");
+  TORCH_CHECK(n >= 1, op, ": n must be >= 1, got ", n);
+  TORCH_CHECK(k >= 2, op, ": num_perturbations must be >= 2, got ", k);
+  TORCH_CHECK(groups == 1 || groups == 2, op, ": groups must be 1 or 2, got ", groups);
+  TORCH_CHECK(eps > 0, op, ": eps must be > 0, got ", eps);
+  TORCH_CHECK(reduce == "mean" || reduce == "max", op, ": reduce must be 'mean' or 'max', got '",
+              std::string(reduce), "'");
+  const int64_t R = stacked.size(0), P = 2 * k * groups * n;
+  TORCH_CHECK(R == P || R == P + n, op, ": stacked must have n * 2k * groups = ", P,
+              " rows (or ", P + n, " with the n center rows first), got ", R);
+  TORCH_CHECK(stacked.size(1) >= 1, op, ": stacked must have at least one column");
+  return {n, k, groups, stacked.size(1), R - P, reduce == "max"};
+}
+
+std::tuple<Tensor, Tensor> finite_difference_curvature_cpu(const Tensor& stacked_, int64_t n, int64_t k,
+                                                           double eps, int64_t groups, bool unbiased,
+                                                           c10::string_view reduce) {
+  const FdShape s = check_fd(stacked_, n, k, eps, groups, reduce, "finite_difference_curvature");
+  const Tensor stacked = stacked_.contiguous();
+  const int64_t M = s.M, n_tiles = (M + kTile - 1) / kTile, stride = n * M;
+  const int64_t slots = groups * n * n_tiles;
+  std::vector<double> part_sum(slots), part_max(slots);
+  std::vector<int64_t> part_arg(slots);
+  Tensor values = at::empty({groups, n}, stacked.options());
+  Tensor argmax = at::empty({groups, n}, stacked.options().dtype(at::kLong));
+  AT_DISPATCH_FLOATING_TYPES(stacked.scalar_type(), "finite_difference_curvature_cpu", [&] {
+    using A = typename acc_type<scalar_t>::type;
+    const scalar_t* xp = stacked.data_ptr<scalar_t>() + s.offset * M;
+    const A inv_eps2 = A(1.0 / (eps * eps));
+    at::parallel_for(0, n * n_tiles, 1, [&](int64_t w0, int64_t w1) {
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t i = w / n_tiles, t = w % n_tiles;
+        const int64_t c0 = t * kTile, c1 = std::min(M, c0 + kTile);
+        for (int64_t g = 0; g < groups; ++g) {
+          const scalar_t* base = xp + (g * 2 * k) * stride + i * M;
+          A sum = 0, best = 0;
+          int64_t best_c = -1;
+          for (int64_t c = c0; c < c1; ++c) {
+            const A v = fd_column_var<scalar_t, A>(base + c, stride, k, inv_eps2, unbiased);
+            sum += v;
+            max_update(v, c, &best, &best_c);
+          }
+          const int64_t slot = (g * n + i) * n_tiles + t;
+          part_sum[slot] = sum;
+          part_max[slot] = best;
+          part_arg[slot] = best_c;
+        }
+      }
+    });
+    scalar_t* vp = values.data_ptr<scalar_t>();
+    int64_t* ap = argmax.data_ptr<int64_t>();
+    for (int64_t gi = 0; gi < groups * n; ++gi) {
+      double sum = 0, best = 0;
+      int64_t best_c = -1;
+      for (int64_t t = 0; t < n_tiles; ++t) {
+        sum += part_sum[gi * n_tiles + t];
+        max_update(part_max[gi * n_tiles + t], part_arg[gi * n_tiles + t], &best, &best_c);
+      }
+      vp[gi] = static_cast<scalar_t>(s.use_max ? best : sum / static_cast<double>(M));
+      ap[gi] = best_c;
+    }
+  });
+  return {values, argmax};
+}
+
+Tensor finite_difference_curvature_backward_cpu(const Tensor& grad_, const Tensor& stacked_,
+                                                const Tensor& argmax_, int64_t n, int64_t k, double eps,
+                                                int64_t groups, bool unbiased, c10::string_view reduce) {
+  const FdShape s = check_fd(stacked_, n, k, eps, groups, reduce, "finite_difference_curvature_backward");
+  TORCH_CHECK(grad_.numel() == groups * n && argmax_.numel() == groups * n,
+              "finite_difference_curvature_backward: grad and argmax must be (groups, n)");
+  const Tensor stacked = stacked_.contiguous();
+  const Tensor grad = grad_.to(stacked.scalar_type()).contiguous(), argmax = argmax_.contiguous();
+  const int64_t M = s.M, n_tiles = (M + kTile - 1) / kTile, stride = n * M;
+  Tensor grad_stacked = at::empty_like(stacked);
+  if (s.offset > 0) grad_stacked.narrow(0, 0, s.offset).zero_();  // the center cancels
+  AT_DISPATCH_FLOATING_TYPES(stacked.scalar_type(), "finite_difference_curvature_backward_cpu", [&] {
+    using A = typename acc_type<scalar_t>::type;
+    const scalar_t* xp = stacked.data_ptr<scalar_t>() + s.offset * M;
+    scalar_t* gp = grad_stacked.data_ptr<scalar_t>() + s.offset * M;
+    const scalar_t* go = grad.data_ptr<scalar_t>();
+    const int64_t* ap = argmax.data_ptr<int64_t>();
+    const A inv_eps2 = A(1.0 / (eps * eps));
+    at::parallel_for(0, n * n_tiles, 1, [&](int64_t w0, int64_t w1) {
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t i = w / n_tiles, t = w % n_tiles;
+        const int64_t c0 = t * kTile, c1 = std::min(M, c0 + kTile);
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t off = (g * 2 * k) * stride + i * M;
+          const A gout = A(go[g * n + i]);
+          const int64_t am = ap[g * n + i];
+          for (int64_t c = c0; c < c1; ++c) {
+            if (s.use_max && c != am) {
+              for (int64_t r = 0; r < 2 * k; ++r) gp[off + r * stride + c] = scalar_t(0);
+              continue;
+            }
+            const A coef = s.use_max ? gout : gout / A(M);
+            fd_column_backward<scalar_t, A>(xp + off + c, stride, k, inv_eps2, unbiased, coef, gp + off + c);
+          }
+        }
+      }
+    });
+  });
+  return grad_stacked;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(qkernels, m) {
+  m.def("finite_difference_curvature(Tensor stacked, int n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> (Tensor values, Tensor argmax)");
+  m.def("finite_difference_curvature_backward(Tensor grad, Tensor stacked, Tensor argmax, int n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(qkernels, CPU, m) {
+  m.impl("finite_difference_curvature", &finite_difference_curvature_cpu);
+  m.impl("finite_difference_curvature_backward", &finite_difference_curvature_backward_cpu);
+}
+
+}  // namespace qkernels

@@ -1,0 +1,106 @@
+"""Modules of the Hessian hot path: Tripod's normalized Hessian penalty and Peebles et al.'s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from qkernels.ops.hessian import hessian_penalty, normalized_hessian_penalty
+
+
+class NormalizedHessianPenalty(nn.Module):
+    """Tripod's NHP as a module: ``penalty(fn, z, std)`` -> scalar (or per-sample values).
+
+    Args:
+        num_perturbations: k >= 2 Rademacher and k Gaussian directions per sample (Tripod: 2).
+        eps: finite-difference step relative to each latent's std (Tripod: 0.1).
+        reduction: "mean" or "none" (see :func:`qkernels.ops.hessian.normalized_hessian_penalty`).
+        chunk_size: at most this many stacked rows per ``fn`` call (None: one call).
+        std_eps: added to the batch std when ``forward`` computes it from ``z`` (Tripod: 1e-6).
+
+    ``forward(fn, z, std=None, generator=None)``: ``fn`` maps latents (N, d) to the regularized
+    activations (N, ...) (a tensor, list or dict; e.g. the decoder's hidden layers, not its output
+    logits) and must be deterministic across rows. ``std`` (d,): per-latent scales; default
+    ``z.std(0, correction=0) + std_eps`` (Tripod computes it on the continuous latents before
+    quantization: pass it when ``z`` is quantized).
+    """
+
+    def __init__(
+        self,
+        num_perturbations: int = 2,
+        eps: float = 0.1,
+        reduction: str = "mean",
+        chunk_size: int | None = None,
+        std_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.num_perturbations = num_perturbations
+        self.eps = eps
+        self.reduction = reduction
+        self.chunk_size = chunk_size
+        self.std_eps = std_eps
+
+    def forward(
+        self,
+        fn: Callable,
+        z: torch.Tensor,
+        std: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ):
+        if std is None and isinstance(z, torch.Tensor) and z.dim() == 2:
+            std = z.std(dim=0, correction=0) + self.std_eps
+        return normalized_hessian_penalty(
+            fn,
+            z,
+            std,
+            num_perturbations=self.num_perturbations,
+            eps=self.eps,
+            generator=generator,
+            reduction=self.reduction,
+            chunk_size=self.chunk_size,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_perturbations={self.num_perturbations}, eps={self.eps}, "
+            f"reduction={self.reduction!r}"
+        )
+
+
+class HessianPenalty(nn.Module):
+    """Peebles et al.'s Hessian penalty as a module: ``penalty(fn, z)`` -> scalar.
+
+    Args: num_perturbations (k >= 2), eps (0.1), reduction ("max", "mean" or "none"), chunk_size.
+    """
+
+    def __init__(
+        self,
+        num_perturbations: int = 2,
+        eps: float = 0.1,
+        reduction: str = "max",
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_perturbations = num_perturbations
+        self.eps = eps
+        self.reduction = reduction
+        self.chunk_size = chunk_size
+
+    def forward(self, fn: Callable, z: torch.Tensor, generator: torch.Generator | None = None):
+        return hessian_penalty(
+            fn,
+            z,
+            num_perturbations=self.num_perturbations,
+            eps=self.eps,
+            generator=generator,
+            reduction=self.reduction,
+            chunk_size=self.chunk_size,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_perturbations={self.num_perturbations}, eps={self.eps}, "
+            f"reduction={self.reduction!r}"
+        )

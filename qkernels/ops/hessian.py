@@ -1,0 +1,358 @@
+"""Hessian hot path: op registration (fake + autograd), dispatch and the functional API.
+
+Ops (``torch.ops.qkernels``; the ``*_triton`` twins come from :mod:`qkernels.triton.hessian`):
+
+- ``finite_difference_curvature(stacked (R, M), n, num_perturbations, eps, groups, unbiased, reduce)
+  -> (values (groups, n), argmax (groups, n) int64)``
+- ``finite_difference_curvature_backward(grad (groups, n), stacked, argmax, ...)
+  -> grad_stacked (R, M)``
+
+The forward reads every stacked activation once and writes ``groups * n`` scalars; the backward
+recomputes the per-element means and writes the gradient of the stacked activations in one pass.
+See :func:`qkernels.reference.hessian.finite_difference_curvature` for the exact semantics.
+
+Why ``fn`` is never evaluated at ``z``: every second difference of an activation element,
+fd_l = (f(z + h_l) - 2 f(z) + f(z - h_l)) / eps^2, contains the same center term -2 f(z) / eps^2,
+and a variance over l is invariant to a common shift, so
+var_l(fd_l) = var_l(f(z + h_l) + f(z - h_l)) / eps^4 exactly. Both penalties (Tripod's NHP and
+Peebles et al.'s) are variances over directions, so the center rows of the stacked batch carry no
+information; dropping them saves n of the n * (1 + 2k * groups) rows (1/9 of the decoder work for
+NHP at k = 2) and one subtraction whose rounding matches the variance's own mean subtraction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from qkernels import _ext
+from qkernels._backend import register, select
+from qkernels._validation import check_positive, check_same, check_tensor
+from qkernels.reference import hessian as ref
+
+NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
+
+# ----------------------------------------------------------------------------- op wiring
+
+
+def wire_finite_difference_curvature(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a finite_difference_curvature op pair."""
+
+    @torch.library.register_fake(fwd)
+    def _(stacked, n, num_perturbations, eps, groups, unbiased, reduce):
+        return stacked.new_empty(groups, n), stacked.new_empty((groups, n), dtype=torch.long)
+
+    @torch.library.register_fake(bwd)
+    def _(grad, stacked, argmax, n, num_perturbations, eps, groups, unbiased, reduce):
+        return stacked.new_empty(stacked.shape)
+
+    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+
+    def setup_context(ctx, inputs, output):
+        stacked, *args = inputs
+        ctx.save_for_backward(stacked, output[1])
+        ctx.args = args
+
+    def backward(ctx, grad_values, _grad_argmax):
+        stacked, argmax = ctx.saved_tensors
+        if grad_values is None:
+            grad_values = stacked.new_zeros(argmax.shape)
+        grad = backward_op(grad_values, stacked, argmax, *ctx.args)
+        return (grad,) + (None,) * len(ctx.args)
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+register("finite_difference_curvature", "reference")(ref.finite_difference_curvature)
+
+if _ext.LOADED and hasattr(torch.ops.qkernels, "finite_difference_curvature"):
+    wire_finite_difference_curvature(
+        "qkernels::finite_difference_curvature", "qkernels::finite_difference_curvature_backward"
+    )
+    for _backend in ("cpu", "cuda"):  # one C++ op, CPU and CUDA dispatch keys
+        register("finite_difference_curvature", _backend)(
+            torch.ops.qkernels.finite_difference_curvature
+        )
+
+
+# ----------------------------------------------------------------------------- validation helpers
+
+
+def _check_k(num_perturbations: object) -> int:
+    check_positive("num_perturbations", num_perturbations, integer=True)
+    if num_perturbations < 2:
+        raise ValueError(
+            f"num_perturbations must be >= 2 (a variance needs two), got {num_perturbations}"
+        )
+    return int(num_perturbations)
+
+
+def _check_eps(eps: object) -> float:
+    check_positive("eps", eps)
+    if not math.isfinite(eps):
+        raise ValueError(f"eps must be finite, got {eps}")
+    return float(eps)
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _curvature(
+    a: torch.Tensor, n: int, k: int, eps: float, groups: int, unbiased: bool, reduce: str
+):
+    _, impl = select("finite_difference_curvature", a.device, a.dtype)
+    return impl(a, n, k, eps, groups, unbiased, reduce)[0]
+
+
+def finite_difference_curvature(
+    stacked: torch.Tensor,
+    n: int,
+    num_perturbations: int,
+    eps: float,
+    *,
+    groups: int = 2,
+    unbiased: bool = False,
+    reduce: str = "mean",
+) -> torch.Tensor:
+    """Fused reduction of a stacked finite-difference batch to per-sample curvature statistics.
+
+    Args:
+        stacked: (R, ...) activations of ``fn`` on the stacked batch; trailing dims are flattened
+            to M columns. R = n * 2k * groups rows [group 0: f(z + h_1), f(z - h_1), ...,
+            f(z + h_k), f(z - h_k); group 1: ...] (blocks of n rows), or n * (1 + 2k * groups) with
+            the center rows f(z) first (they cancel from the variance and get a zero gradient).
+        n: batch size; num_perturbations: k >= 2 directions per group; eps: step (> 0).
+        groups: 2 for NHP (Rademacher group = numerator, Gaussian group = denominator), 1 for HP.
+        unbiased: variance over directions with divisor k - 1 (HP) instead of k (NHP).
+        reduce: "mean" or "max" over the M columns of each sample.
+    Returns:
+        (groups, n): per group and sample, reduce_c var_l((f(z+h_l) - 2 f(z) + f(z-h_l)) / eps^2).
+    """
+    check_tensor("stacked", stacked, min_ndim=1, finite=False)
+    check_positive("n", n, integer=True)
+    k = _check_k(num_perturbations)
+    eps = _check_eps(eps)
+    if groups not in (1, 2):
+        raise ValueError(f"groups must be 1 or 2, got {groups!r}")
+    _check_choice("reduce", reduce, ("mean", "max"))
+    p = n * 2 * k * groups
+    if stacked.shape[0] not in (p, p + n):
+        raise ValueError(
+            f"stacked must have n * 2 * num_perturbations * groups = {p} rows (or {p + n} with the "
+            f"center rows), got shape {tuple(stacked.shape)}"
+        )
+    return _curvature(
+        stacked.reshape(stacked.shape[0], -1), n, k, eps, groups, bool(unbiased), reduce
+    )
+
+
+# ----------------------------------------------------------------------------- penalties
+
+
+def _call_fn(
+    fn: Callable, zs: torch.Tensor, chunk_size: int | None
+) -> tuple[Any, list[torch.Tensor]]:
+    """fn on the stacked batch (in row chunks when ``chunk_size``): (structure, list of entries)."""
+    if chunk_size is None:
+        return _flatten(fn(zs))
+    parts = [_flatten(fn(c)) for c in zs.split(chunk_size)]
+    keys = parts[0][0]
+    for kp, ep in parts[1:]:
+        if kp != keys or len(ep) != len(parts[0][1]):
+            raise ValueError(
+                "fn must return the same structure (tensor / list / dict) for every chunk"
+            )
+    entries = [torch.cat([p[1][e] for p in parts]) for e in range(len(parts[0][1]))]
+    return keys, entries
+
+
+def _flatten(out: object) -> tuple[Any, list[torch.Tensor]]:
+    if isinstance(out, torch.Tensor):
+        return None, [out]
+    if isinstance(out, Mapping):
+        return tuple(out.keys()), list(out.values())
+    if isinstance(out, Sequence) and not isinstance(out, str):
+        return len(out), list(out)
+    raise TypeError(
+        f"fn must return a tensor, a list/tuple or a dict of tensors, got {type(out).__name__}"
+    )
+
+
+def _unflatten(keys: Any, values: list[torch.Tensor]):
+    if keys is None:
+        return values[0]
+    if isinstance(keys, tuple):
+        return dict(zip(keys, values, strict=True))
+    return values
+
+
+def _check_outputs(
+    keys: Any, entries: list[torch.Tensor], rows: int, z: torch.Tensor
+) -> list[torch.Tensor]:
+    if not entries:
+        raise ValueError("fn returned no tensors")
+    names = (
+        [f"fn output {k!r}" for k in keys]
+        if isinstance(keys, tuple)
+        else (["fn output"] if keys is None else [f"fn output [{e}]" for e in range(len(entries))])
+    )
+    out = []
+    for name, a in zip(names, entries, strict=True):
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
+        if not a.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {a.dtype}")
+        if a.dim() == 0 or a.shape[0] != rows:
+            raise ValueError(
+                f"{name} must have the stacked batch ({rows} rows) as its first dimension, "
+                f"got shape {tuple(a.shape)}; fn must map latents (N, d) to activations (N, ...)"
+            )
+        if a.numel() == 0:
+            raise ValueError(f"{name} must not be empty, got shape {tuple(a.shape)}")
+        if a.device != z.device:
+            raise ValueError(f"{name} is on {a.device} but z is on {z.device}")
+        out.append(a.reshape(rows, -1))
+    return out
+
+
+def _check_common(fn, z, num_perturbations, eps, chunk_size):
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    check_tensor("z", z, ndim=2)
+    k = _check_k(num_perturbations)
+    eps = _check_eps(eps)
+    if chunk_size is not None:
+        check_positive("chunk_size", chunk_size, integer=True)
+    return k, eps
+
+
+def _check_fn_z(fn_z: object, n: int) -> None:
+    if fn_z is None:
+        return
+    _keys, entries = _flatten(fn_z)
+    for e, a in enumerate(entries):
+        if not isinstance(a, torch.Tensor) or a.dim() == 0 or a.shape[0] != n:
+            raise ValueError(f"fn_z entry {e} must be a tensor with n = {n} rows (fn(z))")
+
+
+def _directions(kind: str, k: int, z: torch.Tensor, generator) -> torch.Tensor:
+    shape = (k, *z.shape)
+    if kind == "rademacher":
+        r = torch.randint(0, 2, shape, generator=generator, device=z.device, dtype=torch.int8)
+        return (2 * r - 1).to(z.dtype)
+    return torch.randn(shape, generator=generator, device=z.device, dtype=z.dtype)
+
+
+def _stack(z: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """(n, d) latents, (D, n, d) directions -> (2 D n, d) rows [z + h_1; z - h_1; ...]."""
+    return torch.stack([z + h, z - h], dim=1).reshape(-1, z.shape[1])
+
+
+def normalized_hessian_penalty(
+    fn: Callable,
+    z: torch.Tensor,
+    std: torch.Tensor,
+    *,
+    num_perturbations: int = 2,
+    eps: float = 0.1,
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+    fn_z: object = None,
+):
+    """Tripod's normalized Hessian penalty (Section 3.3, Prop. 3.2, Algorithm 1).
+
+    Directions v_l = eps * std * r_l (r Rademacher) and w_l = eps * std * g_l (g ~ N(0, 1)), k of
+    each per sample; second differences fd = (f(z + h) - 2 f(z) + f(z - h)) / eps^2; numerator =
+    population variance over the k Rademacher fds, denominator likewise over the Gaussian ones;
+    per entry and sample mean(numerator) / (mean(denominator) + 1e-10) (means over the entry's
+    activation elements); batch mean; summed over entries.
+
+    ``fn`` is called ONCE on the stacked batch [z + v_1; z - v_1; ...; z + v_k; z - v_k; z + w_1;
+    z - w_1; ...; z + w_k; z - w_k] of 4k n rows (in row chunks of ``chunk_size`` when given) and
+    never on z itself: f(z) cancels exactly from a variance over directions (see the module doc).
+    fn must be deterministic across the stacked rows (no dropout, no noise, eval-mode batch
+    norm): rows are compared with each other.
+
+    Args:
+        fn: maps latents (N, d) to one activation tensor (N, ...) or a list/tuple or dict of them.
+        z: (n, d) latents (Tripod: the quantized ones). Gradients reach z, std and fn's parameters.
+        std: (d,) positive per-latent scales (Tripod: std of the continuous latents).
+        num_perturbations: k >= 2. eps: > 0. generator: draws the Rademacher signs (k, n, d) first,
+            then the Gaussians (k, n, d).
+        reduction: "mean" (a scalar) or "none": per-entry, per-sample values (n,), in fn's
+            structure (a tensor, a list, or a dict).
+        chunk_size: at most this many rows per fn call (bounds the per-call batch).
+        fn_z: fn(z), accepted for API compatibility and only shape-checked: it is not needed.
+    """
+    k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
+    check_tensor("std", std, ndim=1)
+    check_same("std", std, "z", z)
+    if std.shape[0] != z.shape[1]:
+        raise ValueError(f"std must have shape (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
+    if not torch.compiler.is_compiling() and not bool((std > 0).all()):
+        raise ValueError(
+            "std must be > 0 everywhere (a zero scale makes its latent's perturbation vanish)"
+        )
+    _check_choice("reduction", reduction, ("mean", "none"))
+    n = z.shape[0]
+    _check_fn_z(fn_z, n)
+    h = torch.cat(
+        [_directions("rademacher", k, z, generator), _directions("gaussian", k, z, generator)]
+    )
+    h = h * (eps * std)
+    rows = 4 * k * n
+    keys, entries = _call_fn(fn, _stack(z, h), chunk_size)
+    per = []
+    for a in _check_outputs(keys, entries, rows, z):
+        num, den = _curvature(a, n, k, eps, 2, False, "mean")
+        per.append(num / (den + NHP_DENOM_EPS))
+    if reduction == "none":
+        return _unflatten(keys, per)
+    return torch.stack([p.mean() for p in per]).sum()
+
+
+def hessian_penalty(
+    fn: Callable,
+    z: torch.Tensor,
+    *,
+    num_perturbations: int = 2,
+    eps: float = 0.1,
+    generator: torch.Generator | None = None,
+    reduction: str = "max",
+    chunk_size: int | None = None,
+    fn_z: object = None,
+):
+    """Peebles et al.'s Hessian penalty (their eqs. 7-9).
+
+    Directions h_l = eps * r_l (r Rademacher, k per sample); fd = (f(z + h) - 2 f(z) + f(z - h)) /
+    eps^2; UNBIASED variance over the k directions of every activation element, reduced over all
+    elements of the entry (batch included) by ``reduction``: "max" (the authors' default) or
+    "mean"; summed over entries. "none": per-entry, per-sample means over the entry's elements (n,).
+
+    ``fn`` is called ONCE on the stacked batch [z + h_1; z - h_1; ...; z + h_k; z - h_k] (2k n
+    rows; chunked by ``chunk_size``), never on z (the center cancels). Arguments as in
+    :func:`normalized_hessian_penalty`; the generator draws the signs (k, n, d).
+    """
+    k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
+    _check_choice("reduction", reduction, ("max", "mean", "none"))
+    n = z.shape[0]
+    _check_fn_z(fn_z, n)
+    h = eps * _directions("rademacher", k, z, generator)
+    keys, entries = _call_fn(fn, _stack(z, h), chunk_size)
+    reduce = "max" if reduction == "max" else "mean"
+    per = [
+        _curvature(a, n, k, eps, 1, True, reduce)[0]
+        for a in _check_outputs(keys, entries, 2 * k * n, z)
+    ]
+    if reduction == "none":
+        return _unflatten(keys, per)
+    if reduction == "max":
+        return torch.stack([p.max() for p in per]).sum()
+    return torch.stack([p.mean() for p in per]).sum()
