@@ -40,8 +40,11 @@ def dci(
 
     Args:
         model: ``"random_forest"`` (QLAE App. C.5): 100 trees, entropy criterion, max depth chosen
-            per source among ``max_depths`` (``None`` = unlimited) on held-out accuracy (ties -> the
-            shallowest); D, C use that forest's importances and I its held-out accuracy.
+            per source among ``max_depths`` (``None`` = unlimited) on held-out accuracy (ties ->
+            lower held-out log loss, then the shallowest); D, C use that forest's importances and
+            I its held-out accuracy. (Tie-breaking matters: when several depths reach the same
+            accuracy, e.g. 100%, a very shallow forest's per-tree-normalized importances credit
+            irrelevant root splits.)
             ``"gradient_boosting"``: disentanglement_lib's setting, scikit-learn's
             ``GradientBoostingClassifier()`` defaults (slow: 100 stages x n_classes trees).
         n_jobs: parallel jobs of the random forest (scikit-learn semantics).
@@ -136,9 +139,17 @@ def _forest_best_depth(x_tr, y_tr, x_te, y_te, depths, seed, n_jobs):
     ).fit(x_tr, y_tr)
     limits = [d if d is not None else np.iinfo(np.int64).max for d in depths]
     proba, imps = truncated_forest(forest, x_te, limits)
-    acc = np.array([np.mean(forest.classes_[p.argmax(1)] == y_te) for p in proba])
-    best = int(np.argmax(acc))  # first maximum = shallowest
-    return imps[best], float(acc[best])
+    acc = [float(np.mean(forest.classes_[p.argmax(1)] == y_te)) for p in proba]
+    # column of each test label in predict_proba (-1: a class the training split never saw)
+    col = np.searchsorted(forest.classes_, y_te).clip(0, forest.n_classes_ - 1)
+    col = np.where(forest.classes_[col] == y_te, col, -1)
+    rows = np.arange(y_te.size)
+    nll = [
+        float(-np.mean(np.log(np.where(col >= 0, p[rows, col], 0.0).clip(1e-15, None))))
+        for p in proba
+    ]
+    best = max(range(len(limits)), key=lambda q: (acc[q], -nll[q], -q))
+    return imps[best], acc[best]
 
 
 def truncated_forest(forest, x: np.ndarray, limits: list) -> tuple[list, list]:
