@@ -33,7 +33,8 @@ def infomec(
     k: int = 3,
     seed: int = 0,
     prune_threshold: float = 1 / 20,
-    max_iter: int = 500,
+    max_iter: int = 300,
+    tol: float = 1e-4,
 ) -> dict:
     """InfoM, InfoE, InfoC of ``latents`` ``(N, n_z)`` w.r.t. ``sources`` ``(N, n_s)`` int.
 
@@ -47,7 +48,9 @@ def infomec(
         prune_threshold: inactive-latent rule for InfoM/InfoC. Discrete latents: inactive iff
             constant (zero range). Continuous: inactive iff range < ``prune_threshold`` x the
             largest latent range (the paper's 1/20); ``0`` keeps every non-constant latent.
-        max_iter: L-BFGS iterations per source for InfoE's logistic regression.
+        max_iter, tol: L-BFGS iteration cap and gradient tolerance per source for InfoE's
+            logistic regression (see ``multinomial_log_loss``). InfoE uses every non-constant
+            latent: pruning applies to InfoM/InfoC only, as in the paper.
 
     Returns:
         ``{"infom", "infoc", "infoe"}`` floats in [0, 1], ``"nmi"`` ``(n_s, n_z)`` float64 in
@@ -64,6 +67,10 @@ def infomec(
         raise ValueError(f"k must be a positive int, got {k!r}")
     if n <= k:
         raise ValueError(f"k = {k} neighbours need N > k samples, got N = {n}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol!r}")
     if not 0.0 <= prune_threshold < 1.0:
         raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
     discrete = is_discrete(z, discrete_latents)
@@ -92,7 +99,7 @@ def infomec(
     nmi = np.clip(mi / h_s[:, None], 0.0, 1.0)
     infom, infoc = _modularity_compactness(nmi[:, active])
     nmi_v = np.array(
-        [_predictive_nmi(design, s_codes[:, i], s_sizes[i], max_iter) for i in range(n_s)]
+        [_predictive_nmi(design, s_codes[:, i], s_sizes[i], max_iter, tol) for i in range(n_s)]
     )
     return {
         "infom": infom,
@@ -155,33 +162,50 @@ def _modularity_compactness(nmi_active: np.ndarray) -> tuple[float, float]:
     return _ratio_score(nmi_active, n_s), _ratio_score(nmi_active.T, n_active)
 
 
-def multinomial_log_loss(x, y: np.ndarray, n_classes: int, max_iter: int = 500) -> float:
+def multinomial_log_loss(
+    x, y: np.ndarray, n_classes: int, *, max_iter: int = 300, tol: float = 1e-4
+) -> float:
     """Minimal in-sample mean negative log-likelihood (nats) of unpenalized multinomial logistic
     regression ``softmax(x @ W + b)`` for labels ``y`` in ``0..n_classes-1``.
 
-    ``x`` is a dense ``(N, d)`` array or a sparse matrix. L-BFGS starts at the null model
-    (``W = 0``, ``b`` = log class frequencies), so the result never exceeds the class-frequency
-    entropy. Equivalent to scikit-learn's ``LogisticRegression(C=np.inf)`` log loss, but faster
-    on sparse one-hot inputs.
+    ``x`` is a dense ``(N, d)`` array or a scipy sparse matrix (one-hot codes stay sparse). Columns
+    are rescaled to unit RMS first (the unpenalized optimum is invariant to it; L-BFGS converges
+    in far fewer iterations). L-BFGS starts at the null model (``W = 0``, ``b`` = log class
+    frequencies), so the result never exceeds the class-frequency entropy. Stops after
+    ``max_iter`` iterations or when the largest gradient component is <= ``tol`` (scikit-learn's
+    default 1e-4: NMI_V within ~1e-3 of the exact optimum in our checks). Same optimum as
+    scikit-learn's ``LogisticRegression(C=np.inf)``.
     """
     n, d = x.shape
+    rms = np.sqrt(np.asarray(x.multiply(x).mean(0) if sp.issparse(x) else (x * x).mean(0)))
+    rms = np.where(rms.ravel() > 0, rms.ravel(), 1.0)
+    if sp.issparse(x):
+        x = sp.csr_matrix(x @ sp.diags(1.0 / rms))
+        xt = sp.csr_matrix(x.T)
+    else:
+        x = np.ascontiguousarray(x / rms)
+        xt = np.ascontiguousarray(x.T)
     freq = np.bincount(y, minlength=n_classes) / n
     b0 = np.log(np.where(freq > 0, freq, 1e-300))
-    rows = np.arange(n)
+    target = np.arange(n) * n_classes + y  # flat index of each sample's label logit
+    dk = d * n_classes
 
     def loss_grad(theta):
-        w = theta[: d * n_classes].reshape(d, n_classes)
-        logits = np.asarray(x @ w) + theta[d * n_classes :]
-        top = logits.max(1, keepdims=True)
-        e = np.exp(logits - top)
-        se = e.sum(1, keepdims=True)
-        loss = float(np.mean(top[:, 0] + np.log(se[:, 0]) - logits[rows, y]))
-        g = e / se
-        g[rows, y] -= 1.0
-        g /= n
-        return loss, np.concatenate([np.asarray(x.T @ g).ravel(), g.sum(0)])
+        logits = np.asarray(x @ theta[:dk].reshape(d, n_classes))
+        logits += theta[dk:]
+        top = logits[:, 0].copy()  # row max by a loop over the few classes: much faster
+        for c in range(1, n_classes):  # than a reduction along the short axis
+            np.maximum(top, logits[:, c], out=top)
+        logits -= top[:, None]
+        p = np.exp(logits)
+        se = p.sum(1)
+        loss = float(np.mean(np.log(se)) - np.mean(logits.ravel()[target]))
+        p /= se[:, None]
+        p.ravel()[target] -= 1.0
+        p *= 1.0 / n
+        return loss, np.concatenate([np.asarray(xt @ p).ravel(), p.sum(0)])
 
-    theta0 = np.concatenate([np.zeros(d * n_classes), b0])
+    theta0 = np.concatenate([np.zeros(dk), b0])
     h0 = loss_grad(theta0)[0]
     if d == 0:
         return h0
@@ -190,14 +214,14 @@ def multinomial_log_loss(x, y: np.ndarray, n_classes: int, max_iter: int = 500) 
         theta0,
         jac=True,
         method="L-BFGS-B",
-        options={"maxiter": max_iter, "ftol": 1e-10, "gtol": 1e-7},
+        options={"maxiter": max_iter, "ftol": 1e-10, "gtol": tol},
     )
     return float(min(res.fun, h0))
 
 
-def _predictive_nmi(design, y: np.ndarray, n_classes: int, max_iter: int) -> float:
+def _predictive_nmi(design, y: np.ndarray, n_classes: int, max_iter: int, tol: float) -> float:
     """NMI_V(z -> s) (eq. 13): relative log-loss reduction of the linear model vs the null model."""
     freq = np.bincount(y, minlength=n_classes) / y.size
     h0 = float(-np.sum(freq[freq > 0] * np.log(freq[freq > 0])))
-    h1 = multinomial_log_loss(design, y, n_classes, max_iter)
+    h1 = multinomial_log_loss(design, y, n_classes, max_iter=max_iter, tol=tol)
     return float(np.clip((h0 - h1) / h0, 0.0, 1.0))
