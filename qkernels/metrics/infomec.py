@@ -92,9 +92,10 @@ def infomec(
         zf = z.astype(np.float64)
         ranges = zf.max(0) - zf.min(0)
         active = (ranges > 0) & (ranges >= prune_threshold * ranges.max())
-        zs = _standardize(zf)
-        mi = _knn_mutual_info(s_codes, zs, k, seed)
-        design = zs[:, ranges > 0]
+        design = _standardize(zf[:, ranges > 0])
+        mi = np.zeros((n_s, z.shape[1]))  # a constant latent carries no information
+        if design.shape[1]:
+            mi[:, ranges > 0] = _knn_mutual_info(s_codes, design, k, seed)
 
     nmi = np.clip(mi / h_s[:, None], 0.0, 1.0)
     infom, infoc = _modularity_compactness(nmi[:, active])
@@ -111,8 +112,8 @@ def infomec(
 
 
 def _standardize(z: np.ndarray) -> np.ndarray:
-    std = z.std(0)
-    return np.where(std > 0, (z - z.mean(0)) / np.where(std > 0, std, 1.0), 0.0)
+    """Zero mean, unit variance per column (columns must not be constant)."""
+    return (z - z.mean(0)) / z.std(0)
 
 
 def _one_hot(codes: np.ndarray, sizes: np.ndarray) -> sp.csr_matrix:
