@@ -314,6 +314,8 @@ def test_mig_modularity_ranges():
     assert 0.9 <= mig(s, identity)["mig"] <= 1.0
     assert 0.0 <= mig(s, np.zeros_like(identity))["mig"] <= 0.2
     assert 0.0 <= mig(s, np.concatenate([identity, identity], 1))["mig"] <= 0.1
+    noise = np.random.default_rng(0).standard_normal((3000, 3))
+    assert mig(s, noise)["mig"] < 0.05
     assert modularity(s, identity)["modularity"] > 0.95
     assert modularity(s, np.concatenate([identity, identity], 1))["modularity"] > 0.95
 
