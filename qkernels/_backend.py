@@ -35,6 +35,13 @@ def _check_name(name: str) -> str:
 
 _forced: str = _check_name(os.environ.get("QKERNELS_BACKEND", "auto") or "auto")
 _REGISTRY: dict[str, dict[str, Callable]] = {}
+_AUTO_ORDER_BY_OP: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
+def set_auto_order(op: str, device_type: str, order: tuple[str, ...]) -> None:
+    """Override ``auto``'s preference for ``op`` on ``device_type`` (where measurements say a
+    backend other than the default order is fastest; see benchmarks/RESULTS.md)."""
+    _AUTO_ORDER_BY_OP[(op, device_type)] = tuple(_check_name(b) for b in order)
 
 
 def triton_interpret() -> bool:
@@ -162,7 +169,8 @@ def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Call
         if reason is not None:
             raise BackendUnavailableError(f"backend {_forced!r} unavailable for {op}: {reason}")
         return _forced, impls[_forced]
-    for name in AUTO_ORDER.get(device.type, ("reference",)):
+    order = _AUTO_ORDER_BY_OP.get((op, device.type)) or AUTO_ORDER.get(device.type, ("reference",))
+    for name in order:
         if name != "reference" and dtype not in KERNEL_DTYPES:
             continue
         if name in impls and unavailable_reason(name, device) is None:

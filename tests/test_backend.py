@@ -62,6 +62,14 @@ def test_auto_picks_kernel_and_falls_back_for_other_dtypes():
     assert out.z_q.dtype == torch.bfloat16
 
 
+def test_per_op_auto_order():
+    # measured slower on CPU than the reference: auto keeps the reference, forcing still works
+    assert _backend.select("relaxed_categorical", torch.device("cpu"), torch.float32)[0] == "reference"
+    if "cpu" in BACKENDS:
+        with qkernels.use_backend("cpu"):
+            assert _backend.select("relaxed_categorical", torch.device("cpu"), torch.float32)[0] == "cpu"
+
+
 def test_triton_needs_interpreter_on_cpu():
     reason = _backend.unavailable_reason("triton", "cpu")
     if os.environ.get("TRITON_INTERPRET") == "1":

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from qkernels import _ext
-from qkernels._backend import register, select
+from qkernels._backend import register, select, set_auto_order
 from qkernels._validation import check_positive, check_same, check_tensor
 from qkernels.reference import quantize as ref
 
@@ -138,6 +138,10 @@ if _ext.LOADED:
     for _backend in ("cpu", "cuda"):  # one C++ op, CPU and CUDA dispatch keys
         register("latent_quantize", _backend)(torch.ops.qkernels.latent_quantize)
         register("relaxed_categorical", _backend)(torch.ops.qkernels.relaxed_categorical)
+    # The CPU relaxed_categorical kernel calls scalar libm exp/log per category and measures ~2x
+    # slower than the reference's vectorized elementwise ops (benchmarks/RESULTS.md): auto keeps
+    # the reference on CPU; the kernel stays available with use_backend("cpu").
+    set_auto_order("relaxed_categorical", "cpu", ("reference",))
 
 
 # ----------------------------------------------------------------------------- functional API
