@@ -239,7 +239,7 @@ def test_klm_backends_match_reference(shape, dtype):
         res[name] = (loss.detach(), z.grad, s.grad)
     want = res["reference"]
     for name, got in res.items():
-        for a, b, what in zip(got, want, ("loss", "grad z", "grad std")):
+        for a, b, what in zip(got, want, ("loss", "grad z", "grad std"), strict=True):
             torch.testing.assert_close(a, b, **tols(dtype), msg=f"{name} {what}")
     # the default std (population std + 1e-6) is differentiable through z
     for name in backends_of("klm", triton=False):
@@ -263,7 +263,7 @@ def test_kde_grid_backends_match_reference(dtype, deriv):
         (out * up).sum().backward()
         res[name] = (out.detach(), p.grad, s.grad)
     for name, got in res.items():
-        for a, b in zip(got, res["reference"]):
+        for a, b in zip(got, res["reference"], strict=True):
             torch.testing.assert_close(a, b, **tols(dtype), msg=name)
 
 
@@ -288,7 +288,7 @@ def test_gradcheck_fp64():
     assert torch.autograd.gradcheck(lambda z, s: ops.klm(z, s)[0], (z, s))
     p = torch.randn(3, 5, dtype=torch.float64, device=DEVICE, requires_grad=True)
     for deriv in (False, True):
-        assert torch.autograd.gradcheck(lambda p, z: ops.kde_grid(p, z, 0.5, deriv), (p, z))
+        assert torch.autograd.gradcheck(lambda p, z, deriv=deriv: ops.kde_grid(p, z, 0.5, deriv), (p, z))
 
 
 def _op_args():
@@ -398,7 +398,7 @@ def test_klm_independent_near_zero_and_grows_with_correlation():
         values.append(klm_loss(z.to(DEVICE)).item())
     # independent: ~0 up to the estimator's smoothing bias (0.19 here)
     assert abs(values[0] - _klm_gaussian_bias(1500, 2)) < 0.05, values
-    assert all(b > a + 0.02 for a, b in zip(values, values[1:])), values
+    assert all(b > a + 0.02 for a, b in zip(values, values[1:], strict=False)), values
     # the growth tracks the true mutual information -1/2 log(1 - rho^2) (0.83 at rho = 0.9)
     assert 0.5 < values[-1] - values[0] < 0.9, values
     # higher dimension: making one pair dependent raises KLM

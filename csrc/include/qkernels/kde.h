@@ -25,13 +25,13 @@ constexpr double kLseWindow = 46.0;   // exponent units kept below the largest l
 
 // Branch-free exp that compilers vectorize (round-to-nearest by a magic constant, Cody-Waite
 // reduction, Taylor polynomial; a few ulp for the arguments <= 0 used here). Arguments below
-// -87 (fp32) / -708 (fp64) give 0 (fp32: a denormal-range result is flushed). CUDA uses exp.
+// -87 (fp32) / -708 (fp64) are clamped there (results 1.6e-38 / 3.3e-308, never used where they
+// could matter: every sum using vexp has a term >= exp(-50) relative). CUDA uses exp.
 QK_HOST_DEVICE float vexp(float x) {
 #ifdef __CUDA_ARCH__
   return expf(x);
 #else
-  const bool under = x < -87.0f;
-  x = under ? 0.0f : x;
+  x = x > -87.0f ? x : -87.0f;  // max: exp(-87) = 1.6e-38 stands in for smaller results
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
   const float t = x * 1.44269504088896341f + magic;
   const float n = t - magic;
@@ -48,7 +48,7 @@ QK_HOST_DEVICE float vexp(float x) {
   tb.f = t;
   mb.f = magic;
   sc.i = (tb.i - mb.i + 127) << 23;  // 2^n
-  return under ? 0.0f : p * sc.f;
+  return p * sc.f;
 #endif
 }
 
@@ -56,8 +56,7 @@ QK_HOST_DEVICE double vexp(double x) {
 #ifdef __CUDA_ARCH__
   return exp(x);
 #else
-  const bool under = x < -708.0;
-  x = under ? 0.0 : x;
+  x = x > -708.0 ? x : -708.0;  // max: exp(-708) = 3.3e-308 stands in for smaller results
   const double magic = 6755399441055744.0;  // 1.5 * 2^52
   const double t = x * 1.4426950408889634074 + magic;
   const double n = t - magic;
@@ -79,7 +78,7 @@ QK_HOST_DEVICE double vexp(double x) {
   tb.f = t;
   mb.f = magic;
   sc.i = (tb.i - mb.i + 1023) << 52;
-  return under ? 0.0 : p * sc.f;
+  return p * sc.f;
 #endif
 }
 
