@@ -141,7 +141,8 @@ if _has_native("cliff_terms"):
     wire_kde_grid("qkernels::kde_grid", "qkernels::kde_grid_backward")
     wire_cliff_terms("qkernels::cliff_terms", "qkernels::cliff_terms_backward")
     wire_klm("qkernels::klm", "qkernels::klm_backward")
-    for _backend in ("cpu", "cuda"):  # one C++ op, CPU and CUDA dispatch keys
+    # one C++ op; the cuda backend only where a CUDA kernel is registered (none yet: see issue 3)
+    for _backend in ("cpu", "cuda") if _ext.has_kernel("cliff_terms", "CUDA") else ("cpu",):
         register("kde_grid", _backend)(torch.ops.qkernels.kde_grid)
         register("cliff_terms", _backend)(torch.ops.qkernels.cliff_terms)
         register("klm", _backend)(torch.ops.qkernels.klm)
