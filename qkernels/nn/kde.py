@@ -1,0 +1,66 @@
+"""Loss modules of the KDE hot path: Cliff (axis-aligned density cliffs) and Tripod's KLM."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qkernels.ops.kde import _check_grid, _check_sigma, cliff_loss, klm_loss
+
+
+class CliffLoss(nn.Module):
+    """The Cliff criterion (eq. 8) with fixed hyper-parameters; see :func:`qkernels.cliff_loss`.
+
+    forward(z (n, d), cond_index=None, generator=None) -> scalar (or CliffTerms when
+    ``return_terms``). Defaults: the paper's Shapes3D optimum (sigma 0.1, grid (-5, 5, 100),
+    lambdas 0.5 / 1.0 / 0.7) and M = 10 conditioning rows per latent.
+    """
+
+    def __init__(
+        self,
+        *,
+        sigma: float = 0.1,
+        grid: tuple[float, float, int] = (-5.0, 5.0, 100),
+        num_cond: int = 10,
+        lambda_uni: float = 0.5,
+        lambda_biv: float = 1.0,
+        lambda_kl: float = 0.7,
+        return_terms: bool = False,
+    ) -> None:
+        super().__init__()
+        self.sigma = _check_sigma(sigma)
+        self.grid = _check_grid(grid)
+        self.num_cond = num_cond
+        self.lambda_uni, self.lambda_biv, self.lambda_kl = lambda_uni, lambda_biv, lambda_kl
+        self.return_terms = return_terms
+
+    def forward(self, z: torch.Tensor, cond_index: torch.Tensor | None = None, generator=None):
+        return cliff_loss(
+            z,
+            sigma=self.sigma,
+            grid=self.grid,
+            num_cond=self.num_cond,
+            cond_index=cond_index,
+            generator=generator,
+            lambda_uni=self.lambda_uni,
+            lambda_biv=self.lambda_biv,
+            lambda_kl=self.lambda_kl,
+            return_terms=self.return_terms,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"sigma={self.sigma}, grid={self.grid}, num_cond={self.num_cond}, lambda_uni={self.lambda_uni}, "
+            f"lambda_biv={self.lambda_biv}, lambda_kl={self.lambda_kl}"
+        )
+
+
+class KLMLoss(nn.Module):
+    """Tripod's kernel latent multiinformation; see :func:`qkernels.klm_loss`.
+
+    forward(z (n, d), std=None) -> scalar. Tripod passes the std of the continuous
+    pre-quantization latents (plus 1e-6) as ``std`` while z is quantized.
+    """
+
+    def forward(self, z: torch.Tensor, std: torch.Tensor | None = None) -> torch.Tensor:
+        return klm_loss(z, std=std)

@@ -1,0 +1,305 @@
+"""KDE hot path: op registration (fake + autograd), dispatch and the functional API.
+
+Ops (``torch.ops.qkernels``; ``*_triton`` twins are registered by :mod:`qkernels.triton.kde`):
+
+- ``kde_grid(points (d, K), samples (n, d), sigma, derivative) -> (d, K)``
+- ``cliff_terms(x (n, d), grid (K,), uni_points (K_u,), cond_index (d, M), sigma, step)
+  -> (uni, biv, kl)``: the three Cliff terms of standardized latents x
+- ``klm(z (n, d), std (d,)) -> (loss, lse (n, d + 1))``: Tripod's KLM and the per-sample
+  log-sum-exps its backward reuses (``lse`` carries no gradient)
+
+each with a ``*_backward`` op that recomputes kernel values instead of saving (d, K, n), (d, M, n),
+(d, d, M, K) or (n, n) intermediates. Semantics: :mod:`qkernels.reference.kde`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from qkernels import _ext
+from qkernels._backend import register, select
+from qkernels._validation import check_positive, check_same, check_tensor
+from qkernels.reference import kde as ref
+
+
+class CliffTerms(NamedTuple):
+    """total = lambda_uni * uni + lambda_biv * biv + lambda_kl * kl (Cliff eq. 8); each a scalar."""
+
+    total: torch.Tensor
+    uni: torch.Tensor
+    biv: torch.Tensor
+    kl: torch.Tensor
+
+
+# ----------------------------------------------------------------------------- op wiring
+
+
+def _zeros_if_none(g, like):
+    return torch.zeros_like(like) if g is None else g
+
+
+def wire_kde_grid(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a kde_grid op pair."""
+
+    @torch.library.register_fake(fwd)
+    def _(points, samples, sigma, derivative):
+        return points.new_empty(points.shape)
+
+    @torch.library.register_fake(bwd)
+    def _(grad, points, samples, sigma, derivative):
+        return torch.empty_like(points), torch.empty_like(samples)
+
+    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+
+    def setup_context(ctx, inputs, output):
+        points, samples, sigma, derivative = inputs
+        ctx.save_for_backward(points, samples)
+        ctx.sigma, ctx.derivative = sigma, derivative
+
+    def backward(ctx, grad):
+        points, samples = ctx.saved_tensors
+        gp, gs = backward_op(grad.contiguous(), points, samples, ctx.sigma, ctx.derivative)
+        return gp, gs, None, None
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+def wire_cliff_terms(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a cliff_terms op pair (gradient to x only)."""
+
+    @torch.library.register_fake(fwd)
+    def _(x, grid, uni_points, cond_index, sigma, step):
+        return x.new_empty(()), x.new_empty(()), x.new_empty(())
+
+    @torch.library.register_fake(bwd)
+    def _(grad_uni, grad_biv, grad_kl, x, grid, uni_points, cond_index, sigma, step):
+        return torch.empty_like(x)
+
+    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+
+    def setup_context(ctx, inputs, output):
+        x, grid, uni_points, cond_index, sigma, step = inputs
+        ctx.save_for_backward(x, grid, uni_points, cond_index)
+        ctx.sigma, ctx.step = sigma, step
+
+    def backward(ctx, g_uni, g_biv, g_kl):
+        x, grid, uni_points, cond_index = ctx.saved_tensors
+        scalar = x.new_zeros(())
+        gx = backward_op(
+            _zeros_if_none(g_uni, scalar),
+            _zeros_if_none(g_biv, scalar),
+            _zeros_if_none(g_kl, scalar),
+            x,
+            grid,
+            uni_points,
+            cond_index,
+            ctx.sigma,
+            ctx.step,
+        )
+        return gx, None, None, None, None, None
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+def wire_klm(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a klm op pair (gradients to z and std)."""
+
+    @torch.library.register_fake(fwd)
+    def _(z, std):
+        return z.new_empty(()), z.new_empty(z.shape[0], z.shape[1] + 1)
+
+    @torch.library.register_fake(bwd)
+    def _(grad_loss, z, std, lse):
+        return torch.empty_like(z), torch.empty_like(std)
+
+    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+
+    def setup_context(ctx, inputs, output):
+        z, std = inputs
+        ctx.save_for_backward(z, std, output[1])
+        ctx.mark_non_differentiable(output[1])
+
+    def backward(ctx, grad_loss, _grad_lse):
+        z, std, lse = ctx.saved_tensors
+        return backward_op(_zeros_if_none(grad_loss, z.new_zeros(())), z, std, lse)
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+def _has_native(op: str) -> bool:
+    return _ext.LOADED and hasattr(torch.ops.qkernels, op)
+
+
+register("kde_grid", "reference")(ref.kde_grid)
+register("cliff_terms", "reference")(ref.cliff_terms)
+register("klm", "reference")(ref.klm)
+
+if _has_native("cliff_terms"):
+    wire_kde_grid("qkernels::kde_grid", "qkernels::kde_grid_backward")
+    wire_cliff_terms("qkernels::cliff_terms", "qkernels::cliff_terms_backward")
+    wire_klm("qkernels::klm", "qkernels::klm_backward")
+    # one C++ op; the cuda backend only where a CUDA kernel is registered (none yet: see issue 3)
+    for _backend in ("cpu", "cuda") if _ext.has_kernel("cliff_terms", "CUDA") else ("cpu",):
+        register("kde_grid", _backend)(torch.ops.qkernels.kde_grid)
+        register("cliff_terms", _backend)(torch.ops.qkernels.cliff_terms)
+        register("klm", _backend)(torch.ops.qkernels.klm)
+
+
+# ----------------------------------------------------------------------------- functional API
+
+
+def _check_sigma(sigma) -> float:
+    check_positive("sigma", sigma)
+    if not math.isfinite(sigma):
+        raise ValueError(f"sigma must be finite, got {sigma}")
+    return float(sigma)
+
+
+def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, derivative: bool = False) -> torch.Tensor:
+    """Per-latent Gaussian KDE (or its derivative d/dt) evaluated on per-latent points.
+
+    Args:
+        points: (d, K) evaluation points; samples: (n, d); sigma: bandwidth > 0.
+        derivative: return d/dt of the KDE instead of the density.
+    Returns:
+        (d, K): out[j, k] = 1/n sum_s N(points[j, k]; samples[s, j], sigma^2) (or its d/dt).
+        Differentiable in points and samples. The fused backends drop kernel terms more than
+        ``10 sigma`` from an evaluation point (relative size < 2e-22 of a term's peak).
+    """
+    check_tensor("points", points, ndim=2)
+    check_tensor("samples", samples, ndim=2)
+    check_same("points", points, "samples", samples)
+    if samples.shape[1] != points.shape[0]:
+        raise ValueError(
+            f"samples must be (n, d) with d = {points.shape[0]} (points' first dimension), "
+            f"got shape {tuple(samples.shape)}"
+        )
+    sigma = _check_sigma(sigma)
+    _, impl = select("kde_grid", points.device, points.dtype)
+    return impl(points, samples, sigma, bool(derivative))
+
+
+def _check_grid(grid) -> tuple[float, float, int]:
+    if not (isinstance(grid, (tuple, list)) and len(grid) == 3):
+        raise TypeError(f"grid must be a tuple (a, b, K), got {grid!r}")
+    a, b, k = grid
+    for name, val in (("grid[0] (a)", a), ("grid[1] (b)", b)):
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+            raise TypeError(f"{name} must be a finite number, got {val!r}")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"grid[2] (K) must be an int, got {k!r}")
+    if k < 2:
+        raise ValueError(f"grid[2] (K) must be >= 2, got {k}")
+    if not a < b:
+        raise ValueError(f"grid must have a < b, got a = {a}, b = {b}")
+    return float(a), float(b), k
+
+
+def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torch.Tensor:
+    if cond_index is None:
+        check_positive("num_cond", num_cond, integer=True)
+        if num_cond > n:
+            raise ValueError(f"num_cond must be <= n = {n} (rows are drawn without replacement), got {num_cond}")
+        gen_device = generator.device if generator is not None else device
+        rows = [torch.randperm(n, generator=generator, device=gen_device)[:num_cond] for _ in range(d)]
+        return torch.stack(rows).to(device)
+    if not isinstance(cond_index, torch.Tensor):
+        raise TypeError(f"cond_index must be a torch.Tensor or None, got {type(cond_index).__name__}")
+    if cond_index.dtype != torch.long:
+        raise TypeError(f"cond_index must be an int64 tensor, got dtype {cond_index.dtype}")
+    if cond_index.dim() != 2 or cond_index.shape[0] != d or cond_index.shape[1] < 1:
+        raise ValueError(f"cond_index must be (d, M) = ({d}, M >= 1), got shape {tuple(cond_index.shape)}")
+    if cond_index.device != device:
+        raise ValueError(f"cond_index is on {cond_index.device} but z is on {device}")
+    if not torch.compiler.is_compiling() and ((cond_index < 0) | (cond_index >= n)).any():
+        raise ValueError(f"cond_index must hold row indices in [0, {n}), got values outside")
+    return cond_index.contiguous()
+
+
+def _check_latents(z) -> None:
+    check_tensor("z", z, ndim=2)
+    if z.shape[0] < 2:
+        raise ValueError(f"z must hold n >= 2 samples (rows), got shape {tuple(z.shape)}")
+    if z.shape[1] < 1:
+        raise ValueError(f"z must hold d >= 1 latents (columns), got shape {tuple(z.shape)}")
+
+
+def cliff_loss(
+    z: torch.Tensor,
+    *,
+    sigma: float = 0.1,
+    grid: tuple[float, float, int] = (-5.0, 5.0, 100),
+    num_cond: int = 10,
+    cond_index: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    lambda_uni: float = 0.5,
+    lambda_biv: float = 1.0,
+    lambda_kl: float = 0.7,
+    return_terms: bool = False,
+):
+    """The Cliff criterion (Barin-Pacela et al., ICML 2025, eq. 8) of a batch of latents.
+
+    z (n, d) is standardized per column (population std clamped to >= 1e-6); then
+    l_uni = sum_i H(|p_i'| / c) (eqs. 1-2), l_biv = sum_{i != j} JSD over the M conditioning values
+    of the normalized |dp(z_i | z_j = zeta) / dz_i| (eqs. 3-6) and l_KL-uni = sum_i
+    KL(U(-sqrt 3, sqrt 3) || p_i) (eq. 7, constant -log(2 sqrt 3), expectation over K points of
+    linspace(-sqrt 3, sqrt 3, K)); densities are Gaussian KDEs of bandwidth ``sigma`` (eqs. 11-14),
+    integrals (b - a)/K times sums over linspace(a, b, K) (eq. 15). With d = 1, l_biv is 0.
+
+    Args:
+        z: (n, d), n >= 2. sigma: bandwidth > 0. grid: (a, b, K), a < b, K >= 2.
+        num_cond: M conditioning rows per latent, drawn without replacement from ``generator``
+            when ``cond_index`` is None (M <= n). cond_index: (d, M) int64 rows of z whose z_j
+            values are latent j's conditioning values.
+        lambda_uni, lambda_biv, lambda_kl: term weights (defaults: the paper's Shapes3D optimum).
+        return_terms: return :class:`CliffTerms` instead of the total.
+    Returns:
+        The scalar total, or ``CliffTerms(total, uni, biv, kl)``.
+    """
+    _check_latents(z)
+    n, d = z.shape
+    sigma = _check_sigma(sigma)
+    a, b, k = _check_grid(grid)
+    for name, lam in (("lambda_uni", lambda_uni), ("lambda_biv", lambda_biv), ("lambda_kl", lambda_kl)):
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)):
+            raise TypeError(f"{name} must be a number, got {type(lam).__name__}")
+    idx = _cond_index(cond_index, num_cond, generator, n, d, z.device)
+    x = ref.standardize(z)
+    t = torch.linspace(a, b, k, dtype=z.dtype, device=z.device)
+    r3 = math.sqrt(3.0)
+    v = torch.linspace(-r3, r3, k, dtype=z.dtype, device=z.device)
+    _, impl = select("cliff_terms", z.device, z.dtype)
+    uni, biv, kl = impl(x, t, v, idx, sigma, (b - a) / k)
+    total = lambda_uni * uni + lambda_biv * biv + lambda_kl * kl
+    return CliffTerms(total, uni, biv, kl) if return_terms else total
+
+
+def klm_loss(z: torch.Tensor, *, std: torch.Tensor | None = None) -> torch.Tensor:
+    """Tripod's kernel latent multiinformation (Hsu et al., ICML 2024, eqs. 11-14).
+
+    mean_b [log q(z_b) - sum_j log q_j(z_bj)] with Gaussian KDEs over the batch (no
+    leave-one-out): joint bandwidth^2 = std^2 * ((4/(d+2))^(1/(d+4)) n^(-1/(d+4)))^2 (Silverman),
+    marginal bandwidth = std.
+
+    Args:
+        z: (n, d) latents (Tripod: the quantized ones), n >= 2.
+        std: (d,) positive scales, differentiable (Tripod: the std of the continuous latents plus
+            1e-6). Default: z.std(0, unbiased=False) + 1e-6 (differentiable in z).
+    Returns:
+        Scalar loss (>= about 0 for independent latents, growing with dependence).
+    """
+    _check_latents(z)
+    if std is None:
+        std = ref.population_std(z) + 1e-6
+    else:
+        check_tensor("std", std, ndim=1)
+        check_same("std", std, "z", z)
+        if std.shape[0] != z.shape[1]:
+            raise ValueError(f"std must be (d,) with d = {z.shape[1]}, got shape {tuple(std.shape)}")
+        if not torch.compiler.is_compiling() and not (std > 0).all():
+            raise ValueError("std must be > 0 everywhere")
+    _, impl = select("klm", z.device, z.dtype)
+    return impl(z, std)[0]

@@ -1,0 +1,491 @@
+"""KDE hot path (Cliff loss, Tripod KLM, kde_grid): the reference against float64 recomputations
+written from the papers' equations (numpy), every backend against the reference (values and
+gradients), gradcheck, opcheck, torch.compile, the papers' properties and bad input."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import qkernels
+from qkernels._backend import implementations, unavailable_reason
+from qkernels.ops.kde import CliffTerms, cliff_loss, kde_grid, klm_loss
+from qkernels.reference import kde as ref
+
+if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
+    try:
+        import qkernels.triton.kde  # noqa: F401  (registers the triton backend of the KDE ops)
+    except ImportError:  # triton missing: the backend is simply not registered
+        pass
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float64]
+S3 = math.sqrt(3.0)
+
+
+def backends_of(op, *, triton=True):
+    names = [b for b in implementations(op) if unavailable_reason(b, DEVICE) is None]
+    return [b for b in names if triton or b != "triton"]
+
+
+def kernel_backends(op):
+    return [b for b in backends_of(op) if b != "reference"]
+
+
+def tols(dtype):
+    return {"rtol": 2e-4, "atol": 2e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def latents(n, d, dtype=torch.float64, seed=0):
+    """Non-Gaussian latents: mixtures of uniforms with density jumps, plus a shared component."""
+    g = _gen(seed)
+    u = torch.rand(n, d, generator=g, dtype=torch.float64)
+    jump = (torch.rand(n, d, generator=g, dtype=torch.float64) < 0.3).double()
+    z = u + jump + 0.3 * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    return (z * torch.linspace(0.5, 2.0, d, dtype=torch.float64)).to(dtype).to(DEVICE)
+
+
+def cond_rows(n, d, m, seed=1):
+    g = _gen(seed)
+    return torch.stack([torch.randperm(n, generator=g)[:m] for _ in range(d)]).to(DEVICE)
+
+
+# ------------------------------------------------------------------ float64 recomputation (numpy)
+
+
+def np_gauss(t, mu, s):
+    return np.exp(-((t - mu) ** 2) / (2 * s * s)) / (s * math.sqrt(2 * math.pi))
+
+
+def np_cliff(z, cond, sigma, grid):
+    """Cliff's three terms from eqs. 1-7, 11-15, in float64 with explicit loops over pairs."""
+    z = np.asarray(z, np.float64)
+    cond = np.asarray(cond)
+    n, d = z.shape
+    x = (z - z.mean(0)) / np.maximum(z.std(0), 1e-6)
+    a, b, k = grid
+    t = np.linspace(a, b, k)
+    h = (b - a) / k
+
+    def H(p):  # differential entropy by eq. 15, 0 log 0 = 0
+        nz = p > 0
+        return -h * np.sum(p[nz] * np.log(p[nz]))
+
+    def dens_deriv(tt, xs):  # (len(tt),): d/dt of 1/n sum N(t; xs, sigma^2)  (eq. 13)
+        diff = tt[:, None] - xs[None, :]
+        return np.mean(-diff / sigma**2 * np_gauss(tt[:, None], xs[None, :], sigma), axis=1)
+
+    uni = kl = biv = 0.0
+    v = np.linspace(-S3, S3, k)
+    for i in range(d):
+        u = np.abs(dens_deriv(t, x[:, i]))  # eq. 1
+        uni += H(u / (h * u.sum()))  # eq. 2
+        p = np.mean(np_gauss(v[:, None], x[None, :, i], sigma), axis=1)  # eq. 11
+        kl += -math.log(2 * S3) - np.mean(np.log(p))  # eq. 7
+    for i in range(d):
+        for j in range(d):
+            if i == j:
+                continue
+            pt = []
+            for r in cond[j]:
+                zeta = x[r, j]
+                p_zeta = np.mean(np_gauss(zeta, x[:, j], sigma))  # marginal p(z_j = zeta)
+                diff = t[:, None] - x[None, :, i]
+                joint_d = np.mean(  # eq. 14: d/dz_i of the 2-D KDE at (t, zeta)
+                    -diff / sigma**2 * np_gauss(t[:, None], x[None, :, i], sigma)
+                    * np_gauss(zeta, x[None, :, j], sigma),
+                    axis=1,
+                )
+                u = np.abs(joint_d / p_zeta)  # eqs. 3-4
+                pt.append(u / (h * u.sum()))  # eq. 5
+            pt = np.array(pt)
+            biv += H(pt.mean(0)) - np.mean([H(p) for p in pt])  # eq. 6
+    return uni, biv, kl
+
+
+def np_klm(z, std):
+    """Tripod eqs. 11-14 in float64 with the normalized Gaussian densities written out."""
+    z = np.asarray(z, np.float64)
+    std = np.asarray(std, np.float64)
+    n, d = z.shape
+    s2 = (4.0 / ((d + 2) * n)) ** (2.0 / (d + 4)) * std**2  # eq. 12
+    total = 0.0
+    for b in range(n):
+        diff = z[b][None, :] - z  # (n, d)
+        kj = np.exp(-0.5 * np.sum(diff**2 / s2, 1)) / ((2 * math.pi) ** (d / 2) * math.sqrt(np.prod(s2)))
+        log_q = math.log(np.mean(kj))  # eq. 11
+        log_qj = 0.0
+        for j in range(d):  # eq. 13
+            log_qj += math.log(np.mean(np_gauss(z[b, j], z[:, j], std[j])))
+        total += log_q - log_qj
+    return total / n
+
+
+# ------------------------------------------------------------------ reference vs float64
+
+
+@pytest.mark.parametrize("shape", [(7, 3, 11, 5), (40, 2, 20, 6), (23, 4, 17, 3)])
+def test_reference_cliff_matches_equations(shape):
+    n, d, k, m = shape
+    z = latents(n, d)
+    idx = cond_rows(n, d, m)
+    out = ref.cliff_loss(z, idx, sigma=0.25, grid=(-3.0, 3.0, k), lambda_uni=0.5, lambda_biv=1.0, lambda_kl=0.7)
+    uni, biv, kl = np_cliff(z.cpu(), idx.cpu(), 0.25, (-3.0, 3.0, k))
+    np.testing.assert_allclose([t.item() for t in out[1:]], [uni, biv, kl], rtol=1e-11)
+    assert math.isclose(out[0].item(), 0.5 * uni + biv + 0.7 * kl, rel_tol=1e-11)
+
+
+@pytest.mark.parametrize("shape", [(9, 1), (31, 3), (50, 5)])
+def test_reference_klm_matches_equations(shape):
+    n, d = shape
+    z = latents(n, d)
+    std = ref.population_std(z) + 1e-6
+    loss, lse = ref.klm(z, std)
+    assert lse.shape == (n, d + 1)
+    assert math.isclose(loss.item(), np_klm(z.cpu(), std.cpu()), rel_tol=1e-11, abs_tol=1e-12)
+
+
+def test_reference_kde_grid_matches_equations():
+    z = latents(13, 3)
+    pts = torch.randn(3, 9, generator=_gen(3), dtype=torch.float64).to(DEVICE)
+    for deriv in (False, True):
+        got = ref.kde_grid(pts, z, 0.3, derivative=deriv).cpu().numpy()
+        zz, pp = z.cpu().numpy(), pts.cpu().numpy()
+        for j in range(3):
+            diff = pp[j][:, None] - zz[None, :, j]
+            ker = np_gauss(pp[j][:, None], zz[None, :, j], 0.3)
+            want = np.mean(-diff / 0.09 * ker if deriv else ker, axis=1)
+            np.testing.assert_allclose(got[j], want, rtol=1e-12, atol=1e-15)
+
+
+# ------------------------------------------------------------------ every backend vs reference
+
+CLIFF_SHAPES = [(7, 3, 11, 5), (123, 5, 37, 9), (64, 1, 20, 4), (301, 2, 100, 10)]  # (n, d, K, M)
+
+
+def _cliff_all(z, idx, k, dtype):
+    res = {}
+    for name in backends_of("cliff_terms", triton=False):
+        zz = z.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            out = cliff_loss(zz, cond_index=idx, grid=(-5.0, 5.0, k), return_terms=True)
+        w = torch.tensor([0.3, 1.3, 0.7], dtype=dtype, device=DEVICE)
+        (w[0] * out.uni + w[1] * out.biv + w[2] * out.kl).backward()
+        res[name] = (torch.stack(list(out)).detach(), zz.grad)
+    return res
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", CLIFF_SHAPES)
+def test_cliff_backends_match_reference(shape, dtype):
+    n, d, k, m = shape
+    z = latents(n, d, dtype)
+    idx = cond_rows(n, d, m)
+    res = _cliff_all(z, idx, k, dtype)
+    want, gwant = res["reference"]
+    assert torch.isfinite(want).all() and torch.isfinite(gwant).all()
+    if d == 1:
+        assert want[2].item() == 0.0
+    for name, (got, grad) in res.items():
+        torch.testing.assert_close(got, want, **tols(dtype), msg=f"{name} values")
+        scale = gwant.abs().max()
+        torch.testing.assert_close(grad / scale, gwant / scale, **tols(dtype), msg=f"{name} grad")
+
+
+def test_cliff_fp32_underflow_gives_finite_gradients():
+    # two far clusters: in fp32 the sigma=0.1 KDE is exactly 0 on most of the grid and between
+    # the clusters at the KL-uni points
+    g = _gen(5)
+    z = torch.cat([torch.randn(40, 3, generator=g) * 0.05 - 1, torch.randn(40, 3, generator=g) * 0.05 + 1])
+    idx = cond_rows(80, 3, 6)
+    for name in backends_of("cliff_terms", triton=False):
+        zz = z.clone().to(DEVICE).requires_grad_()
+        with qkernels.use_backend(name):
+            out = cliff_loss(zz, cond_index=idx, return_terms=True)
+        out.total.backward()
+        assert all(torch.isfinite(t) for t in out), name
+        assert torch.isfinite(zz.grad).all(), name
+
+
+def test_cliff_collapsed_latent_is_finite():
+    z = latents(30, 3)
+    z[:, 1] = 0.7  # a collapsed latent: std clamped to 1e-6, no NaN
+    for name in backends_of("cliff_terms", triton=False):
+        zz = z.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            loss = cliff_loss(zz, cond_index=cond_rows(30, 3, 4))
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(zz.grad).all(), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 3), (123, 5), (64, 1), (200, 9)])
+def test_klm_backends_match_reference(shape, dtype):
+    n, d = shape
+    z0 = latents(n, d, dtype)
+    s0 = (ref.population_std(z0) * 1.3 + 0.1).detach()
+    res = {}
+    for name in backends_of("klm", triton=False):
+        z, s = z0.clone().requires_grad_(), s0.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            loss = klm_loss(z, std=s)
+        loss.backward()
+        res[name] = (loss.detach(), z.grad, s.grad)
+    want = res["reference"]
+    for name, got in res.items():
+        for a, b, what in zip(got, want, ("loss", "grad z", "grad std"), strict=True):
+            torch.testing.assert_close(a, b, **tols(dtype), msg=f"{name} {what}")
+    # the default std (population std + 1e-6) is differentiable through z
+    for name in backends_of("klm", triton=False):
+        z = z0.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            klm_loss(z).backward()
+        assert torch.isfinite(z.grad).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("deriv", [False, True])
+def test_kde_grid_backends_match_reference(dtype, deriv):
+    samples = latents(57, 3, dtype)
+    points = (torch.randn(3, 13, generator=_gen(4), dtype=torch.float64) * 2).to(dtype).to(DEVICE)
+    up = torch.randn(3, 13, generator=_gen(6), dtype=torch.float64).to(dtype).to(DEVICE)
+    res = {}
+    for name in backends_of("kde_grid", triton=False):
+        p, s = points.clone().requires_grad_(), samples.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            out = kde_grid(p, s, 0.4, derivative=deriv)
+        (out * up).sum().backward()
+        res[name] = (out.detach(), p.grad, s.grad)
+    for name, got in res.items():
+        for a, b in zip(got, res["reference"], strict=True):
+            torch.testing.assert_close(a, b, **tols(dtype), msg=name)
+
+
+# ------------------------------------------------------------------ gradcheck / opcheck / compile
+
+
+def _native(op):
+    if "cpu" not in implementations(op) and "cuda" not in implementations(op):
+        pytest.skip("native KDE ops not built")
+
+
+def test_gradcheck_fp64():
+    _native("cliff_terms")
+    ops = torch.ops.qkernels
+    x = ref.standardize(latents(8, 3)).detach().requires_grad_()
+    t = torch.linspace(-3, 3, 9, dtype=torch.float64, device=DEVICE)
+    v = torch.linspace(-S3, S3, 9, dtype=torch.float64, device=DEVICE)
+    idx = cond_rows(8, 3, 3)
+    assert torch.autograd.gradcheck(lambda x: ops.cliff_terms(x, t, v, idx, 0.4, 6 / 9), (x,))
+    z = latents(9, 3).requires_grad_()
+    s = (ref.population_std(z) + 0.2).detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda z, s: ops.klm(z, s)[0], (z, s))
+    p = torch.randn(3, 5, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    for deriv in (False, True):
+        assert torch.autograd.gradcheck(lambda p, z, deriv=deriv: ops.kde_grid(p, z, 0.5, deriv), (p, z))
+
+
+def _op_args():
+    x = ref.standardize(latents(10, 3)).detach()
+    t = torch.linspace(-5, 5, 12, dtype=torch.float64, device=DEVICE)
+    v = torch.linspace(-S3, S3, 12, dtype=torch.float64, device=DEVICE)
+    return x, t, v, cond_rows(10, 3, 4)
+
+
+@pytest.mark.parametrize("suffix", ["", "_triton"])
+def test_opcheck(suffix):
+    ops = torch.ops.qkernels
+    if suffix == "":
+        _native("cliff_terms")
+    elif not hasattr(ops, "cliff_terms_triton") or "triton" not in backends_of("cliff_terms"):
+        pytest.skip("triton KDE ops not available")
+    dt = torch.float32 if suffix else torch.float64
+    x, t, v, idx = (a.to(dt) if a.is_floating_point() else a for a in _op_args())
+    torch.library.opcheck(getattr(ops, "cliff_terms" + suffix), (x.clone().requires_grad_(), t, v, idx, 0.3, 10 / 12))
+    one = torch.tensor(1.0, dtype=dt, device=DEVICE)
+    torch.library.opcheck(getattr(ops, "cliff_terms_backward" + suffix), (one, one, one, x, t, v, idx, 0.3, 10 / 12))
+    s = ref.population_std(x) + 0.1
+    torch.library.opcheck(getattr(ops, "klm" + suffix), (x.clone().requires_grad_(), s.clone().requires_grad_()))
+    _, lse = getattr(ops, "klm" + suffix)(x, s)
+    torch.library.opcheck(getattr(ops, "klm_backward" + suffix), (one, x, s, lse))
+    p = t.reshape(3, 4).clone().requires_grad_()
+    torch.library.opcheck(getattr(ops, "kde_grid" + suffix), (p, x.clone().requires_grad_(), 0.3, True))
+    torch.library.opcheck(getattr(ops, "kde_grid_backward" + suffix), (p.detach(), p.detach(), x, 0.3, False))
+
+
+@pytest.mark.parametrize("name", ["reference", "cpu"])
+def test_torch_compile_fullgraph(name):
+    if name not in backends_of("cliff_terms"):
+        pytest.skip(f"{name} unavailable")
+    z0 = latents(20, 3)
+    idx = cond_rows(20, 3, 4)
+
+    def step(z):
+        return cliff_loss(z, cond_index=idx, grid=(-4.0, 4.0, 16)) + klm_loss(z)
+
+    with qkernels.use_backend(name):
+        z = z0.clone().requires_grad_()
+        want = step(z)
+        want.backward()
+        zc = z0.clone().requires_grad_()
+        got = torch.compile(step, fullgraph=True, backend="aot_eager")(zc)
+        got.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(zc.grad, z.grad)
+
+
+# ------------------------------------------------------------------ properties from the papers
+
+
+def _discontinuous_2d(n, seed=0):
+    """Independent latents whose densities jump at 0 and 1 (p = 0.75 on [0, 1], 0.25 on [1, 2])."""
+    g = _gen(seed)
+    u = torch.rand(n, 2, generator=g, dtype=torch.float64)
+    hi = (torch.rand(n, 2, generator=g, dtype=torch.float64) < 0.25).double()
+    return u + hi
+
+
+def _project(z, t1, t2):
+    a1, a2 = math.radians(t1), math.radians(t2)
+    w = torch.tensor([[math.cos(a1), math.cos(a2)], [math.sin(a1), math.sin(a2)]], dtype=z.dtype)
+    return z @ w  # columns: <z, w_1>, <z, w_2>  (eq. 16)
+
+
+def test_cliff_landscape_appendix_d():
+    """Cliff App. D: l_uni lowest for axis-aligned directions; l_biv lowest at (0, 90) / (90, 0)
+    and not on the diagonal t1 = t2."""
+    name = "cpu" if "cpu" in backends_of("cliff_terms") else "reference"
+    z = _discontinuous_2d(1500).to(DEVICE)
+    idx = cond_rows(1500, 2, 10, seed=2)
+    angles = list(range(0, 180, 15 if name == "cpu" else 30))
+    with qkernels.use_backend(name):
+        uni = {t: cliff_loss(_project(z, t, t + 90), cond_index=idx, return_terms=True).uni.item() for t in angles}
+        biv = {}
+        for t1 in angles:
+            for t2 in angles:
+                terms = cliff_loss(_project(z, t1, t2), cond_index=idx, return_terms=True)
+                biv[t1, t2] = terms.biv.item()
+    assert min(uni, key=uni.get) in (0, 90)
+    assert uni[0] < min(uni[t] for t in angles if t % 90) and uni[90] < min(uni[t] for t in angles if t % 90)
+    best = min(biv, key=biv.get)
+    assert best in ((0, 90), (90, 0)), best
+    diag = [biv[t, t] for t in angles]
+    assert min(diag) > biv[0, 90] and min(diag) > biv[90, 0]
+
+
+def _klm_gaussian_bias(n, d):
+    """Large-n KLM of independent standard Gaussians: Tripod's marginal bandwidth = std smooths
+    each q_j to N(0, 2) and the joint to N(0, 1 + f^2), so the estimator's zero sits at
+    sum_j [E log N(0, 1 + f^2) - E log N(0, 2)] > 0 rather than at 0."""
+    f2 = ref.silverman_factor(n, d) ** 2
+    joint = -0.5 * math.log(2 * math.pi * (1 + f2)) - 0.5 / (1 + f2)
+    marg = -0.5 * math.log(2 * math.pi * 2) - 0.25
+    return d * (joint - marg)
+
+
+def test_klm_independent_near_zero_and_grows_with_correlation():
+    g = _gen(7)
+    e = torch.randn(1500, 2, generator=g, dtype=torch.float64)
+    values = []
+    for rho in (0.0, 0.3, 0.6, 0.9):
+        z = torch.stack([e[:, 0], rho * e[:, 0] + math.sqrt(1 - rho * rho) * e[:, 1]], 1)
+        values.append(klm_loss(z.to(DEVICE)).item())
+    # independent: ~0 up to the estimator's smoothing bias (0.19 here)
+    assert abs(values[0] - _klm_gaussian_bias(1500, 2)) < 0.05, values
+    assert all(b > a + 0.02 for a, b in zip(values, values[1:], strict=False)), values
+    # the growth tracks the true mutual information -1/2 log(1 - rho^2) (0.83 at rho = 0.9)
+    assert 0.5 < values[-1] - values[0] < 0.9, values
+    # higher dimension: making one pair dependent raises KLM
+    z4 = torch.randn(1500, 4, generator=g, dtype=torch.float64)
+    z4c = z4.clone()
+    z4c[:, 1] = 0.9 * z4[:, 0] + math.sqrt(1 - 0.81) * z4[:, 1]
+    assert klm_loss(z4c.to(DEVICE)).item() > klm_loss(z4.to(DEVICE)).item() + 0.3
+
+
+@pytest.mark.parametrize("name", ["reference", "cpu"])
+def test_cliff_invariant_to_affine_rescaling(name):
+    if name not in backends_of("cliff_terms"):
+        pytest.skip(f"{name} unavailable")
+    z = latents(90, 4)
+    idx = cond_rows(90, 4, 7)
+    scale = torch.tensor([0.01, 3.0, 250.0, 1.7], dtype=torch.float64, device=DEVICE)
+    shift = torch.tensor([5.0, -2.0, 1e3, 0.1], dtype=torch.float64, device=DEVICE)
+    with qkernels.use_backend(name):
+        a = torch.stack(list(cliff_loss(z, cond_index=idx, return_terms=True)))
+        b = torch.stack(list(cliff_loss(z * scale + shift, cond_index=idx, return_terms=True)))
+    torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+# ------------------------------------------------------------------ API details and bad input
+
+
+def test_cond_index_from_generator_and_terms():
+    z = latents(50, 3)
+    a = cliff_loss(z, generator=_gen(11), return_terms=True)
+    b = cliff_loss(z, generator=_gen(11), return_terms=True)
+    assert isinstance(a, CliffTerms)
+    torch.testing.assert_close(torch.stack(list(a)), torch.stack(list(b)))
+    assert math.isclose(a.total.item(), 0.5 * a.uni.item() + a.biv.item() + 0.7 * a.kl.item(), rel_tol=1e-12)
+    assert cliff_loss(z, generator=_gen(11)).shape == ()
+
+
+def test_bad_input_errors():
+    z = latents(20, 3)
+    with pytest.raises(TypeError, match="z"):
+        cliff_loss(z.numpy() if DEVICE == "cpu" else z.cpu().numpy())
+    with pytest.raises(ValueError, match="n >= 2"):
+        cliff_loss(z[:1])
+    with pytest.raises(ValueError, match="z must have 2"):
+        cliff_loss(z[0])
+    bad = z.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        cliff_loss(bad)
+    with pytest.raises(ValueError, match="sigma"):
+        cliff_loss(z, sigma=0.0)
+    with pytest.raises(ValueError, match="K"):
+        cliff_loss(z, grid=(-5.0, 5.0, 1))
+    with pytest.raises(ValueError, match="a < b"):
+        cliff_loss(z, grid=(5.0, -5.0, 10))
+    with pytest.raises(ValueError, match="num_cond"):
+        cliff_loss(z, num_cond=21)
+    with pytest.raises(ValueError, match="cond_index"):
+        cliff_loss(z, cond_index=torch.zeros(2, 4, dtype=torch.long, device=DEVICE))
+    with pytest.raises(ValueError, match="cond_index"):
+        cliff_loss(z, cond_index=torch.full((3, 4), 20, dtype=torch.long, device=DEVICE))
+    with pytest.raises(TypeError, match="cond_index"):
+        cliff_loss(z, cond_index=torch.zeros(3, 4, device=DEVICE))
+    with pytest.raises(ValueError, match="n >= 2"):
+        klm_loss(z[:1])
+    with pytest.raises(ValueError, match="std"):
+        klm_loss(z, std=torch.ones(2, dtype=z.dtype, device=DEVICE))
+    with pytest.raises(ValueError, match="std"):
+        klm_loss(z, std=torch.zeros(3, dtype=z.dtype, device=DEVICE))
+    with pytest.raises(TypeError, match="std"):
+        klm_loss(z, std=torch.ones(3, dtype=torch.float32, device=DEVICE))
+    with pytest.raises(ValueError, match="samples"):
+        kde_grid(torch.zeros(2, 5, dtype=z.dtype, device=DEVICE), z, 0.1)
+    with pytest.raises(ValueError, match="sigma"):
+        kde_grid(torch.zeros(3, 5, dtype=z.dtype, device=DEVICE), z, -1.0)
+
+
+def test_modules():
+    from qkernels.nn.kde import CliffLoss, KLMLoss
+
+    z = latents(40, 3).requires_grad_()
+    crit = CliffLoss(num_cond=5, return_terms=True)
+    out = crit(z, generator=_gen(2))
+    assert isinstance(out, CliffTerms)
+    out.total.backward()
+    assert torch.isfinite(z.grad).all()
+    assert "sigma=0.1" in repr(crit)
+    klm = KLMLoss()
+    assert klm(z.detach()).shape == ()
+    with pytest.raises(ValueError, match="sigma"):
+        CliffLoss(sigma=-1.0)
