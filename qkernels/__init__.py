@@ -7,6 +7,7 @@ from qkernels._backend import (
     use_backend,
 )
 from qkernels.ops.hessian import finite_difference_curvature, hessian_penalty, normalized_hessian_penalty
+from qkernels.ops.kde import CliffTerms, cliff_loss, kde_grid, klm_loss
 from qkernels.ops.quantize import (
     CategoricalSample,
     GumbelQuantized,
@@ -20,18 +21,22 @@ from qkernels.ops.quantize import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendUnavailableError",
-    "CategoricalSample",
-    "GumbelQuantized",
-    "Quantized",
     "available_backends",
-    "finite_difference_curvature",
-    "hessian_penalty",
-    "normalized_hessian_penalty",
+    "BackendUnavailableError",
     "categorical_latent",
+    "CategoricalSample",
+    "cliff_loss",
+    "CliffTerms",
     "current_backend",
+    "finite_difference_curvature",
     "fsq",
     "gumbel_quantize",
+    "GumbelQuantized",
+    "hessian_penalty",
+    "kde_grid",
+    "klm_loss",
     "latent_quantize",
+    "normalized_hessian_penalty",
+    "Quantized",
     "use_backend",
 ]

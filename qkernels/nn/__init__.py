@@ -1,13 +1,16 @@
 """Modules to drop into existing models."""
 
 from qkernels.nn.hessian import HessianPenalty, NormalizedHessianPenalty
+from qkernels.nn.kde import CliffLoss, KLMLoss
 from qkernels.nn.quantize import FSQ, CategoricalLatent, GumbelQuantizer, LatentQuantizer
 
 __all__ = [
     "FSQ",
     "CategoricalLatent",
+    "CliffLoss",
     "GumbelQuantizer",
     "HessianPenalty",
+    "KLMLoss",
     "LatentQuantizer",
     "NormalizedHessianPenalty",
 ]
