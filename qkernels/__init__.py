@@ -6,6 +6,7 @@ from qkernels._backend import (
     current_backend,
     use_backend,
 )
+from qkernels.ops.hessian import finite_difference_curvature, hessian_penalty, normalized_hessian_penalty
 from qkernels.ops.quantize import (
     CategoricalSample,
     GumbelQuantized,
@@ -24,6 +25,9 @@ __all__ = [
     "GumbelQuantized",
     "Quantized",
     "available_backends",
+    "finite_difference_curvature",
+    "hessian_penalty",
+    "normalized_hessian_penalty",
     "categorical_latent",
     "current_backend",
     "fsq",

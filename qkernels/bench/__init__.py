@@ -3,9 +3,9 @@
 A hot path contributes a module (``qkernels.bench.<hotpath>``) with ``cases()``: a list of
 :class:`Case`, each a named input shape with one forward+backward callable per variant (every
 backend of the op, plus baseline formulations). Times are medians of repeated runs in this process;
-peak memory is measured in a fresh subprocess as the growth of the peak resident set size
-(``ru_maxrss``) while the variant runs once, after a warm-up on tiny inputs — CPU tensors are
-invisible to tracemalloc, and ``ru_maxrss`` sees every allocation the process touches.
+peak memory is measured in a fresh subprocess as the growth of the peak resident set size (VmHWM,
+reset just before the run) while the variant runs once, after a warm-up on tiny inputs: CPU
+tensors are invisible to tracemalloc, and the resident set sees every page the process touches.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-HOTPATHS = ("quantize",)
+HOTPATHS = ("quantize", "hessian")
 
 
 @dataclasses.dataclass
@@ -65,21 +65,26 @@ def time_variant(case: Case, variant: str, *, min_time: float = 0.5, max_repeat:
     return statistics.median(times)
 
 
-def _maxrss_bytes() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _probe(hotpath: str, name: str, variant: str) -> int:
-    """Peak-RSS growth (bytes) of one run, measured in this (fresh) process."""
+    """Peak-RSS growth (bytes) of one run, measured in this (fresh) process: the peak (VmHWM) is
+    reset to the current RSS just before the run (Linux ``/proc/self/clear_refs``)."""
     case = find_case(hotpath, name)
     fn = case.variants[variant]
     fn(*case.make(0))  # warm-up: loads code paths, thread pools, lazy initialisation
     inputs = case.make(1)
-    before = _maxrss_bytes()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status_bytes("VmRSS")
     fn(*inputs)
-    return max(_maxrss_bytes() - before, 0)
+    return max(_status_bytes("VmHWM") - before, 0)
 
 
 def peak_memory(case: Case, variant: str) -> int | None:

@@ -232,15 +232,6 @@ def _check_common(fn, z, num_perturbations, eps, chunk_size):
     return k, eps
 
 
-def _check_fn_z(fn_z: object, n: int) -> None:
-    if fn_z is None:
-        return
-    _keys, entries = _flatten(fn_z)
-    for e, a in enumerate(entries):
-        if not isinstance(a, torch.Tensor) or a.dim() == 0 or a.shape[0] != n:
-            raise ValueError(f"fn_z entry {e} must be a tensor with n = {n} rows (fn(z))")
-
-
 def _directions(kind: str, k: int, z: torch.Tensor, generator) -> torch.Tensor:
     shape = (k, *z.shape)
     if kind == "rademacher":
@@ -264,7 +255,6 @@ def normalized_hessian_penalty(
     generator: torch.Generator | None = None,
     reduction: str = "mean",
     chunk_size: int | None = None,
-    fn_z: object = None,
 ):
     """Tripod's normalized Hessian penalty (Section 3.3, Prop. 3.2, Algorithm 1).
 
@@ -276,7 +266,8 @@ def normalized_hessian_penalty(
 
     ``fn`` is called ONCE on the stacked batch [z + v_1; z - v_1; ...; z + v_k; z - v_k; z + w_1;
     z - w_1; ...; z + w_k; z - w_k] of 4k n rows (in row chunks of ``chunk_size`` when given) and
-    never on z itself: f(z) cancels exactly from a variance over directions (see the module doc).
+    never on z itself: f(z) cancels exactly from a variance over directions (see the module doc),
+    so there is no center pass to share with the model's own forward.
     fn must be deterministic across the stacked rows (no dropout, no noise, eval-mode batch
     norm): rows are compared with each other.
 
@@ -289,7 +280,6 @@ def normalized_hessian_penalty(
         reduction: "mean" (a scalar) or "none": per-entry, per-sample values (n,), in fn's
             structure (a tensor, a list, or a dict).
         chunk_size: at most this many rows per fn call (bounds the per-call batch).
-        fn_z: fn(z), accepted for API compatibility and only shape-checked: it is not needed.
     """
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
     check_tensor("std", std, ndim=1)
@@ -302,7 +292,6 @@ def normalized_hessian_penalty(
         )
     _check_choice("reduction", reduction, ("mean", "none"))
     n = z.shape[0]
-    _check_fn_z(fn_z, n)
     h = torch.cat(
         [_directions("rademacher", k, z, generator), _directions("gaussian", k, z, generator)]
     )
@@ -327,7 +316,6 @@ def hessian_penalty(
     generator: torch.Generator | None = None,
     reduction: str = "max",
     chunk_size: int | None = None,
-    fn_z: object = None,
 ):
     """Peebles et al.'s Hessian penalty (their eqs. 7-9).
 
@@ -343,7 +331,6 @@ def hessian_penalty(
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
     _check_choice("reduction", reduction, ("max", "mean", "none"))
     n = z.shape[0]
-    _check_fn_z(fn_z, n)
     h = eps * _directions("rademacher", k, z, generator)
     keys, entries = _call_fn(fn, _stack(z, h), chunk_size)
     reduce = "max" if reduction == "max" else "mean"

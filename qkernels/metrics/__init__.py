@@ -1,0 +1,30 @@
+"""Disentanglement and reconstruction metrics.
+
+``sources`` ``(N, n_s)`` integer factor classes, ``latents`` ``(N, n_z)`` float or integer codes
+(tensors or arrays); each disentanglement metric returns a plain dict, matrices oriented
+``(n_s, n_z)``. ``evaluate`` samples a ground-truth dataset, encodes it and runs the metrics
+registered in ``METRICS``.
+"""
+
+from qkernels.metrics.dci import dci, disentanglement_completeness
+from qkernels.metrics.evaluate import METRICS, evaluate
+from qkernels.metrics.image import mse, psnr
+from qkernels.metrics.infomec import infomec
+from qkernels.metrics.mcc import mcc
+from qkernels.metrics.mig import mig
+from qkernels.metrics.modularity import modularity
+from qkernels.metrics.sap import sap
+
+__all__ = [
+    "METRICS",
+    "dci",
+    "disentanglement_completeness",
+    "evaluate",
+    "infomec",
+    "mcc",
+    "mig",
+    "modularity",
+    "mse",
+    "psnr",
+    "sap",
+]

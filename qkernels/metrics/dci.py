@@ -1,0 +1,212 @@
+"""DCI (Eastwood & Williams, ICLR 2018): disentanglement, completeness, informativeness.
+
+With importance matrix R (n_s x n_z here; R[i, j] = importance of latent j for source i):
+    D = sum_j rho_j (1 - H_{n_s}(R[:, j] / sum_i R[i, j])),  rho_j = sum_i R[i, j] / sum R
+    C = sum_i w_i (1 - H_{n_z}(R[i, :] / sum_j R[i, j])),    w_i = sum_j R[i, j] / sum R
+(H_b: entropy in base b). I = mean held-out accuracy over sources.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+
+from qkernels.metrics._common import (
+    check_latents,
+    check_seed,
+    check_sources,
+    label_encode,
+    split_indices,
+)
+
+DEFAULT_MAX_DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, None)
+
+
+def dci(
+    sources,
+    latents,
+    *,
+    model: str = "random_forest",
+    num_train: int = 10000,
+    num_test: int = 5000,
+    seed: int = 0,
+    max_depths: tuple = DEFAULT_MAX_DEPTHS,
+    n_jobs: int | None = None,
+) -> dict:
+    """Nonlinear DCI of ``latents`` ``(N, n_z)`` w.r.t. ``sources`` ``(N, n_s)`` int.
+
+    One classifier per source on a seeded train/test split (``num_train``/``num_test`` rows, or
+    all N rows in that ratio when N is smaller; see ``split_indices``).
+
+    Args:
+        model: ``"random_forest"`` (QLAE App. C.5): 100 trees, entropy criterion, max depth chosen
+            per source among ``max_depths`` (``None`` = unlimited) on held-out accuracy (ties ->
+            lower held-out log loss, then the shallowest); D, C use that forest's importances and
+            I its held-out accuracy. (Tie-breaking matters: when several depths reach the same
+            accuracy, e.g. 100%, a very shallow forest's per-tree-normalized importances credit
+            irrelevant root splits.)
+            ``"gradient_boosting"``: disentanglement_lib's setting, scikit-learn's
+            ``GradientBoostingClassifier()`` defaults (slow: 100 stages x n_classes trees).
+        n_jobs: parallel jobs of the random forest (scikit-learn semantics).
+
+    Returns:
+        ``{"disentanglement", "completeness", "informativeness"}`` floats in [0, 1] and
+        ``"importance"`` ``(n_s, n_z)`` float64 (each row sums to 1, or 0 for a source no split
+        used).
+
+    The depth search fits ONE forest per source at the largest depth and evaluates every
+    depth limit by truncating its trees: a tree grown to depth d is distributed exactly like
+    the depth-d prefix of a deeper tree grown from the same bootstrap sample (each node's
+    split depends only on its own samples and fresh feature draws), so this equals fitting
+    ``len(max_depths)`` forests, at the cost of one.
+    """
+    s = check_sources(sources)
+    n, n_s = s.shape
+    z = check_latents(latents, n).astype(np.float64)
+    seed = check_seed(seed)
+    if model not in ("random_forest", "gradient_boosting"):
+        raise ValueError(f"model must be 'random_forest' or 'gradient_boosting', got {model!r}")
+    depths = _check_depths(max_depths)
+    s_codes, _ = label_encode(s)
+    tr, te = split_indices(n, num_train, num_test, seed)
+
+    importance = np.zeros((n_s, z.shape[1]))
+    accuracy = np.zeros(n_s)
+    for i in range(n_s):
+        y_tr, y_te = s_codes[tr, i], s_codes[te, i]
+        if np.unique(y_tr).size < 2:  # nothing to learn: predict the only class, no importances
+            accuracy[i] = float(np.mean(y_te == y_tr[0]))
+            continue
+        if model == "random_forest":
+            importance[i], accuracy[i] = _forest_best_depth(
+                z[tr], y_tr, z[te], y_te, depths, seed + i, n_jobs
+            )
+        else:
+            clf = GradientBoostingClassifier(random_state=seed + i).fit(z[tr], y_tr)
+            importance[i] = np.abs(clf.feature_importances_)
+            accuracy[i] = float(np.mean(clf.predict(z[te]) == y_te))
+    d, c = disentanglement_completeness(importance)
+    return {
+        "disentanglement": d,
+        "completeness": c,
+        "informativeness": float(accuracy.mean()),
+        "importance": importance,
+    }
+
+
+def disentanglement_completeness(importance) -> tuple[float, float]:
+    """Eastwood & Williams' D and C of a non-negative ``(n_s, n_z)`` importance matrix.
+
+    Follows disentanglement_lib: an all-zero matrix is treated as all-ones (D = C = 0) and 1e-11
+    is added before the entropies so that all-zero columns (rows) get weight 0 without NaN.
+    """
+    r = np.asarray(importance, dtype=np.float64)
+    if r.ndim != 2 or np.any(r < 0) or not np.isfinite(r).all():
+        raise ValueError("importance must be a finite, non-negative (n_s, n_z) matrix")
+    if r.sum() == 0:
+        r = np.ones_like(r)
+    n_s, n_z = r.shape
+    return _weighted_one_minus_entropy(r, n_s), _weighted_one_minus_entropy(r.T, n_z)
+
+
+def _weighted_one_minus_entropy(r: np.ndarray, base: int) -> float:
+    """sum_j rho_j (1 - H_base(column j normalized)) over the columns of ``r`` (``base`` rows)."""
+    if base == 1:
+        return 1.0
+    p = r + 1e-11
+    p = p / p.sum(0, keepdims=True)
+    h = -np.sum(p * np.log(p), axis=0) / np.log(base)
+    weight = r.sum(0) / r.sum()
+    return float(np.sum(weight * (1.0 - h)))
+
+
+def _check_depths(max_depths) -> list:
+    depths = list(max_depths)
+    if not depths:
+        raise ValueError("max_depths must contain at least one depth")
+    for d in depths:
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
+            raise ValueError(f"max_depths entries must be positive ints or None, got {d!r}")
+    finite = sorted({d for d in depths if d is not None})
+    return finite + ([None] if None in depths else [])
+
+
+def _forest_best_depth(x_tr, y_tr, x_te, y_te, depths, seed, n_jobs):
+    """Importances and held-out accuracy of the best depth limit in ``depths`` (ascending)."""
+    deepest = depths[-1]
+    forest = RandomForestClassifier(
+        n_estimators=100, criterion="entropy", max_depth=deepest, random_state=seed, n_jobs=n_jobs
+    ).fit(x_tr, y_tr)
+    limits = [d if d is not None else np.iinfo(np.int64).max for d in depths]
+    proba, imps = truncated_forest(forest, x_te, limits)
+    acc = [float(np.mean(forest.classes_[p.argmax(1)] == y_te)) for p in proba]
+    # column of each test label in predict_proba (-1: a class the training split never saw)
+    col = np.searchsorted(forest.classes_, y_te).clip(0, forest.n_classes_ - 1)
+    col = np.where(forest.classes_[col] == y_te, col, -1)
+    rows = np.arange(y_te.size)
+    nll = [
+        float(-np.mean(np.log(np.where(col >= 0, p[rows, col], 0.0).clip(1e-15, None))))
+        for p in proba
+    ]
+    best = max(range(len(limits)), key=lambda q: (acc[q], -nll[q], -q))
+    return imps[best], acc[best]
+
+
+def truncated_forest(forest, x: np.ndarray, limits: list) -> tuple[list, list]:
+    """Predicted class probabilities on ``x`` ``(M, n_z)`` and normalized feature importances
+    ``(n_z,)`` of ``forest`` with every tree cut at each depth limit in ``limits`` (ints).
+
+    Matches scikit-learn's ``predict_proba`` / ``feature_importances_`` exactly for a limit at or
+    beyond the trees' depth.
+    """
+    n_feat = forest.n_features_in_
+    m = x.shape[0]
+    proba = [np.zeros((m, forest.n_classes_)) for _ in limits]
+    imp_sum = [np.zeros(n_feat) for _ in limits]
+    rows_all = np.arange(m)
+    for est in forest.estimators_:
+        t = est.tree_
+        depth = _node_depths(t.children_left, t.children_right)
+        value = t.value[:, 0, :]
+        value = value / value.sum(1, keepdims=True)
+        # node on each sample's path at each depth (forward-filled past the leaf)
+        path = est.decision_path(x).tocoo()
+        max_d = int(depth.max())
+        at_depth = np.full((m, max_d + 1), -1, dtype=np.int64)
+        at_depth[path.row, depth[path.col]] = path.col
+        for d in range(1, max_d + 1):
+            miss = at_depth[:, d] < 0
+            at_depth[miss, d] = at_depth[miss, d - 1]
+        internal = t.children_left >= 0
+        w = t.weighted_n_node_samples
+        left, right = t.children_left, t.children_right
+        gain = np.zeros(t.node_count)
+        gain[internal] = (
+            w[internal] * t.impurity[internal]
+            - w[left[internal]] * t.impurity[left[internal]]
+            - w[right[internal]] * t.impurity[right[internal]]
+        )
+        for q, lim in enumerate(limits):
+            proba[q] += value[at_depth[rows_all, min(lim, max_d)]]
+            use = internal & (depth < lim)
+            imp = np.bincount(t.feature[use], weights=gain[use], minlength=n_feat)
+            if imp.sum() > 0:
+                imp_sum[q] += imp / imp.sum()
+    imps = []
+    for q in range(len(limits)):
+        proba[q] /= len(forest.estimators_)
+        tot = imp_sum[q].sum()
+        imps.append(imp_sum[q] / tot if tot > 0 else np.zeros(n_feat))
+    return proba, imps
+
+
+def _node_depths(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Depth of every node of a tree from its child arrays (-1 = leaf), level by level."""
+    depth = np.zeros(left.size, dtype=np.int64)
+    frontier, d = np.array([0]), 0
+    while frontier.size:
+        split = frontier[left[frontier] >= 0]
+        frontier = np.concatenate([left[split], right[split]])
+        d += 1
+        depth[frontier] = d
+    return depth

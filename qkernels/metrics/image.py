@@ -1,0 +1,40 @@
+"""Reconstruction quality: MSE and PSNR."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from qkernels._validation import check_tensor
+
+
+def _pair(x, x_hat) -> tuple[torch.Tensor, torch.Tensor]:
+    check_tensor("x", x, min_ndim=1)
+    check_tensor("x_hat", x_hat, min_ndim=1)
+    if x.shape != x_hat.shape:
+        raise ValueError(f"x_hat has shape {tuple(x_hat.shape)} but x has {tuple(x.shape)}")
+    if x.device != x_hat.device:
+        raise ValueError(f"x is on {x.device} but x_hat is on {x_hat.device}")
+    return x.double(), x_hat.double()
+
+
+def mse(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """Mean squared error over all elements of ``x`` and ``x_hat`` (same shape, float)."""
+    x, x_hat = _pair(x, x_hat)
+    return float(torch.mean((x - x_hat) ** 2))
+
+
+def psnr(x: torch.Tensor, x_hat: torch.Tensor, *, data_range: float = 1.0) -> float:
+    """Peak signal-to-noise ratio in dB, averaged over the batch.
+
+    ``x``, ``x_hat`` ``(B, ...)`` float; per sample 10 log10(data_range^2 / MSE over its
+    elements), then the mean over the B samples. A perfectly reconstructed sample has infinite
+    PSNR (so then does the mean).
+    """
+    x, x_hat = _pair(x, x_hat)
+    if not data_range > 0:
+        raise ValueError(f"data_range must be > 0, got {data_range}")
+    per = torch.mean((x - x_hat).reshape(x.shape[0], -1) ** 2, dim=1)
+    db = 10.0 * (2.0 * math.log10(data_range) - torch.log10(per))
+    return float(db.mean())

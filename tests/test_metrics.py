@@ -1,0 +1,510 @@
+"""Correctness of qkernels.metrics: hand-computed cases, independent float64 oracles
+(scikit-learn / scipy), disentanglement_lib-style range tests, determinism and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import entropy as scipy_entropy
+from scipy.stats import pearsonr, spearmanr
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import log_loss, mutual_info_score
+
+from qkernels.metrics import (
+    METRICS,
+    dci,
+    disentanglement_completeness,
+    evaluate,
+    infomec,
+    mcc,
+    mig,
+    modularity,
+    mse,
+    psnr,
+    sap,
+)
+from qkernels.metrics._common import discrete_mutual_info, entropy, label_encode
+from qkernels.metrics.dci import truncated_forest
+from qkernels.metrics.infomec import _modularity_compactness, multinomial_log_loss
+
+LOG2 = math.log(2.0)
+
+
+def random_sources(n, sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.integers(0, a, n) for a in sizes], axis=1)
+
+
+def full_grid(sizes, repeats):
+    """Every factor combination ``repeats`` times: the sources are exactly independent, so the
+    plug-in MI between different sources is exactly 0 (no finite-sample bias)."""
+    grid = np.array(list(itertools.product(*[range(a) for a in sizes])))
+    return np.repeat(grid, repeats, axis=0)
+
+
+def balanced_binary_grid(repeats=50):
+    """All 4 combinations of two binary sources, each ``repeats`` times (exact MI = log 2)."""
+    return full_grid([2, 2], repeats)
+
+
+# ----------------------------------------------------------------------------------------------
+# counting helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def test_discrete_mi_2x2_by_hand():
+    # counts (a, b): (0,0)=1, (0,1)=1, (1,1)=2;  p(a) = (1/2, 1/2), p(b) = (1/4, 3/4)
+    a = np.array([0, 0, 1, 1] * 5)[:, None]
+    b = np.array([0, 1, 1, 1] * 5)[:, None]
+    want = 0.25 * math.log(2.0) + 0.25 * math.log(2.0 / 3.0) + 0.5 * math.log(4.0 / 3.0)
+    got = discrete_mutual_info(a, np.array([2]), b, np.array([2]))
+    assert got.shape == (1, 1)
+    assert got[0, 0] == pytest.approx(want, abs=1e-12)
+
+
+def test_discrete_mi_matches_sklearn_for_all_pairs():
+    rng = np.random.default_rng(1)
+    s = random_sources(500, [2, 5, 7])
+    z = np.concatenate(
+        [s[:, :2] * 3 + rng.integers(0, 2, (500, 2)), rng.integers(0, 4, (500, 2))], 1
+    )
+    sc, ss = label_encode(s)
+    zc, zs = label_encode(z)
+    got = discrete_mutual_info(sc, ss, zc, zs)
+    want = np.array([[mutual_info_score(s[:, i], z[:, j]) for j in range(4)] for i in range(3)])
+    np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def test_entropy_matches_scipy():
+    s = random_sources(300, [3, 9, 1])
+    codes, sizes = label_encode(s)
+    want = [scipy_entropy(np.bincount(codes[:, j])) for j in range(3)]
+    np.testing.assert_allclose(entropy(codes, sizes), want, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+# InfoMEC
+# ----------------------------------------------------------------------------------------------
+
+
+def test_infom_infoc_formula_by_hand():
+    nmi = np.array([[0.8, 0.2, 0.0], [0.0, 0.2, 0.6]])
+    infom, infoc = _modularity_compactness(nmi)
+    # columns: max/sum = 1, 1/2, 1 -> mean 5/6; (5/6 - 1/2) / (1 - 1/2)
+    assert infom == pytest.approx((5 / 6 - 1 / 2) / (1 / 2))
+    # rows: 0.8/1.0, 0.6/0.8 -> mean 0.775; (0.775 - 1/3) / (1 - 1/3)
+    assert infoc == pytest.approx((0.775 - 1 / 3) / (2 / 3))
+
+
+def test_infomec_balanced_grid_by_hand():
+    # z0 = s0, z1 = s0 + 2 s1: NMI = [[1, 1], [0, 1]] exactly
+    s = balanced_binary_grid()
+    z = np.stack([s[:, 0], s[:, 0] + 2 * s[:, 1]], axis=1)
+    r = infomec(s, z)
+    np.testing.assert_allclose(r["nmi"], [[1.0, 1.0], [0.0, 1.0]], atol=1e-12)
+    assert r["infom"] == pytest.approx(0.5)  # column ratios 1, 1/2
+    assert r["infoc"] == pytest.approx(0.5)  # row ratios 1/2, 1
+    assert r["infoe"] == pytest.approx(1.0, abs=1e-3)  # one-hot of z1 identifies both sources
+
+
+def test_infomec_permuted_discrete_identity_is_perfect():
+    s = full_grid([3, 5, 4, 6], 3)
+    perm = [2, 0, 3, 1]
+    z = s[:, perm] * 7 - 3  # relabelled values, permuted columns, integer dtype -> discrete
+    r = infomec(s, z)
+    assert r["infom"] == pytest.approx(1.0, abs=1e-9)
+    assert r["infoc"] == pytest.approx(1.0, abs=1e-9)
+    assert r["infoe"] > 0.999
+    assert r["active"].all()
+    np.testing.assert_allclose(r["nmi"][perm, np.arange(4)], 1.0, atol=1e-12)
+    # sampled (not gridded) sources: only the plug-in bias of independent pairs is off-diagonal
+    s = random_sources(3000, [3, 5, 4, 6])
+    r = infomec(s, s[:, perm])
+    assert r["infom"] > 0.98 and r["infoc"] > 0.98
+
+
+def test_infomec_continuous_identity_and_linear_explicitness():
+    rng = np.random.default_rng(3)
+    s = random_sources(1500, [3, 4, 5])
+    # each latent an increasing function of one source, jittered inside its cell
+    z = (s + 0.4 * rng.random(s.shape))[:, [1, 2, 0]] * np.array([2.0, -0.5, 1.0])
+    r = infomec(s, z, discrete_latents=False)
+    assert r["infom"] > 0.95 and r["infoc"] > 0.95
+    assert r["infoe"] > 0.99  # sources are (separably) linear in the latents
+    assert np.all((r["nmi"] >= 0) & (r["nmi"] <= 1))
+    # permuting the latents permutes the NMI columns and leaves the scores unchanged
+    p = [2, 0, 1]
+    rp = infomec(s, z[:, p], discrete_latents=False)
+    np.testing.assert_allclose(rp["nmi"], r["nmi"][:, p], atol=1e-6)
+    for key in ("infom", "infoc", "infoe"):
+        assert rp[key] == pytest.approx(r[key], abs=1e-4)
+
+
+def test_infomec_duplicated_latents_lower_compactness_only():
+    s = full_grid([3, 4, 5], 5)
+    r = infomec(s, np.concatenate([s, s], 1))
+    assert r["infom"] == pytest.approx(1.0, abs=1e-9)
+    # every source row has two equal maxima over 6 latents: ratio 1/2
+    assert r["infoc"] == pytest.approx((0.5 - 1 / 6) / (1 - 1 / 6), abs=1e-9)
+
+
+def test_infomec_constant_latents_are_pruned_without_nan():
+    s = full_grid([3, 4], 60)  # N = 720
+    z = np.concatenate([s, np.zeros((720, 2), dtype=np.int64)], 1)
+    r = infomec(s, z)
+    np.testing.assert_array_equal(r["active"], [True, True, False, False])
+    assert r["infom"] == pytest.approx(1.0) and r["infoc"] == pytest.approx(1.0)
+    assert np.isfinite(r["nmi"]).all()
+
+    # continuous: a latent with range < 1/20 of the largest is inactive; threshold 0 keeps it
+    rng = np.random.default_rng(0)
+    zc = np.concatenate([s + 0.3 * rng.random(s.shape), 0.01 * rng.random((720, 1))], 1)
+    assert infomec(s, zc)["active"].tolist() == [True, True, False]
+    assert infomec(s, zc, prune_threshold=0.0)["active"].tolist() == [True, True, True]
+
+    r = infomec(s, np.full((720, 3), 2.5))  # nothing active at all
+    assert (r["infom"], r["infoc"], r["infoe"]) == (0.0, 0.0, 0.0)
+    assert not r["active"].any() and np.isfinite(r["nmi"]).all()
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_infomec_noise_latents_carry_no_information(discrete):
+    rng = np.random.default_rng(5)
+    s = random_sources(3000, [3, 4])
+    z = rng.integers(0, 5, (3000, 3)) if discrete else rng.standard_normal((3000, 3))
+    r = infomec(s, z)
+    assert r["nmi"].max() < 0.05  # kNN / plug-in estimates of a zero MI
+    assert r["infoe"] < 0.02
+
+
+def test_infomec_is_deterministic():
+    rng = np.random.default_rng(6)
+    s = random_sources(600, [3, 4])
+    z = s + rng.standard_normal(s.shape)
+    a, b = infomec(s, z, seed=3), infomec(s, z, seed=3)
+    for key in ("infom", "infoc", "infoe"):
+        assert a[key] == b[key]
+    np.testing.assert_array_equal(a["nmi"], b["nmi"])
+
+
+def test_infomec_accepts_tensors():
+    s = random_sources(400, [3, 4])
+    a = infomec(torch.from_numpy(s), torch.from_numpy(s[:, ::-1].copy()))
+    b = infomec(s, s[:, ::-1])
+    assert a["infom"] == b["infom"] and a["infoe"] == b["infoe"]
+
+
+@pytest.mark.parametrize("sparse_one_hot", [False, True])
+def test_multinomial_log_loss_matches_sklearn_unpenalized(sparse_one_hot):
+    rng = np.random.default_rng(7)
+    n = 400
+    if sparse_one_hot:
+        from qkernels.metrics.infomec import _one_hot
+
+        zc = rng.integers(0, 4, (n, 2))
+        x = _one_hot(zc, np.array([4, 4]))
+        y = (zc[:, 0] + rng.integers(0, 3, n)) % 3  # noisy: not separable
+        dense = x.toarray()
+    else:
+        x = dense = rng.standard_normal((n, 3))
+        y = (x[:, 0] + rng.standard_normal(n) > 0).astype(int) + (x[:, 1] > 0.5)
+    ref = LogisticRegression(C=np.inf, tol=1e-12, max_iter=10000).fit(dense, y)
+    want = log_loss(y, ref.predict_proba(dense))
+    assert multinomial_log_loss(x, y, 3, tol=1e-8, max_iter=5000) == pytest.approx(want, abs=1e-8)
+    assert multinomial_log_loss(x, y, 3) == pytest.approx(want, abs=1e-3)  # default tol 1e-4
+
+
+# ----------------------------------------------------------------------------------------------
+# DCI
+# ----------------------------------------------------------------------------------------------
+
+
+def test_dci_formula_by_hand():
+    assert disentanglement_completeness(np.eye(3)) == pytest.approx((1.0, 1.0))
+    assert disentanglement_completeness(np.ones((3, 4))) == pytest.approx((0.0, 0.0), abs=1e-9)
+    # R (sources x latents) = [[1, 1], [0, 2]]
+    h = -(1 / 3 * math.log2(1 / 3) + 2 / 3 * math.log2(2 / 3))
+    d_want = 0.25 * 1.0 + 0.75 * (1.0 - h)  # latent 0: pure (weight 1/4), latent 1: (1/3, 2/3)
+    c_want = 0.5 * 0.0 + 0.5 * 1.0  # source 0 uniform over 2 latents, source 1 pure
+    d, c = disentanglement_completeness(np.array([[1.0, 1.0], [0.0, 2.0]]))
+    assert d == pytest.approx(d_want, abs=1e-8)
+    assert c == pytest.approx(c_want, abs=1e-8)
+    # all-zero importances: D = C = 0, no NaN (disentanglement_lib's convention)
+    assert disentanglement_completeness(np.zeros((2, 3))) == pytest.approx((0.0, 0.0), abs=1e-9)
+
+
+def test_truncated_forest_equals_sklearn_forest():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((300, 4))
+    y = (x[:, 0] > 0).astype(int) + (x[:, 1] + 0.5 * rng.standard_normal(300) > 0)
+    x_te = rng.standard_normal((100, 4))
+    full = RandomForestClassifier(10, criterion="entropy", random_state=0).fit(x, y)
+    (proba,), (imp,) = truncated_forest(full, x_te, [10**9])
+    np.testing.assert_allclose(proba, full.predict_proba(x_te), atol=1e-12)
+    np.testing.assert_allclose(imp, full.feature_importances_, atol=1e-12)
+    # a deterministic tree (no bootstrap, all features) cut at depth 2 == the tree grown to depth 2
+    kw = dict(n_estimators=1, criterion="entropy", bootstrap=False, max_features=None)
+    deep = RandomForestClassifier(**kw, random_state=0).fit(x, y)
+    shallow = RandomForestClassifier(**kw, max_depth=2, random_state=0).fit(x, y)
+    (proba,), (imp,) = truncated_forest(deep, x_te, [2])
+    np.testing.assert_allclose(proba, shallow.predict_proba(x_te), atol=1e-12)
+    np.testing.assert_allclose(imp, shallow.feature_importances_, atol=1e-12)
+
+
+def test_dci_permuted_identity():
+    rng = np.random.default_rng(9)
+    s = random_sources(600, [3, 4, 5])
+    z = (s + 0.3 * rng.random(s.shape))[:, [2, 0, 1]]
+    # gradient boosting (disentanglement_lib's setting; every split sees every latent): D = C = 1
+    gb = dci(s[:200], z[:200], model="gradient_boosting")
+    assert gb["disentanglement"] > 0.99 and gb["completeness"] > 0.99
+    assert gb["informativeness"] == pytest.approx(1.0)
+    # random forest: each split sees sqrt(n_z) random latents, so irrelevant latents get some
+    # importance (D, C < 1), but the structure is found and beats a rotated representation
+    r = dci(s, z)
+    assert r["informativeness"] > 0.99
+    assert r["importance"].shape == (3, 3)
+    assert np.argmax(r["importance"], axis=1).tolist() == [1, 2, 0]
+    rotated = dci(s, z @ np.linalg.qr(rng.standard_normal((3, 3)))[0])
+    assert r["disentanglement"] > 0.5 and r["completeness"] > 0.5
+    assert rotated["disentanglement"] < r["disentanglement"] - 0.15
+    assert rotated["completeness"] < r["completeness"] - 0.15
+    r2 = dci(s, z)
+    assert r2["disentanglement"] == r["disentanglement"]  # deterministic
+    np.testing.assert_array_equal(r2["importance"], r["importance"])
+
+
+def test_dci_duplicated_latents_lower_completeness():
+    s = random_sources(600, [3, 4])
+    z = np.concatenate([s, s], 1).astype(np.float64)
+    r = dci(s, z, max_depths=(4,))
+    assert r["disentanglement"] > 0.9
+    assert r["completeness"] < 0.7
+
+
+def test_dci_noise_latents():
+    rng = np.random.default_rng(10)
+    s = random_sources(600, [2, 3])
+    r = dci(s, rng.standard_normal((600, 4)), max_depths=(2, 4))
+    assert r["disentanglement"] < 0.2 and r["completeness"] < 0.2
+
+
+# ----------------------------------------------------------------------------------------------
+# MIG, SAP, modularity (disentanglement_lib's definitions and range tests)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_mig_and_modularity_balanced_grid_by_hand():
+    s = balanced_binary_grid()
+    z = np.stack([s[:, 0], s[:, 0] + 2 * s[:, 1]], axis=1).astype(np.float64)
+    # MI = [[log2, log2], [0, log2]]: gaps 0 and 1
+    assert mig(s, z)["mig"] == pytest.approx(0.5, abs=1e-12)
+    # latent 0 informs one source (score 1), latent 1 two equally (delta = 1, score 0)
+    assert modularity(s, z)["modularity"] == pytest.approx(0.5, abs=1e-12)
+
+
+def test_mig_modularity_ranges():
+    s = random_sources(3000, [4, 5, 6])
+    identity = s.astype(np.float64)
+    assert 0.9 <= mig(s, identity)["mig"] <= 1.0
+    assert 0.0 <= mig(s, np.zeros_like(identity))["mig"] <= 0.2
+    assert 0.0 <= mig(s, np.concatenate([identity, identity], 1))["mig"] <= 0.1
+    noise = np.random.default_rng(0).standard_normal((3000, 3))
+    assert mig(s, noise)["mig"] < 0.05
+    assert modularity(s, identity)["modularity"] > 0.95
+    assert modularity(s, np.concatenate([identity, identity], 1))["modularity"] > 0.95
+
+
+def test_mig_matches_sklearn_on_binned_latents():
+    rng = np.random.default_rng(11)
+    s = random_sources(700, [3, 4])
+    z = np.stack([s[:, 0] + rng.random(700), rng.random(700), s[:, 1] * rng.random(700)], 1)
+    binned = [np.digitize(c, np.histogram(c, 20)[1][:-1]) for c in z.T]
+    m = np.array([[mutual_info_score(si, b) for b in binned] for si in s.T])
+    h = np.array([mutual_info_score(si, si) for si in s.T])
+    top = -np.sort(-m, axis=1)
+    assert mig(s, z)["mig"] == pytest.approx(np.mean((top[:, 0] - top[:, 1]) / h), abs=1e-12)
+
+
+def test_sap_ranges():
+    s = random_sources(2000, [5, 6, 7])
+    identity = s.astype(np.float64)
+    assert 0.9 <= sap(s, identity, continuous_factors=True)["sap"] <= 1.0
+    assert sap(s, np.zeros_like(identity), continuous_factors=True)["sap"] <= 0.2
+    dup = np.concatenate([identity, identity], 1)
+    assert sap(s, dup, continuous_factors=True)["sap"] <= 0.2
+    # discrete (SVC) mode on binary sources: matching latent accuracy 1, others ~ 1/2
+    b = random_sources(600, [2, 2])
+    assert 0.4 <= sap(b, b.astype(float))["sap"] <= 0.6
+    noise = np.random.default_rng(0).standard_normal((600, 2))
+    assert sap(b, noise)["sap"] < 0.1
+
+
+# ----------------------------------------------------------------------------------------------
+# MCC
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["pearson", "spearman"])
+def test_mcc_permuted_sign_flipped_copy_is_one(method):
+    z = np.random.default_rng(12).standard_normal((500, 4))
+    perm = [3, 1, 0, 2]
+    r = mcc(z, -2.0 * z[:, perm] + 1.0, method=method)
+    assert r["mcc"] == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_array_equal(r["matching"][perm], np.arange(4))
+
+
+def test_mcc_matches_brute_force_oracle():
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((200, 3))
+    b = a @ rng.standard_normal((3, 3)) + 0.5 * rng.standard_normal((200, 3))
+    b[:, 0] = np.exp(b[:, 0])  # monotone, changes Pearson but not Spearman
+    for method, corr in (("pearson", pearsonr), ("spearman", spearmanr)):
+        c = np.abs([[corr(a[:, i], b[:, j])[0] for j in range(3)] for i in range(3)])
+        best = max(
+            np.mean([c[i, p[i]] for i in range(3)]) for p in itertools.permutations(range(3))
+        )
+        assert mcc(a, b, method=method)["mcc"] == pytest.approx(best, abs=1e-12)
+
+
+def test_mcc_rectangular_and_constant_columns():
+    z = np.random.default_rng(14).standard_normal((100, 3))
+    r = mcc(z, np.concatenate([z[:, [1]], np.ones((100, 1))], 1))
+    assert r["matching"][1] == 0 and (r["matching"] == -1).sum() == 1
+    assert r["mcc"] == pytest.approx(0.5)  # matched pairs: |corr| 1 and 0 (constant column)
+
+
+# ----------------------------------------------------------------------------------------------
+# PSNR / MSE
+# ----------------------------------------------------------------------------------------------
+
+
+def test_mse_and_psnr_by_hand():
+    x = torch.zeros(2, 1, 2, 2)
+    x_hat = torch.stack([torch.full((1, 2, 2), 0.1), torch.full((1, 2, 2), 0.01)])
+    assert mse(x, x_hat) == pytest.approx((0.01 + 0.0001) / 2)
+    assert psnr(x, x_hat) == pytest.approx((20.0 + 40.0) / 2)  # per-sample PSNR, then mean
+    assert psnr(x, x_hat * 255, data_range=255.0) == pytest.approx(30.0)
+    assert psnr(x, x) == math.inf
+    with pytest.raises(ValueError, match="x_hat"):
+        mse(x, x_hat[:1])
+
+
+# ----------------------------------------------------------------------------------------------
+# evaluate
+# ----------------------------------------------------------------------------------------------
+
+
+class TinyDataset:
+    """Two factors rendered into a 1 x 2 x 2 image: pixel (0, 0) = f0 / 2, (0, 1) = f1 / 3."""
+
+    factor_sizes = (3, 4)
+
+    def sample_factors(self, n, generator):
+        return torch.stack(
+            [torch.randint(0, k, (n,), generator=generator) for k in self.factor_sizes], dim=1
+        )
+
+    def observations_from_factors(self, factors):
+        x = torch.zeros(len(factors), 1, 2, 2)
+        x[:, 0, 0, 0] = factors[:, 0] / 2
+        x[:, 0, 0, 1] = factors[:, 1] / 3
+        return x
+
+
+def encode_pixels(x):
+    return x.flatten(1)[:, [1, 0]]  # permuted identity
+
+
+def test_evaluate_keys_batch_size_independence_and_progress(capsys):
+    calls = []
+    kw = dict(metrics=("infomec", "dci", "mig", "sap", "modularity", "mcc"), num_samples=300)
+    a = evaluate(
+        encode_pixels, TinyDataset(), batch_size=7, progress=lambda d, t: calls.append((d, t)), **kw
+    )
+    b = evaluate(encode_pixels, TinyDataset(), batch_size=300, verbose=True, **kw)
+    assert calls[-1] == (300, 300) and len(calls) == math.ceil(300 / 7)
+    assert "encoded 300/300" in capsys.readouterr().err
+    assert set(a) == {
+        "infomec.infom", "infomec.infoc", "infomec.infoe", "infomec.nmi", "infomec.active",
+        "dci.disentanglement", "dci.completeness", "dci.informativeness", "dci.importance",
+        "mig.mig", "sap.sap", "modularity.modularity", "mcc.mcc", "mcc.matching",
+    }  # fmt: skip
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert a["infomec.infom"] == pytest.approx(1.0, abs=1e-6)
+    assert a["mig.mig"] > 0.9
+    np.testing.assert_array_equal(a["mcc.matching"], [1, 0])
+
+
+def test_evaluate_registry_and_options(monkeypatch):
+    seen = {}
+
+    def count_latents(sources, latents, *, seed, scale=1):
+        seen["seed"] = seed
+        return {"n_z": latents.shape[1] * scale}
+
+    monkeypatch.setitem(METRICS, "count", count_latents)
+    out = evaluate(
+        encode_pixels,
+        TinyDataset(),
+        metrics=("count",),
+        num_samples=20,
+        seed=5,
+        options={"count": {"scale": 10}},
+    )
+    assert out == {"count.n_z": 20} and seen["seed"] == 5
+    with pytest.raises(ValueError, match="metrics"):
+        evaluate(encode_pixels, TinyDataset(), metrics=("nope",), num_samples=20)
+    with pytest.raises(ValueError, match="options"):
+        evaluate(encode_pixels, TinyDataset(), metrics=("mig",), options={"dci": {}})
+
+
+# ----------------------------------------------------------------------------------------------
+# bad input
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", [infomec, dci, mig, sap, modularity])
+def test_bad_input_is_rejected_naming_the_argument(fn):
+    s = random_sources(50, [3, 4])
+    z = s.astype(np.float64)
+    with pytest.raises(ValueError, match="latents"):
+        fn(s, z[:40])  # mismatched N
+    with pytest.raises(TypeError, match="sources"):
+        fn(s.astype(np.float64), z)  # non-integer sources
+    bad = z.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(ValueError, match="latents.*NaN"):
+        fn(s, bad)
+    with pytest.raises(ValueError, match="latents"):
+        fn(s, z[:, 0])  # wrong rank
+    with pytest.raises(ValueError, match="sources"):
+        fn(s[:, 0], z)
+
+
+def test_bad_input_specific():
+    s = random_sources(50, [3, 4])
+    with pytest.raises(ValueError, match="k = 3"):
+        infomec(s[:3], s[:3].astype(float))  # N too small for k
+    with pytest.raises(ValueError, match="k must"):
+        infomec(s, s, k=0)
+    with pytest.raises(ValueError, match="constant"):
+        infomec(np.zeros((50, 1), dtype=np.int64), s)
+    with pytest.raises(ValueError, match="model"):
+        dci(s, s, model="svm")
+    with pytest.raises(ValueError, match="max_depths"):
+        dci(s, s, max_depths=(0,))
+    with pytest.raises(ValueError, match="num_bins"):
+        mig(s, s, num_bins=1)
+    with pytest.raises(ValueError, match="z_pred"):
+        mcc(s, s[:10])
+    with pytest.raises(ValueError, match="method"):
+        mcc(s, s, method="kendall")
+    with pytest.raises(TypeError, match="seed"):
+        infomec(s, s, seed=1.5)
