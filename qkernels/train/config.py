@@ -21,7 +21,7 @@ class TrainConfig:
 
     model: str = "tripod"
     dataset: str = "shapes3d_procedural"
-    steps: int = 1500
+    steps: int = 600
     out: str = "runs/tripod"
     batch_size: int | None = None
     seed: int = 0

@@ -184,9 +184,10 @@ class Trainer:
         out.update(self.model.schedules(s))
         return out
 
-    def run(self, *, stop_after: int | None = None) -> dict | None:
+    def run(self, *, stop_after: int | None = None, final_eval: bool = True) -> dict | None:
         """Train to ``cfg.steps`` (or stop after ``stop_after`` steps without a final checkpoint: a simulated
-        kill, for tests). Returns the final metrics (None when stopped early)."""
+        kill, for tests), then evaluate and draw the figures unless ``final_eval`` is False. Returns the final
+        metrics (None when stopped early or not evaluated)."""
         from qkernels.train.evaluate import evaluate_model, finish_run
 
         cfg = self.cfg
@@ -209,6 +210,8 @@ class Trainer:
             if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                 self.save()
         bar.close()
+        if not final_eval:
+            return None
         return finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log)
 
 
@@ -246,6 +249,7 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> dict | None:
+def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
+          final_eval: bool = True) -> dict | None:
     """Train ``cfg`` (resuming from ``cfg.out/checkpoint.pt`` when ``resume`` and it exists)."""
-    return Trainer(cfg, resume=resume).run(stop_after=stop_after)
+    return Trainer(cfg, resume=resume).run(stop_after=stop_after, final_eval=final_eval)
