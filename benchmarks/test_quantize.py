@@ -1,6 +1,7 @@
-"""latent_quantize forward + backward: every backend, the reference and the materialized
-formulation, at (n, d, n_v) = (128, 12, 10), (4096, 64, 64), (65536, 64, 64), per-dim and global
-codebooks. Peak memory (growth of peak RSS in a fresh subprocess) goes to extra_info.
+"""Quantization forward + backward (cases in qkernels/bench/quantize.py): latent_quantize on every
+backend, the reference and the materialized formulation, at (n, d, n_v) = (128, 12, 10),
+(4096, 64, 64), (65536, 64, 64), per-dim and global codebooks; categorical_latent on every backend.
+Peak memory (growth of peak RSS in a fresh subprocess) goes to extra_info.
 
     pytest benchmarks/test_quantize.py --benchmark-only --benchmark-group-by=param:case
 """
@@ -13,7 +14,7 @@ PARAMS = [(c, v) for c in cases("quantize") for v in c.variants]
 
 
 @pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
-def test_latent_quantize(benchmark, case, variant):
+def test_quantize(benchmark, case, variant):
     inputs = case.make(1)
     fn = case.variants[variant]
     benchmark.group = case.name

@@ -1,7 +1,8 @@
-"""Benchmark cases of the quantization hot path: latent_quantize forward + backward.
+"""Benchmark cases of the quantization hot path, forward + backward.
 
-Variants: every backend available for the device, and ``materialized`` — the formulation popular
-quantizer libraries use, ``(z[..., None] - values).abs().argmin(-1)`` over an (n, d, n_v) tensor.
+latent_quantize: every backend available for the device, and ``materialized`` — the formulation
+popular quantizer libraries use, ``(z[..., None] - values).abs().argmin(-1)`` over an (n, d, n_v)
+tensor. categorical_latent (D-VAE; also FactorQVAE's Gumbel path): every backend.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import qkernels
 from qkernels.bench import Case
 
 SHAPES = [(128, 12, 10), (4096, 64, 64), (65536, 64, 64)]  # (n, d, n_v)
+CATEGORICAL_SHAPES = [(64, 10, 64), (4096, 10, 64)]  # (n, d, K): D-VAE uses d = 10, K = 64
 
 
 def _make(n, d, nv, global_codebook, device):
@@ -48,6 +50,26 @@ def materialized(z, values, upstream):
     z.grad = values.grad = None
 
 
+def _make_categorical(n, d, k, device):
+    def make(scale: int):
+        nn_, dd, kk = (n, d, k) if scale else (2, 3, 4)
+        g = torch.Generator().manual_seed(0)
+        logits = torch.randn(nn_, dd, kk, generator=g).to(device).requires_grad_()
+        return logits, torch.rand(nn_, dd, kk, generator=g).to(device), torch.randn(nn_, dd, generator=g).to(device)
+
+    return make
+
+
+def _categorical_with_backend(name):
+    def run(logits, uniform, upstream):
+        with qkernels.use_backend(name):
+            out = qkernels.categorical_latent(logits, uniform=uniform)
+        ((out.z * upstream).sum() + out.kl.sum()).backward()
+        logits.grad = None
+
+    return run
+
+
 def cases(device: str | None = None) -> list[Case]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     backends = [b for b in qkernels.available_backends(device) if not (b == "triton" and device == "cpu")]
@@ -59,4 +81,7 @@ def cases(device: str | None = None) -> list[Case]:
             kind = "global" if global_codebook else "per-dim"
             out.append(Case("quantize", f"latent_quantize n={n} d={d} n_v={nv} {kind}",
                             _make(n, d, nv, global_codebook, device), variants))
+    for n, d, k in CATEGORICAL_SHAPES:
+        out.append(Case("quantize", f"categorical_latent n={n} d={d} K={k}", _make_categorical(n, d, k, device),
+                        {b: _categorical_with_backend(b) for b in backends}))
     return out

@@ -63,19 +63,30 @@ QK_HOST_DEVICE T perturbed_logit(const T* logits, const T* uniform, int k, T tau
   return a / tau;
 }
 
-// Max and 1/sum(exp(a - max)) of the perturbed logits a of one row.
+// Soft sample of one row into out[0..K): out = softmax(perturbed logits), each Gumbel term
+// computed once. Returns the index of the first maximum of out.
 template <typename T, typename A = typename acc_type<T>::type>
-QK_HOST_DEVICE void perturbed_softmax_stats(const T* logits, const T* uniform, int K, T tau,
-                                            T noise_scale, A* max_out, A* inv_sum_out) {
+QK_HOST_DEVICE int perturbed_softmax(const T* logits, const T* uniform, int K, T tau, T noise_scale, T* out) {
   A m = perturbed_logit(logits, uniform, 0, tau, noise_scale);
+  out[0] = T(m);
   for (int k = 1; k < K; ++k) {
-    const A a = perturbed_logit(logits, uniform, k, tau, noise_scale);
-    m = a > m ? a : m;
+    const T a = perturbed_logit(logits, uniform, k, tau, noise_scale);
+    out[k] = a;
+    m = A(a) > m ? A(a) : m;
   }
   A s = 0;
-  for (int k = 0; k < K; ++k) s += qk_exp(A(perturbed_logit(logits, uniform, k, tau, noise_scale)) - m);
-  *max_out = m;
-  *inv_sum_out = A(1) / s;
+  for (int k = 0; k < K; ++k) {
+    const A e = qk_exp(A(out[k]) - m);
+    out[k] = T(e);
+    s += e;
+  }
+  const A inv_s = A(1) / s;
+  int am = 0;
+  for (int k = 0; k < K; ++k) {
+    out[k] = T(A(out[k]) * inv_s);
+    if (out[k] > out[am]) am = k;
+  }
+  return am;
 }
 
 // Max and log(sum(exp(l - max))) of the plain logits of one row.
@@ -94,13 +105,7 @@ QK_HOST_DEVICE void logsumexp_stats(const T* logits, int K, A* max_out, A* log_s
 template <typename T, typename A = typename acc_type<T>::type>
 QK_HOST_DEVICE T categorical_row_forward(const T* logits, const T* uniform, const T* values, int K,
                                          T tau, T noise_scale, bool hard, T* y, T* kl) {
-  A m, inv_s;
-  perturbed_softmax_stats(logits, uniform, K, tau, noise_scale, &m, &inv_s);
-  int am = 0;
-  for (int k = 0; k < K; ++k) {
-    y[k] = T(qk_exp(A(perturbed_logit(logits, uniform, k, tau, noise_scale)) - m) * inv_s);
-    if (y[k] > y[am]) am = k;
-  }
+  const int am = perturbed_softmax(logits, uniform, K, tau, noise_scale, y);
   A z = 0;
   for (int k = 0; k < K; ++k) {
     if (hard) y[k] = T(k == am ? 1 : 0);
@@ -118,30 +123,29 @@ QK_HOST_DEVICE T categorical_row_forward(const T* logits, const T* uniform, cons
   return T(z);
 }
 
-// Backward of one row: writes grad_logits[0..K). The gradient reaching the soft sample y_soft is
-// g_y + g_z * v (a hard sample is straight-through: y_hard + y_soft - sg(y_soft)). The codebook
-// gradient, sum over rows of g_z * y_out, is reduced by the caller from the forward's y.
+// Backward of one row: writes grad_logits[0..K) (also its scratch space for the recomputed soft
+// sample). The gradient reaching the soft sample y_soft is g_y + g_z * v (a hard sample is
+// straight-through: y_hard + y_soft - sg(y_soft)). The codebook gradient, sum over rows of
+// g_z * y_out, is reduced by the caller from the forward's y.
 template <typename T, typename A = typename acc_type<T>::type>
 QK_HOST_DEVICE void categorical_row_backward(const T* logits, const T* uniform, const T* values,
                                              int K, T tau, T noise_scale, T g_z, const T* g_y,
                                              T g_kl, T* grad_logits) {
-  A m, inv_s;
-  perturbed_softmax_stats(logits, uniform, K, tau, noise_scale, &m, &inv_s);
+  T* y = grad_logits;
+  perturbed_softmax(logits, uniform, K, tau, noise_scale, y);
   A lm, lse;
   logsumexp_stats(logits, K, &lm, &lse);
   // dot = sum_j y_j * gy_j and ent = sum_j p_j log p_j
   A dot = 0, ent = 0;
   for (int k = 0; k < K; ++k) {
-    const A yk = qk_exp(A(perturbed_logit(logits, uniform, k, tau, noise_scale)) - m) * inv_s;
-    dot += yk * (A(g_y[k]) + A(g_z) * A(values[k]));
+    dot += A(y[k]) * (A(g_y[k]) + A(g_z) * A(values[k]));
     const A logp = A(logits[k]) - lm - lse;
     ent += qk_exp(logp) * logp;
   }
   for (int k = 0; k < K; ++k) {
-    const A yk = qk_exp(A(perturbed_logit(logits, uniform, k, tau, noise_scale)) - m) * inv_s;
     const A gy = A(g_y[k]) + A(g_z) * A(values[k]);
     const A logp = A(logits[k]) - lm - lse;
-    grad_logits[k] = T(yk * (gy - dot) / A(tau) + A(g_kl) * qk_exp(logp) * (logp - ent));
+    grad_logits[k] = T(A(y[k]) * (gy - dot) / A(tau) + A(g_kl) * qk_exp(logp) * (logp - ent));
   }
 }
 
