@@ -1,0 +1,60 @@
+"""Plain autoencoder and QLAE (Hsu et al., NeurIPS 2023): conv encoder + AdaIN decoder, BCE on logits."""
+
+from __future__ import annotations
+
+import torch
+
+from qkernels.models.base import Method, build_encoder_decoder, recon_loss, to_image
+from qkernels.nn.quantize import LatentQuantizer
+
+
+class AE(Method):
+    """Deterministic autoencoder: z = enc(x) (n, d); loss = BCE(dec(z), x) (mean over elements)."""
+
+    def __init__(self, obs_shape, num_latents: int, *, arch: str = "small", family: str = "qlae",
+                 recon: str = "bce_mean") -> None:
+        super().__init__()
+        self.num_latents, self.recon = num_latents, recon
+        self.encoder, self.decoder = build_encoder_decoder(family, arch, tuple(obs_shape), num_latents, num_latents)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return to_image(self.decoder(z), self.recon)
+
+    def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
+        rec = recon_loss(self.decoder(self.encoder(x)), x, self.recon)
+        return {"total": rec, "recon": rec}
+
+
+class QLAE(Method):
+    """Latent-quantized autoencoder: per-latent learnable codebooks of ``num_values`` (init linspace(-0.5, 0.5)),
+    straight-through nearest value; loss = BCE + w_q * quantize + w_c * commit (both 0.01).
+    Weight decay (AdamW, 0.1 in the authors' runs) applies to weights only, not biases or codebook values."""
+
+    def __init__(self, obs_shape, num_latents: int, *, num_values: int = 10, arch: str = "small",
+                 weight_quantize: float = 0.01, weight_commit: float = 0.01, recon: str = "bce_mean") -> None:
+        super().__init__()
+        self.num_latents, self.recon = num_latents, recon
+        self.weight_quantize, self.weight_commit = weight_quantize, weight_commit
+        self.encoder, self.decoder = build_encoder_decoder("qlae", arch, tuple(obs_shape), num_latents, num_latents)
+        self.quantizer = LatentQuantizer(num_latents, num_values)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quantizer(self.encoder(x)).z_q
+
+    def codes(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quantizer(self.encoder(x)).indices
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return to_image(self.decoder(z), self.recon)
+
+    def latent_values(self, z: torch.Tensor, n: int = 9) -> list[torch.Tensor]:
+        return [v.sort().values for v in self.quantizer.values.detach()]
+
+    def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
+        q = self.quantizer(self.encoder(x))
+        rec = recon_loss(self.decoder(q.z_q), x, self.recon)
+        total = rec + self.weight_quantize * q.loss_quantize + self.weight_commit * q.loss_commit
+        return {"total": total, "recon": rec, "quantize": q.loss_quantize, "commit": q.loss_commit}

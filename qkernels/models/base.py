@@ -1,0 +1,114 @@
+"""``Method``: the interface every model of :mod:`qkernels.models` implements, and shared helpers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkernels.models.architectures import AdaINDecoder, DLibDecoder, DLibEncoder, QLAEEncoder, preset
+
+RECON_KINDS = ("bce_mean", "bce_sum", "mse_mean")
+
+
+def recon_loss(out: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
+    """Reconstruction loss of decoder output ``out`` (logits for BCE) against ``x`` (n, ...) in [0, 1].
+
+    bce_mean: mean over all elements (QLAE/Tripod code); bce_sum: summed per sample, mean over the batch
+    (disentanglement_lib, D-VAE); mse_mean: mean squared error over all elements (FactorQVAE code).
+    """
+    if kind == "bce_mean":
+        return F.binary_cross_entropy_with_logits(out, x)
+    if kind == "bce_sum":
+        return F.binary_cross_entropy_with_logits(out, x, reduction="sum") / x.shape[0]
+    if kind == "mse_mean":
+        return F.mse_loss(out, x)
+    raise ValueError(f"recon must be one of {RECON_KINDS}, got {kind!r}")
+
+
+def to_image(out: torch.Tensor, kind: str) -> torch.Tensor:
+    """Decoder output -> image in [0, 1]."""
+    return torch.sigmoid(out) if kind.startswith("bce") else out.clamp(0, 1)
+
+
+def cosine(step: int, total: int, start: float, end: float) -> float:
+    """Cosine interpolation from ``start`` (step 0) to ``end`` (step >= total)."""
+    t = min(max(step, 0), max(total, 1)) / max(total, 1)
+    return end + (start - end) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def permute_dims(z: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Permute each latent independently across the batch (FactorVAE): z (n, d, ...) -> same shape."""
+    n, d = z.shape[:2]
+    idx = torch.argsort(torch.rand(n, d, generator=generator, device="cpu"), dim=0).to(z.device)
+    idx = idx.view(n, d, *([1] * (z.dim() - 2))).expand_as(z)
+    return torch.gather(z, 0, idx)
+
+
+class Method(nn.Module):
+    """Base of every method. Subclasses implement:
+
+    * ``encode(x) -> (n, d)``: the representation used for evaluation (quantized values, means, ...);
+    * ``decode(z) -> (n, ...)``: observations in data space ([0, 1] images);
+    * ``loss(x, step) -> dict`` of named scalar terms including ``"total"``;
+    * optionally ``discriminator_loss(x, x2, step) -> dict`` (has ``"total"``) for the TC discriminator, whose
+      parameters live in ``self.discriminator`` (absent otherwise: use :func:`discriminator_of`) and get their
+      own optimizer, stepped AFTER the model step.
+
+    ``latent_values(z) -> list of d 1-D tensors``: the values each latent is swept over in intervention figures.
+    ``no_decay(name, param) -> bool`` marks parameters excluded from weight decay (biases, norms, codebooks).
+    """
+
+    recon: str = "bce_mean"
+    num_latents: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total_steps = 1
+
+    def set_total_steps(self, total: int) -> None:
+        """Length of training, for schedules that anneal over it."""
+        self.total_steps = int(total)
+
+    def schedules(self, step: int) -> dict[str, float]:
+        """Scheduled hyper-parameters at ``step`` (logged)."""
+        return {}
+
+    def latent_values(self, z: torch.Tensor, n: int = 9) -> list[torch.Tensor]:
+        """Continuous default: ``n`` values evenly spaced between the 2nd and 98th percentile of each latent."""
+        lo, hi = torch.quantile(z.float(), 0.02, dim=0), torch.quantile(z.float(), 0.98, dim=0)
+        t = torch.linspace(0, 1, n)
+        return [lo[j] + t * (hi[j] - lo[j]) for j in range(z.shape[1])]
+
+    def codes(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Integer codes (n, d) of discrete latents for the metrics' discrete estimators; None if continuous."""
+        return None
+
+    def no_decay(self, name: str, param: nn.Parameter) -> bool:
+        return param.dim() <= 1 or "values" in name or name.endswith("start")
+
+    def model_parameters(self):
+        """Named parameters of the encoder/decoder/codebooks (everything but the discriminator)."""
+        return [(n, p) for n, p in self.named_parameters() if not n.startswith("discriminator.")]
+
+
+def discriminator_of(model: nn.Module) -> nn.Module | None:
+    """The model's TC discriminator, or None."""
+    return model._modules.get("discriminator")
+
+
+def build_encoder_decoder(family: str, arch: str, obs_shape: tuple[int, ...], enc_out: int, dec_in: int):
+    """(encoder, decoder) of ``family`` "qlae" (conv + AdaIN) or "dlib" for images ``obs_shape`` (C, S, S)."""
+    if len(obs_shape) != 3 or obs_shape[1] != obs_shape[2]:
+        raise ValueError(f"image models need observations (C, S, S), got {obs_shape}")
+    c, s = obs_shape[0], obs_shape[1]
+    kw = preset(family, arch, s)
+    if family == "qlae":
+        enc = QLAEEncoder(c, s, enc_out, **kw)
+        dec = AdaINDecoder(dec_in, c, s, widths=tuple(kw["widths"])[::-1], dense=kw["dense"])
+    else:
+        enc = DLibEncoder(c, s, enc_out, **kw)
+        dec = DLibDecoder(dec_in, c, s, **kw)
+    return enc, dec

@@ -1,0 +1,42 @@
+"""Total-correlation discriminator (FactorVAE density-ratio trick), shared by factorvae, factorqvae, factordvae."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkernels.models.base import permute_dims
+
+
+class Discriminator(nn.Module):
+    """MLP (n, in_dim) -> 2 logits: ``layers`` hidden layers of ``width`` units, LeakyReLU(0.2).
+    Logit 0: "sample of q(z)", logit 1: "sample of prod_j q(z_j)" (permuted)."""
+
+    def __init__(self, in_dim: int, *, width: int = 1000, layers: int = 6) -> None:
+        super().__init__()
+        mods: list[nn.Module] = []
+        c = in_dim
+        for _ in range(layers):
+            mods += [nn.Linear(c, width), nn.LeakyReLU(0.2)]
+            c = width
+        self.net = nn.Sequential(*mods, nn.Linear(c, 2))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z.flatten(1))
+
+
+def tc_estimate(disc: Discriminator, z: torch.Tensor) -> torch.Tensor:
+    """Density-ratio TC estimate mean(D_0(z) - D_1(z)); gradients flow to z (and to disc's parameters,
+    which the model optimizer does not hold)."""
+    logits = disc(z)
+    return (logits[:, 0] - logits[:, 1]).mean()
+
+
+def discriminator_loss(disc: Discriminator, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of ``disc`` telling z (class 0) from z2 with each latent permuted across the batch (class 1).
+    z, z2: (n, d, ...) DETACHED latents, computed after the model step."""
+    perm = permute_dims(z2)
+    zeros = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
+    ones = torch.ones(z2.shape[0], dtype=torch.long, device=z.device)
+    return 0.5 * (F.cross_entropy(disc(z), zeros) + F.cross_entropy(disc(perm), ones))

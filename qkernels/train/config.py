@@ -1,0 +1,65 @@
+"""``TrainConfig``: everything a run needs, saved as ``config.json`` in the run directory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+
+@dataclass
+class TrainConfig:
+    """A training run. ``None`` fields take the method's defaults (see :mod:`qkernels.models.registry`).
+
+    model/dataset: registry names. steps: optimizer steps. batch_size, lr, num_latents: None -> the authors'
+    setting for the method. arch: "small" (CPU) or "paper" widths. image_size: rendering size of the procedural image
+    datasets (None: their default, 64; file datasets keep their own size). dataset_kwargs / model_kwargs: passed to
+    ``load_dataset`` / the model class (override lambdas etc.). eval_every: steps between evaluations (0: only
+    at the end); eval_samples: samples per evaluation; metrics: metric names for ``qkernels.metrics.evaluate``.
+    checkpoint_every: steps between checkpoints (and at the end). log_every: steps between JSONL lines.
+    """
+
+    model: str = "tripod"
+    dataset: str = "shapes3d_procedural"
+    steps: int = 600
+    out: str = "runs/tripod"
+    batch_size: int | None = None
+    seed: int = 0
+    lr: float | None = None
+    num_latents: int | None = None
+    arch: str = "small"
+    image_size: int | None = 32
+    dataset_kwargs: dict = field(default_factory=dict)
+    model_kwargs: dict = field(default_factory=dict)
+    eval_every: int = 0
+    eval_samples: int = 2000
+    metrics: tuple[str, ...] = ("infomec", "dci", "mig")
+    checkpoint_every: int = 250
+    log_every: int = 10
+    device: str = "cpu"
+    compile: bool = False
+    amp: bool = False
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["metrics"] = list(self.metrics)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(names)}")
+        d = dict(d)
+        if "metrics" in d:
+            d["metrics"] = tuple(d["metrics"])
+        return cls(**d)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,133 @@
+"""Evaluation of a model / a saved run, and the cross-run comparison table.
+
+Image datasets: ``qkernels.metrics.evaluate`` on ``num_samples`` factor samples (discrete methods are scored on
+their integer codes, others on ``encode``), plus reconstruction MSE / PSNR on 256 samples. ``quantized_grid2d``:
+MCC between the encoded and the true continuous latents.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qkernels.train.data import generator, is_ground_truth
+
+RECON_SAMPLES = 256
+
+
+def _jsonable(v):
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().numpy()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def _encode_fn(model):
+    def fn(x):
+        c = model.codes(x)
+        return model.encode(x) if c is None else c
+    return fn
+
+
+@torch.no_grad()
+def evaluate_model(model, ds, cfg, *, num_samples: int) -> dict:
+    """Metrics of ``model`` on ``ds`` -> flat dict (matrices as nested lists)."""
+    from qkernels import metrics as M
+
+    was = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    try:
+        if not is_ground_truth(ds):
+            z = model.encode(ds.x.to(dev)).cpu()
+            res = {f"mcc.{k}": v for k, v in M.mcc(ds.z, z).items()}
+            x = ds.x[:RECON_SAMPLES]
+            xh = model.decode(model.encode(x.to(dev))).cpu()
+            res["recon.mse"] = float(M.mse(xh, x))
+            return _jsonable(res)
+        enc = _encode_fn(model)
+        res = M.evaluate(lambda x: enc(x.to(dev)).cpu(), ds, metrics=tuple(cfg.metrics), num_samples=num_samples,
+                         seed=cfg.seed + 1, batch_size=256)
+        f = ds.sample_factors(RECON_SAMPLES, generator(cfg.seed, 2))
+        x = ds.observations_from_factors(f)
+        xh = model.decode(model.encode(x.to(dev))).cpu()
+        res["recon.mse"] = float(M.mse(xh, x))
+        res["recon.psnr"] = float(M.psnr(xh, x))
+        return _jsonable(res)
+    finally:
+        model.train(was)
+
+
+def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: int | None = None) -> dict:
+    """Final evaluation: metrics.json + figures; also an eval line in the log when ``log`` is given."""
+    from qkernels.train import figures
+    from qkernels.train.loop import METRICS_FILE, scalars
+
+    res = evaluate_model(model, ds, cfg, num_samples=num_samples or cfg.eval_samples)
+    res = {"step": step, "model": cfg.model, "dataset": cfg.dataset, **res}
+    (Path(out) / METRICS_FILE).write_text(json.dumps(res, indent=1) + "\n")
+    if log is not None:
+        log({"type": "eval", **scalars(res)})
+    figures.make_all(model, ds, cfg, Path(out) / "figures", res)
+    return res
+
+
+def load_run(run_dir: str | Path, device: str = "cpu"):
+    """(model, dataset, config, step) of a saved run, model in eval mode with the checkpoint's weights."""
+    from qkernels.train import checkpoint as ckpt
+    from qkernels.train.config import TrainConfig
+    from qkernels.train.loop import CHECKPOINT, CONFIG, build
+
+    run_dir = Path(run_dir)
+    cfg = TrainConfig.load(run_dir / CONFIG)
+    cfg.device = device
+    model, ds = build(cfg)
+    s = ckpt.load(run_dir / CHECKPOINT, map_location=device)
+    model.load_state_dict(s["model"])
+    model.eval()
+    return model, ds, cfg, int(s["step"])
+
+
+def eval_run(run_dir: str | Path, *, num_samples: int | None = None, device: str = "cpu") -> dict:
+    """Re-evaluate a saved run: rewrites its metrics.json and figures."""
+    model, ds, cfg, step = load_run(run_dir, device)
+    return finish_run(model, ds, cfg, Path(run_dir), step=step, num_samples=num_samples)
+
+
+COLUMNS = ("infomec.infom", "infomec.infoc", "infomec.infoe", "dci.disentanglement", "dci.completeness",
+           "dci.informativeness", "mig.mig", "mcc.mcc", "recon.psnr", "recon.mse")
+
+
+def compare_runs(run_dirs, *, columns=None) -> str:
+    """A plain-text table: one row per run (model, dataset, step, and the metric columns present)."""
+    rows = []
+    for d in run_dirs:
+        p = Path(d) / "metrics.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} not found: train or `qkernels eval {d}` first")
+        rows.append((str(d), json.loads(p.read_text())))
+    cols = list(columns) if columns else [c for c in COLUMNS if any(c in r for _, r in rows)]
+    head = ["run", "model", "dataset", "step", *cols]
+    body = [[name, str(r.get("model", "")), str(r.get("dataset", "")), str(r.get("step", "")),
+             *[_fmt(r.get(c)) for c in cols]] for name, r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.4g}"
+    return str(v)

@@ -1,0 +1,255 @@
+"""The training loop: ``train(config)`` -> final metrics; writes the run directory.
+
+Run directory: ``config.json``, ``log.jsonl`` (one JSON object per line: ``{"type": "train", "step", terms...}`` and
+``{"type": "eval", "step", metrics...}``), ``checkpoint.pt`` (atomic), ``metrics.json`` (final evaluation, incl.
+matrices) and ``figures/*.png``.
+
+Determinism: the global torch RNG is re-seeded from (seed, step) before every step and batches are a function of
+(seed, step) (:mod:`qkernels.train.data`); LR and temperature schedules are functions of the step. So a run resumed
+from a checkpoint (model + optimizer states + step) continues bit-for-bit identically on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from qkernels.data import load_dataset
+from qkernels.models.base import discriminator_of
+from qkernels.models.registry import METHODS, OptimSpec, build_model, default_num_latents, method_defaults
+from qkernels.train import checkpoint as ckpt
+from qkernels.train.config import TrainConfig
+from qkernels.train.data import derive_seed, get_batch, num_sources, observation_shape
+
+PROCEDURAL_IMAGES = ("sprites", "shapes3d_procedural", "balls")
+CHECKPOINT, CONFIG, LOG, METRICS_FILE = "checkpoint.pt", "config.json", "log.jsonl", "metrics.json"
+
+
+# ----------------------------------------------------------------------------------------------- building
+def load_data(cfg: TrainConfig):
+    kw = dict(cfg.dataset_kwargs)
+    if cfg.dataset != "quantized_grid2d":
+        kw.setdefault("seed", cfg.seed)
+    if cfg.dataset in PROCEDURAL_IMAGES and cfg.image_size is not None:
+        kw.setdefault("image_size", cfg.image_size)
+    return load_dataset(cfg.dataset, **kw)
+
+
+def build(cfg: TrainConfig, ds=None):
+    """(model, dataset) for ``cfg`` (model on cfg.device, in train mode)."""
+    if cfg.model not in METHODS:
+        raise ValueError(f"unknown model {cfg.model!r}; known: {', '.join(METHODS)}")
+    ds = load_data(cfg) if ds is None else ds
+    d = cfg.num_latents or default_num_latents(cfg.model, num_sources(ds))
+    kw = method_defaults(cfg.model, cfg.dataset)
+    if cfg.model != "cliff_ae":
+        kw["arch"] = cfg.arch
+    kw.update(cfg.model_kwargs)
+    torch.manual_seed(derive_seed(cfg.seed, 2**32 - 1))  # parameter initialization
+    model = build_model(cfg.model, observation_shape(ds), d, **kw).to(cfg.device)
+    model.set_total_steps(cfg.steps)
+    return model, ds
+
+
+def batch_size_of(cfg: TrainConfig) -> int:
+    return cfg.batch_size or METHODS[cfg.model].batch_size
+
+
+def make_optimizer(named_params, spec: OptimSpec, lr: float) -> torch.optim.Optimizer:
+    """Adam/AdamW; with weight decay, parameters with ``no_decay`` (biases, norms, codebooks) get none."""
+    decay = [p for n, p, nd in named_params if not nd]
+    no_decay = [p for n, p, nd in named_params if nd]
+    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    cls = torch.optim.AdamW if spec.name == "adamw" else torch.optim.Adam
+    if spec.name == "adam":
+        for g in groups:
+            g["weight_decay"] = 0.0
+    return cls(groups, lr=lr, betas=spec.betas)
+
+
+def lr_at(spec: OptimSpec, lr: float, step: int, total: int) -> float:
+    if spec.lr_schedule is None:
+        return lr
+    if spec.lr_schedule == "cosine":
+        t_max = min(spec.lr_decay_steps or total, total)
+        t = min(step, t_max) / max(t_max, 1)
+        return spec.lr_min + (lr - spec.lr_min) * 0.5 * (1 + math.cos(math.pi * t))
+    raise ValueError(f"unknown lr_schedule {spec.lr_schedule!r}")
+
+
+def clip_(params, spec: OptimSpec) -> None:
+    if spec.clip == "value":
+        torch.nn.utils.clip_grad_value_(params, spec.clip_value)
+    elif spec.clip == "norm":
+        torch.nn.utils.clip_grad_norm_(params, spec.clip_value)
+
+
+class Trainer:
+    """Holds model, optimizers and data of one run; ``run()`` trains to ``cfg.steps``."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False) -> None:
+        self.cfg, self.out = cfg, Path(cfg.out)
+        self.spec = METHODS[cfg.model]
+        self.model, self.ds = build(cfg)
+        self.batch_size = batch_size_of(cfg)
+        self.lr = cfg.lr or self.spec.optim.lr
+        named = [(n, p, self.model.no_decay(n, p)) for n, p in self.model.model_parameters()]
+        self.model_params = [p for _, p, _ in named]
+        self.opt = make_optimizer(named, self.spec.optim, self.lr)
+        self.disc = discriminator_of(self.model)
+        self.disc_opt = None
+        if self.disc is not None:
+            dspec = self.spec.disc_optim
+            self.disc_opt = make_optimizer([(n, p, False) for n, p in self.disc.named_parameters()], dspec, dspec.lr)
+        self.step = 0
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resume and (self.out / CHECKPOINT).is_file():
+            self._restore()
+        else:
+            cfg.save(self.out / CONFIG)
+            (self.out / LOG).write_text("")
+        if cfg.compile:
+            for name in ("encoder", "decoder"):
+                if name in self.model._modules:
+                    self.model._modules[name].compile()
+
+    # ------------------------------------------------------------------------------------------- state
+    def state(self) -> dict:
+        s = {"step": self.step, "model": self.model.state_dict(), "opt": self.opt.state_dict(),
+             "config": self.cfg.to_dict(), "torch_rng": torch.get_rng_state()}
+        if self.disc_opt is not None:
+            s["disc_opt"] = self.disc_opt.state_dict()
+        if torch.cuda.is_available():
+            s["cuda_rng"] = torch.cuda.get_rng_state_all()
+        return s
+
+    def save(self) -> None:
+        ckpt.save_atomic(self.state(), self.out / CHECKPOINT)
+
+    def _restore(self) -> None:
+        s = ckpt.load(self.out / CHECKPOINT, map_location=self.cfg.device)
+        self.model.load_state_dict(s["model"])
+        self.opt.load_state_dict(s["opt"])
+        if self.disc_opt is not None:
+            self.disc_opt.load_state_dict(s["disc_opt"])
+        torch.set_rng_state(s["torch_rng"])
+        if "cuda_rng" in s and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(s["cuda_rng"])
+        self.step = int(s["step"])
+        # drop log lines written after the checkpoint (a killed run), so the log is what a straight run writes
+        log = self.out / LOG
+        keep = [ln for ln in log.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step] \
+            if log.is_file() else []
+        ckpt.write_text_atomic("".join(ln + "\n" for ln in keep), log)
+
+    def log(self, record: dict) -> None:
+        with open(self.out / LOG, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    # ------------------------------------------------------------------------------------------- steps
+    def train_step(self, s: int) -> dict[str, float]:
+        """One model step (+ one discriminator step AFTER it, on freshly computed detached latents)."""
+        cfg, dev = self.cfg, self.cfg.device
+        torch.manual_seed(derive_seed(cfg.seed, s, 3))
+        x = get_batch(self.ds, self.batch_size, cfg.seed, s).to(dev)
+        lr = lr_at(self.spec.optim, self.lr, s, cfg.steps)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        amp = cfg.amp and dev.startswith("cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            terms = self.model.loss(x, s)
+        self.opt.zero_grad(set_to_none=True)
+        terms["total"].backward()
+        clip_(self.model_params, self.spec.optim)
+        self.opt.step()
+        out = {k: float(v.detach()) for k, v in terms.items()}
+        if self.disc is not None:
+            x2 = get_batch(self.ds, self.batch_size, cfg.seed, s, stream=1).to(dev)
+            dspec = self.spec.disc_optim
+            for g in self.disc_opt.param_groups:
+                g["lr"] = lr_at(dspec, dspec.lr, s, cfg.steps)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                dterms = self.model.discriminator_loss(x, x2, s)
+            self.disc_opt.zero_grad(set_to_none=True)  # also drops the grads the TC term left on D
+            dterms["total"].backward()
+            self.disc_opt.step()
+            out.update({f"disc_{k}" if k == "total" else k: float(v.detach()) for k, v in dterms.items()})
+        out["lr"] = lr
+        out.update(self.model.schedules(s))
+        return out
+
+    def run(self, *, stop_after: int | None = None, final_eval: bool = True) -> dict | None:
+        """Train to ``cfg.steps`` (or stop after ``stop_after`` steps without a final checkpoint: a simulated
+        kill, for tests), then evaluate and draw the figures unless ``final_eval`` is False. Returns the final
+        metrics (None when stopped early or not evaluated)."""
+        from qkernels.train.evaluate import evaluate_model, finish_run
+
+        cfg = self.cfg
+        self.model.train()
+        bar = Progress(cfg.steps, self.step, enabled=cfg.progress)
+        while self.step < cfg.steps:
+            if stop_after is not None and self.step >= stop_after:
+                return None
+            terms = self.train_step(self.step)
+            self.step += 1
+            bar.update(self.step, terms)
+            if not all(math.isfinite(v) for v in terms.values()):
+                raise FloatingPointError(f"non-finite loss at step {self.step}: {terms}")
+            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                self.log({"type": "train", "step": self.step, **terms})
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                res = evaluate_model(self.model, self.ds, cfg, num_samples=cfg.eval_samples)
+                self.log({"type": "eval", "step": self.step, **scalars(res)})
+                self.model.train()
+            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                self.save()
+        bar.close()
+        if not final_eval:
+            return None
+        return finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log)
+
+
+def scalars(res: dict) -> dict:
+    return {k: v for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class Progress:
+    """One status line on stderr: step, live loss terms, speed, ETA (``\\r``-updated on a tty, else every 10%)."""
+
+    def __init__(self, total: int, start: int, *, enabled: bool = True) -> None:
+        self.total, self.start, self.enabled = total, start, enabled
+        self.t0 = self.last = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+        self.every = max(total // 10, 1)
+
+    def update(self, step: int, terms: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if self.tty and now - self.last < 0.5 and step < self.total:
+            return
+        if not self.tty and step % self.every and step != self.total:
+            return
+        self.last = now
+        rate = (step - self.start) / max(now - self.t0, 1e-9)
+        eta = (self.total - step) / max(rate, 1e-9)
+        shown = " ".join(f"{k} {v:.4g}" for k, v in terms.items() if k != "lr")
+        line = f"step {step}/{self.total} | {shown} | {rate:.2f} it/s | eta {eta / 60:.1f} min"
+        sys.stderr.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
+          final_eval: bool = True) -> dict | None:
+    """Train ``cfg`` (resuming from ``cfg.out/checkpoint.pt`` when ``resume`` and it exists)."""
+    return Trainer(cfg, resume=resume).run(stop_after=stop_after, final_eval=final_eval)
