@@ -9,7 +9,9 @@ import sys
 def _bench(args: argparse.Namespace) -> int:
     from qkernels import bench
 
-    bench.run(tuple(args.hotpath) if args.hotpath else bench.HOTPATHS, memory=not args.no_memory)
+    bench.run(
+        tuple(args.hotpath) if args.hotpath else bench.HOTPATHS, memory=not args.no_memory, include_slow=args.all
+    )
     return 0
 
 
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("bench", help="time and peak memory of every available backend of every op vs the reference")
     p.add_argument("--hotpath", action="append", help="only this hot path (repeatable)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--all", action="store_true", help="include the slow cases (minutes each)")
     p.set_defaults(func=_bench)
     _add_train(sub)
     args = parser.parse_args(argv)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-HOTPATHS = ("quantize", "hessian")
+HOTPATHS = ("quantize", "kde", "hessian")
 
 
 @dataclasses.dataclass
@@ -36,6 +36,7 @@ class Case:
     make: Callable[[int], tuple]
     variants: dict[str, Callable[..., None]]
     baseline: str = "reference"
+    slow: bool = False  # minutes per variant: ``qkernels bench`` runs it only with ``--all``
 
 
 def cases(hotpath: str) -> list[Case]:
@@ -114,7 +115,7 @@ def machine() -> str:
     )
 
 
-def run(hotpaths=HOTPATHS, *, memory: bool = True, out=sys.stdout) -> list[dict]:
+def run(hotpaths=HOTPATHS, *, memory: bool = True, include_slow: bool = False, out=sys.stdout) -> list[dict]:
     """Benchmark every case of every hot path; print a markdown table; return the rows."""
     rows = []
     print(f"machine: {machine()}", file=out)
@@ -122,6 +123,9 @@ def run(hotpaths=HOTPATHS, *, memory: bool = True, out=sys.stdout) -> list[dict]
     for hotpath in hotpaths:
         print(f"\n{header}\n|---|---|---|---:|---:|---:|---:|", file=out, flush=True)
         for case in cases(hotpath):
+            if case.slow and not include_slow:
+                print(f"| {hotpath} | {case.name} | (slow: run with --all) | | | | |", file=out)
+                continue
             results = {}
             for variant in case.variants:
                 secs = time_variant(case, variant)

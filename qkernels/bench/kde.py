@@ -1,0 +1,120 @@
+"""Benchmark cases of the KDE hot path, forward + backward (float32): the Cliff loss at (n, d, M, K)
+and KLM at (n, d), on every backend for the device, the reference (dense GEMM form) and the fully
+materialized formulation where it fits (<= 2e8 elements). Cases whose reference takes minutes are
+marked ``slow`` (``qkernels bench`` skips them unless ``--all``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import qkernels
+from qkernels.bench import Case
+from qkernels.ops.kde import cliff_loss, klm_loss
+from qkernels.reference import kde as ref
+
+CLIFF = [(64, 10, 10, 100), (1024, 12, 64, 100), (5000, 2, 100, 100), (4096, 32, 128, 128)]
+KLM = [(64, 12), (1024, 32), (4096, 64)]
+MATERIALIZED_MAX = 2e8
+SLOW = {(4096, 32, 128, 128), (4096, 64)}
+
+
+def cliff_inputs(n, d, m, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, d, generator=g)
+    idx = torch.stack([torch.randperm(n, generator=g)[:m] for _ in range(d)])
+    return z, idx
+
+
+def cliff_materialized(z, idx, k):
+    """Cliff with the full (d, d, M, K, n) product tensor of the bivariate term materialized."""
+    x = ref.standardize(z)
+    n, d = x.shape
+    t = torch.linspace(-5, 5, k, dtype=z.dtype)
+    v = torch.linspace(-math.sqrt(3), math.sqrt(3), k, dtype=z.dtype)
+    step, sigma = 10 / k, 0.1
+    xt = x.t()
+    ud = (t[None, :, None] - xt[:, None, :]) / sigma
+    dker = -ud * torch.exp(-0.5 * ud * ud)
+    zeta = torch.gather(xt, 1, idx)
+    uz = (zeta[:, :, None] - xt[:, None, :]) / sigma
+    ker = torch.exp(-0.5 * uz * uz)
+    prod = dker[:, None, None, :, :] * ker[None, :, :, None, :]  # (d, d, M, K, n)
+    p = ref.normalize(prod.mean(-1).abs(), step)
+    jsd = ref.entropy(p.mean(2), step) - ref.entropy(p, step).mean(-1)
+    biv = jsd[~torch.eye(d, dtype=torch.bool)].sum()
+    uni = ref.entropy(ref.normalize(dker.mean(-1).abs(), step), step).sum()
+    uv = (v[None, :, None] - xt[:, None, :]) / sigma
+    logp = torch.logsumexp(-0.5 * uv * uv, -1) - math.log(n * sigma * math.sqrt(2 * math.pi))
+    kl = (-math.log(2 * math.sqrt(3)) - logp.mean(-1)).sum()
+    return 0.5 * uni + biv + 0.7 * kl
+
+
+def klm_materialized(z):
+    """KLM with the (n, n, d) difference tensor materialized."""
+    n, d = z.shape
+    std = ref.population_std(z) + 1e-6
+    f = ref.silverman_factor(n, d)
+    diff2 = ((z[:, None, :] - z[None, :, :]) / std) ** 2  # (n, n, d)
+    lj = torch.logsumexp(-0.5 * diff2.sum(-1) / (f * f), 1)
+    lm = torch.logsumexp(-0.5 * diff2, 1).sum(-1)
+    return (lj - lm).mean() + (d - 1) * math.log(n) - d * math.log(f)
+
+
+def _fits(kind, shape, variant):
+    if kind == "cliff":
+        n, d, m, k = shape
+        return not (variant == "materialized" and d * d * m * k * n > MATERIALIZED_MAX)
+    n, d = shape
+    # the dense KLM reference saves d (n, n) tensors per intermediate: > 10 GB at (4096, 64)
+    return not (variant in ("materialized", "reference") and n * n * d > MATERIALIZED_MAX)
+
+
+def _cliff_case(shape, backends, device):
+    n, d, m, k = shape
+
+    def make(scale):
+        nn_, dd, mm, kk = shape if scale else (8, 2, 2, 10)
+        z, idx = cliff_inputs(nn_, dd, mm, kk)
+        return z.to(device).requires_grad_(), idx.to(device), kk
+
+    def with_backend(name):
+        def run(z, idx, kk):
+            with qkernels.use_backend(name):
+                cliff_loss(z, cond_index=idx, grid=(-5.0, 5.0, kk)).backward()
+
+        return run
+
+    variants = {b: with_backend(b) for b in backends}
+    variants["materialized"] = lambda z, idx, kk: cliff_materialized(z, idx, kk).backward()
+    variants = {v: f for v, f in variants.items() if _fits("cliff", shape, v)}
+    return Case("kde", f"cliff n={n} d={d} M={m} K={k}", make, variants, slow=shape in SLOW)
+
+
+def _klm_case(shape, backends, device):
+    n, d = shape
+
+    def make(scale):
+        nn_, dd = shape if scale else (8, 2)
+        return (torch.randn(nn_, dd, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(),)
+
+    def with_backend(name):
+        def run(z):
+            with qkernels.use_backend(name):
+                klm_loss(z).backward()
+
+        return run
+
+    variants = {b: with_backend(b) for b in backends}
+    variants["materialized"] = lambda z: klm_materialized(z).backward()
+    variants = {v: f for v, f in variants.items() if _fits("klm", shape, v)}
+    baseline = "reference" if "reference" in variants else next(iter(variants))
+    return Case("kde", f"klm n={n} d={d}", make, variants, baseline=baseline, slow=shape in SLOW)
+
+
+def cases(device: str | None = None) -> list[Case]:
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    backends = [b for b in qkernels.available_backends(device) if not (b == "triton" and device == "cpu")]
+    return [_cliff_case(s, backends, device) for s in CLIFF] + [_klm_case(s, backends, device) for s in KLM]
