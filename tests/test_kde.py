@@ -343,6 +343,48 @@ def test_triton_kde_grid_matches_reference(small_tiles, shape, dtype, deriv):
         assert b.abs().max() > 0, what
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 3, 11, 3), (19, 2, 9, 4), (6, 1, 5, 2)])  # (n, d, K, M); n = 19: 2 sample blocks
+def test_triton_cliff_matches_reference(shape, dtype):
+    _triton_kde()
+    n, d, k, m = shape
+    z0 = latents(n, d, dtype)
+    idx = cond_rows(n, d, m)
+    res = {}
+    for name in ("reference", "triton"):
+        terms, grads = [], []
+        for which in range(3):  # each term's gradient on its own (a sign error cannot hide in the total)
+            z = z0.clone().requires_grad_()
+            with qkernels.use_backend(name):
+                out = cliff_loss(z, cond_index=idx, sigma=0.3, grid=(-3.0, 3.0, k), return_terms=True)
+            out[1 + which].backward()
+            terms.append(out[1 + which].detach())
+            grads.append(z.grad)
+        res[name] = (torch.stack(terms), torch.stack(grads))
+    for a, b, what in zip(res["triton"], res["reference"], ("terms", "grads"), strict=True):
+        torch.testing.assert_close(a, b, **tols(dtype), msg=what)
+    assert res["reference"][1][0].abs().max() > 0 and res["reference"][1][2].abs().max() > 0
+    if d > 1:
+        assert res["reference"][0][1] > 0 and res["reference"][1][1].abs().max() > 0
+
+
+def test_triton_cliff_fp32_underflow_finite():
+    _triton_kde()
+    # sigma 0.1 on a wide grid: most grid columns underflow to exactly 0 in fp32
+    z = latents(12, 2, torch.float32)
+    idx = cond_rows(12, 2, 3)
+    res = {}
+    for name in ("reference", "triton"):
+        zz = z.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            loss = cliff_loss(zz, cond_index=idx, sigma=0.1, grid=(-6.0, 6.0, 16))
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(zz.grad).all(), name
+        res[name] = (loss.detach(), zz.grad)
+    for a, b in zip(res["triton"], res["reference"], strict=True):
+        torch.testing.assert_close(a, b, **tols(torch.float32))
+
+
 def test_triton_opcheck_klm_kde_grid():
     _triton_kde()
     ops = torch.ops.qkernels

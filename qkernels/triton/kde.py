@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from qkernels._backend import register
-from qkernels.ops.kde import wire_kde_grid, wire_klm
+from qkernels.ops.kde import wire_cliff_terms, wire_kde_grid, wire_klm
 from qkernels.reference.kde import silverman_factor
 
 WINDOW = 10.0  # kde_grid drops kernel terms beyond WINDOW sigma (as the cpu backend, see kde.h)
@@ -256,7 +256,295 @@ def kde_grid_backward_triton(
     return gp, gs
 
 
+# ----------------------------------------------------------------------------- cliff_terms
+#
+# Memory: no (d, K, n), (d, M, n) or (d, d, M, K) tensor. Forward: one program per latent (uni and
+# KL-uni) and one per ordered pair (i != j) whose K x M derivative grid G[k, m] = sum_s D(t_k - x_si)
+# N(zeta_m - x_sj) is built by streaming the samples (tl.dot of kernel tiles), then normalized and
+# reduced to the JSD in registers. Backward: one program per latent c owns column c of grad x: it
+# recomputes the grids of every pair (c, q) and (q, c) and streams the samples again. Normalizing
+# constants cancel in the normalized grids (also p_j(zeta_m), constant over k), so D(u) = -u e^{-u^2/2}
+# and N(w) = e^{-w^2/2} are accumulated unnormalized.
+
+
+@triton.jit
+def _xlogx(p):
+    pos = p > 0
+    return tl.where(pos, p * tl.log(tl.where(pos, p, 1.0)), 0.0)
+
+
+@triton.jit
+def _dxlogx(p):
+    pos = p > 0
+    return tl.where(pos, tl.log(tl.where(pos, p, 1.0)) + 1.0, 0.0)
+
+
+@triton.jit
+def _normalized(g, step):
+    """|g| / (step * sum_k |g|) per column (axis 0) of a (BK, BM) tile, its normalizer and mask."""
+    c = step * tl.sum(tl.abs(g), 0)
+    cpos = c > 0
+    cs = tl.where(cpos, c, 1.0)
+    return tl.where(cpos[None, :], tl.abs(g) / cs[None, :], 0.0), cs, cpos
+
+
+@triton.jit
+def _column_backward(g, p, gp, cs, cpos, step):
+    """dLoss/dg of p = |g| / c given gp = dLoss/dp (columns along axis 0)."""
+    dot = tl.sum(gp * p, 0)
+    sgn = tl.where(g > 0, 1.0, tl.where(g < 0, -1.0, 0.0))
+    return tl.where(cpos[None, :], sgn * (gp - step * dot[None, :]) / cs[None, :], 0.0)
+
+
+@triton.jit
+def _dker_tile(t, kmask, xs, smask, inv_sigma):
+    """D(u), u = (t_k - x_s) / sigma, and dD/dx_s: (BK, BS) tiles, 0 outside the masks."""
+    u = (t[:, None] - xs[None, :]) * inv_sigma
+    m = kmask[:, None] & smask[None, :]
+    e = tl.where(m, tl.exp(-0.5 * u * u), 0.0)
+    return -u * e, (1.0 - u * u) * e * inv_sigma
+
+
+@triton.jit
+def _ker_tile(zeta, mmask, xs, smask, inv_sigma):
+    """N(w), w = (zeta_m - x_s) / sigma, and w / sigma (dN/dx_s = w / sigma N = -dN/dzeta_m)."""
+    w = (zeta[:, None] - xs[None, :]) * inv_sigma
+    m = mmask[:, None] & smask[None, :]
+    return tl.where(m, tl.exp(-0.5 * w * w), 0.0), w * inv_sigma
+
+
+@triton.jit
+def _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    ks = tl.arange(0, BLOCK_K)
+    kmask = ks < K
+    t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
+    ms = tl.arange(0, BLOCK_M)
+    mmask = ms < M
+    rows = tl.load(ci_ptr + j * M + ms, mask=mmask, other=0)
+    zeta = tl.load(x_ptr + rows * D + j, mask=mmask, other=0.0)
+    return t, kmask, zeta, mmask
+
+
+@triton.jit
+def _pair_grid(x_ptr, t, kmask, zeta, mmask, i, j, N, D, inv_sigma, ZGRAD: tl.constexpr,
+               BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    """G (BK, BM) of the pair (i, j) and, with ZGRAD, dG/dzeta_m."""
+    g = tl.zeros((BLOCK_K, BLOCK_M), t.dtype)
+    gz = tl.zeros((BLOCK_K, BLOCK_M), t.dtype)
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        smask = ss < N
+        xi = tl.load(x_ptr + ss * D + i, mask=smask, other=0.0)
+        xj = tl.load(x_ptr + ss * D + j, mask=smask, other=0.0)
+        dk, _ = _dker_tile(t, kmask, xi, smask, inv_sigma)
+        nk, wk = _ker_tile(zeta, mmask, xj, smask, inv_sigma)
+        g += tl.dot(dk, tl.trans(nk), input_precision="ieee")
+        if ZGRAD:
+            gz += tl.dot(dk, tl.trans(-wk * nk), input_precision="ieee")
+    return g, gz
+
+
+@triton.jit
+def _jsd(g, step, M):
+    p, cs, cpos = _normalized(g, step)
+    mix = tl.sum(p, 1) / M
+    h_each = -step * tl.sum(tl.sum(_xlogx(p), 1), 0)
+    h_mix = -step * tl.sum(_xlogx(mix), 0)
+    return h_mix - h_each / M, p, mix, cs, cpos
+
+
+@triton.jit
+def _cliff_biv_fwd(x_ptr, t_ptr, ci_ptr, out_ptr, N, D, K, M, inv_sigma, step,
+                   BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    pid = tl.program_id(0)  # ordered pair (i, j), i != j
+    i = pid // (D - 1)
+    r = pid % (D - 1)
+    j = r + (r >= i).to(tl.int32)
+    t, kmask, zeta, mmask = _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K, BLOCK_M)
+    g, _ = _pair_grid(x_ptr, t, kmask, zeta, mmask, i, j, N, D, inv_sigma, False, BLOCK_K, BLOCK_M, BLOCK_S)
+    jsd, _, _, _, _ = _jsd(g, step, M)
+    tl.store(out_ptr + pid, jsd)
+
+
+@triton.jit
+def _uni_grid(x_ptr, t, kmask, i, N, D, inv_sigma, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr):
+    g = tl.zeros((BLOCK_K,), t.dtype)
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        smask = ss < N
+        xi = tl.load(x_ptr + ss * D + i, mask=smask, other=0.0)
+        dk, _ = _dker_tile(t, kmask, xi, smask, inv_sigma)
+        g += tl.sum(dk, 1)
+    return g
+
+
+@triton.jit
+def _kl_lse(x_ptr, v, i, N, D, inv_sigma, BLOCK_S: tl.constexpr):
+    """Online log-sum-exp over the samples of -(v - x_si)^2 / (2 sigma^2), per point v."""
+    m_run = tl.full(v.shape, float("-inf"), v.dtype)
+    l_run = tl.zeros(v.shape, v.dtype)
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        smask = ss < N
+        xi = tl.load(x_ptr + ss * D + i, mask=smask, other=0.0)
+        u = (v[:, None] - xi[None, :]) * inv_sigma
+        a = tl.where(smask[None, :], -0.5 * u * u, float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(a, 1))  # finite: every block holds a sample
+        l_run = l_run * tl.exp(m_run - m_new) + tl.sum(tl.exp(a - m_new[:, None]), 1)
+        m_run = m_new
+    return m_run + tl.log(l_run)
+
+
+@triton.jit
+def _cliff_uni_kl_fwd(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, N, D, K, KU, inv_sigma, step, log_const,
+                      BLOCK_K: tl.constexpr, BLOCK_KU: tl.constexpr, BLOCK_S: tl.constexpr):
+    i = tl.program_id(0)
+    ks = tl.arange(0, BLOCK_K)
+    kmask = ks < K
+    t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
+    g = _uni_grid(x_ptr, t, kmask, i, N, D, inv_sigma, BLOCK_K, BLOCK_S)
+    p, _, _ = _normalized(g[:, None], step)
+    tl.store(uni_ptr + i, -step * tl.sum(tl.sum(_xlogx(p), 1), 0))
+    vs = tl.arange(0, BLOCK_KU)
+    vmask = vs < KU
+    v = tl.load(v_ptr + vs, mask=vmask, other=0.0)
+    lse = _kl_lse(x_ptr, v, i, N, D, inv_sigma, BLOCK_S)
+    # kl_i = -log(2 sqrt 3) - mean_v log p_i(v), log p_i(v) = lse_v - log(n sigma sqrt(2 pi))
+    tl.store(kl_ptr + i, log_const - tl.sum(tl.where(vmask, lse, 0.0), 0) / KU)
+
+
+@triton.jit
+def _cliff_bwd(x_ptr, t_ptr, v_ptr, ci_ptr, gu_ptr, gb_ptr, gk_ptr, gx_ptr, gzeta_ptr, N, D, K, KU, M,
+               inv_sigma, step,
+               BLOCK_K: tl.constexpr, BLOCK_KU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    c = tl.program_id(0)  # owns column c of grad x and row c of grad zeta
+    g_uni = tl.load(gu_ptr)
+    g_biv = tl.load(gb_ptr)
+    g_kl = tl.load(gk_ptr)
+    ks = tl.arange(0, BLOCK_K)
+    kmask = ks < K
+    t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
+    # uni: dLoss/dg of the column's derivative grid
+    g = _uni_grid(x_ptr, t, kmask, c, N, D, inv_sigma, BLOCK_K, BLOCK_S)[:, None]
+    p, cs, cpos = _normalized(g, step)
+    dg = tl.sum(_column_backward(g, p, -g_uni * step * _dxlogx(p), cs, cpos, step), 1)  # (BK,)
+    # kl: softmax weights over the samples
+    vs = tl.arange(0, BLOCK_KU)
+    vmask = vs < KU
+    v = tl.load(v_ptr + vs, mask=vmask, other=0.0)
+    lse = _kl_lse(x_ptr, v, c, N, D, inv_sigma, BLOCK_S)
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        smask = ss < N
+        xc = tl.load(x_ptr + ss * D + c, mask=smask, other=0.0)
+        _, ddx = _dker_tile(t, kmask, xc, smask, inv_sigma)
+        acc = tl.sum(dg[:, None] * ddx, 0)
+        u = (v[:, None] - xc[None, :]) * inv_sigma
+        sm = tl.where(vmask[:, None] & smask[None, :], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
+        acc += -g_kl / KU * tl.sum(sm * u * inv_sigma, 0)
+        tl.store(gx_ptr + ss * D + c, acc, mask=smask)
+    # biv: the pairs (c, q) (c is the differentiated latent i) and (q, c) (c conditions)
+    gzeta = tl.zeros((BLOCK_M,), t.dtype)
+    for q in range(0, D):
+        if q != c:
+            for side in range(0, 2):
+                i = c if side == 0 else q
+                j = q if side == 0 else c
+                _, _, zeta, mmask = _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K, BLOCK_M)
+                g2, gz = _pair_grid(x_ptr, t, kmask, zeta, mmask, i, j, N, D, inv_sigma, True,
+                                    BLOCK_K, BLOCK_M, BLOCK_S)
+                _, p2, mix, cs2, cpos2 = _jsd(g2, step, M)
+                gp = g_biv * step / M * (_dxlogx(p2) - _dxlogx(mix)[:, None])
+                dG = _column_backward(g2, p2, gp, cs2, cpos2, step)  # (BK, BM)
+                if side == 1:
+                    gzeta += tl.sum(dG * gz, 0)
+                for s0 in range(0, N, BLOCK_S):
+                    ss = s0 + tl.arange(0, BLOCK_S)
+                    smask = ss < N
+                    xi = tl.load(x_ptr + ss * D + i, mask=smask, other=0.0)
+                    xj = tl.load(x_ptr + ss * D + j, mask=smask, other=0.0)
+                    dk, ddx = _dker_tile(t, kmask, xi, smask, inv_sigma)
+                    nk, wk = _ker_tile(zeta, mmask, xj, smask, inv_sigma)
+                    if side == 0:  # through D(t_k - x_sc)
+                        a = tl.dot(dG, nk, input_precision="ieee")  # (BK, BS)
+                        contrib = tl.sum(ddx * a, 0)
+                    else:  # through N(zeta_m - x_sc)
+                        b = tl.dot(tl.trans(dG), dk, input_precision="ieee")  # (BM, BS)
+                        contrib = tl.sum(wk * nk * b, 0)
+                    prev = tl.load(gx_ptr + ss * D + c, mask=smask, other=0.0)
+                    tl.store(gx_ptr + ss * D + c, prev + contrib, mask=smask)
+    ms = tl.arange(0, BLOCK_M)
+    tl.store(gzeta_ptr + c * M + ms, gzeta, mask=ms < M)
+
+
+def _cliff_blocks(k: int, ku: int, m: int) -> tuple[int, int, int, int]:
+    """(BLOCK_K, BLOCK_KU, BLOCK_M, BLOCK_S); tl.dot needs every dimension >= 16."""
+    return (max(16, triton.next_power_of_2(k)), triton.next_power_of_2(ku), max(16, triton.next_power_of_2(m)), 16)
+
+
+def _cliff_check(x, grid, uni_points, cond_index, sigma, op):
+    if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{op}: x must be (n, d), got {tuple(x.shape)}")
+    if grid.dim() != 1 or grid.shape[0] < 2 or uni_points.dim() != 1 or uni_points.shape[0] < 1:
+        raise ValueError(f"{op}: grid must be (K,), K >= 2, and uni_points (K_u,)")
+    if cond_index.dim() != 2 or cond_index.shape[0] != x.shape[1] or cond_index.dtype != torch.long:
+        raise ValueError(f"{op}: cond_index must be int64 (d, M), got {tuple(cond_index.shape)}")
+    if not sigma > 0:
+        raise ValueError(f"{op}: sigma must be > 0, got {sigma}")
+
+
+@torch.library.custom_op("qkernels::cliff_terms_triton", mutates_args=())
+def cliff_terms_triton(
+    x: torch.Tensor, grid: torch.Tensor, uni_points: torch.Tensor, cond_index: torch.Tensor, sigma: float, step: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _cliff_check(x, grid, uni_points, cond_index, sigma, "cliff_terms_triton")
+    x, grid, uni_points, ci = x.contiguous(), grid.contiguous(), uni_points.contiguous(), cond_index.contiguous()
+    (n, d), k, ku, m = x.shape, grid.shape[0], uni_points.shape[0], ci.shape[1]
+    bk, bku, bm, bs = _cliff_blocks(k, ku, m)
+    uni, kl = x.new_empty(d), x.new_empty(d)
+    log_const = -math.log(2 * math.sqrt(3.0)) + math.log(n * sigma) + 0.5 * math.log(2 * math.pi)
+    _cliff_uni_kl_fwd[(d,)](
+        x, grid, uni_points, uni, kl, n, d, k, ku, 1.0 / sigma, step, log_const,
+        BLOCK_K=bk, BLOCK_KU=bku, BLOCK_S=bs,
+    )
+    jsd = x.new_zeros(max(1, d * (d - 1)))
+    if d > 1:
+        _cliff_biv_fwd[(d * (d - 1),)](
+            x, grid, ci, jsd, n, d, k, m, 1.0 / sigma, step, BLOCK_K=bk, BLOCK_M=bm, BLOCK_S=bs
+        )
+    return uni.sum(), jsd.sum(), kl.sum()
+
+
+@torch.library.custom_op("qkernels::cliff_terms_backward_triton", mutates_args=())
+def cliff_terms_backward_triton(
+    grad_uni: torch.Tensor,
+    grad_biv: torch.Tensor,
+    grad_kl: torch.Tensor,
+    x: torch.Tensor,
+    grid: torch.Tensor,
+    uni_points: torch.Tensor,
+    cond_index: torch.Tensor,
+    sigma: float,
+    step: float,
+) -> torch.Tensor:
+    _cliff_check(x, grid, uni_points, cond_index, sigma, "cliff_terms_backward_triton")
+    x, grid, uni_points, ci = x.contiguous(), grid.contiguous(), uni_points.contiguous(), cond_index.contiguous()
+    (n, d), k, ku, m = x.shape, grid.shape[0], uni_points.shape[0], ci.shape[1]
+    bk, bku, bm, bs = _cliff_blocks(k, ku, m)
+    gx, gzeta = torch.empty_like(x), x.new_empty(d, m)
+    g_u, g_b, g_k = (g.to(x.dtype).reshape(1) for g in (grad_uni, grad_biv, grad_kl))
+    _cliff_bwd[(d,)](
+        x, grid, uni_points, ci, g_u, g_b, g_k, gx, gzeta, n, d, k, ku, m, 1.0 / sigma, step,
+        BLOCK_K=bk, BLOCK_KU=bku, BLOCK_M=bm, BLOCK_S=bs,
+    )
+    # zeta[j, m] = x[cond_index[j, m], j]: scatter its gradient back to the rows (O(d M))
+    cols = torch.arange(d, device=x.device)[:, None].expand(d, m)
+    return gx.index_put((ci, cols), gzeta, accumulate=True)
+
+
 wire_klm("qkernels::klm_triton", "qkernels::klm_backward_triton")
 wire_kde_grid("qkernels::kde_grid_triton", "qkernels::kde_grid_backward_triton")
+wire_cliff_terms("qkernels::cliff_terms_triton", "qkernels::cliff_terms_backward_triton")
 register("klm", "triton")(klm_triton)
 register("kde_grid", "triton")(kde_grid_triton)
+register("cliff_terms", "triton")(cliff_terms_triton)
