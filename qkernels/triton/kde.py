@@ -447,7 +447,7 @@ def _cliff_bwd(x_ptr, t_ptr, v_ptr, ci_ptr, gu_ptr, gb_ptr, gk_ptr, gx_ptr, gzet
     gzeta = tl.zeros((BLOCK_M,), t.dtype)
     for q in range(0, D):
         if q != c:
-            for side in range(0, 2):
+            for side in tl.static_range(2):
                 i = c if side == 0 else q
                 j = q if side == 0 else c
                 _, _, zeta, mmask = _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K, BLOCK_M)
