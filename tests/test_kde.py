@@ -267,6 +267,140 @@ def test_kde_grid_backends_match_reference(dtype, deriv):
             torch.testing.assert_close(a, b, **tols(dtype), msg=name)
 
 
+# ------------------------------------------------------------------ triton backend (tiny shapes: interpreter)
+
+
+def _triton_kde():
+    """The triton KDE module, with small tiles so tiny shapes still span several blocks."""
+    if "triton" not in backends_of("klm"):
+        pytest.skip("triton KDE backend not available")
+    import qkernels.triton.kde as tk
+
+    return tk
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    tk = _triton_kde()
+    # 4 x 4 pair tiles and 4-wide point/sample tiles: every shape below has several blocks and a
+    # partial last one, exercising the streaming loops and the masks
+    monkeypatch.setattr(tk, "_klm_blocks", lambda d: (4, 4, max(2, 1 << (d - 1).bit_length())))
+    monkeypatch.setattr(tk, "BLOCK_K_GRID", 4)
+    monkeypatch.setattr(tk, "BLOCK_S_GRID", 4)
+    return tk
+
+
+def _grads_vs_reference(fn, inputs, up=None):
+    """Values and input gradients of fn under the reference and the triton backend."""
+    res = {}
+    for name in ("reference", "triton"):
+        xs = [x.clone().requires_grad_() for x in inputs]
+        with qkernels.use_backend(name):
+            out = fn(*xs)
+        (out if up is None else out * up).sum().backward()
+        res[name] = (out.detach(), *(x.grad for x in xs))
+    return res
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 3), (13, 2), (5, 1), (9, 5)])
+def test_triton_klm_matches_reference(small_tiles, shape, dtype):
+    n, d = shape
+    z0 = latents(n, d, dtype)
+    s0 = (ref.population_std(z0) * 1.3 + 0.1).detach()
+    res = _grads_vs_reference(lambda z, s: klm_loss(z, std=s), (z0, s0))
+    for a, b, what in zip(res["triton"], res["reference"], ("loss", "grad z", "grad std"), strict=True):
+        torch.testing.assert_close(a, b, **tols(dtype), msg=what)
+    assert res["triton"][1].abs().max() > 0 and res["triton"][2].abs().max() > 0
+    # lse (the saved per-sample log-sum-exps) matches the reference too, and the default std
+    # (differentiable through z) gives the same gradient as the reference
+    torch.testing.assert_close(torch.ops.qkernels.klm_triton(z0, s0)[1], ref.klm(z0, s0)[1], **tols(dtype))
+    res = _grads_vs_reference(klm_loss, (z0,))
+    for a, b in zip(res["triton"], res["reference"], strict=True):
+        torch.testing.assert_close(a, b, **tols(dtype))
+
+
+def test_triton_klm_grad_loss_scales(small_tiles):
+    z, s = latents(6, 2), torch.tensor([0.7, 1.3], dtype=torch.float64, device=DEVICE)
+    _, lse = torch.ops.qkernels.klm_triton(z, s)
+    one = torch.ops.qkernels.klm_backward_triton(torch.tensor(1.0, dtype=z.dtype, device=DEVICE), z, s, lse)
+    half = torch.ops.qkernels.klm_backward_triton(torch.tensor(-0.5, dtype=z.dtype, device=DEVICE), z, s, lse)
+    for a, b in zip(half, one, strict=True):
+        torch.testing.assert_close(a, -0.5 * b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("deriv", [False, True])
+@pytest.mark.parametrize("shape", [(11, 3, 7), (6, 1, 9)])  # (n, d, K)
+def test_triton_kde_grid_matches_reference(small_tiles, shape, dtype, deriv):
+    n, d, k = shape
+    samples = latents(n, d, dtype)
+    points = (torch.randn(d, k, generator=_gen(4), dtype=torch.float64) * 2).to(dtype).to(DEVICE)
+    up = torch.randn(d, k, generator=_gen(6), dtype=torch.float64).to(dtype).to(DEVICE)
+    res = _grads_vs_reference(lambda p, s: kde_grid(p, s, 0.4, derivative=deriv), (points, samples), up)
+    for a, b, what in zip(res["triton"], res["reference"], ("out", "grad points", "grad samples"), strict=True):
+        torch.testing.assert_close(a, b, **tols(dtype), msg=what)
+        assert b.abs().max() > 0, what
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 3, 11, 3), (19, 2, 9, 4), (6, 1, 5, 2)])  # (n, d, K, M); n = 19: 2 sample blocks
+def test_triton_cliff_matches_reference(shape, dtype):
+    _triton_kde()
+    n, d, k, m = shape
+    z0 = latents(n, d, dtype)
+    idx = cond_rows(n, d, m)
+    res = {}
+    for name in ("reference", "triton"):
+        terms, grads = [], []
+        for which in range(3):  # each term's gradient on its own (a sign error cannot hide in the total)
+            z = z0.clone().requires_grad_()
+            with qkernels.use_backend(name):
+                out = cliff_loss(z, cond_index=idx, sigma=0.3, grid=(-3.0, 3.0, k), return_terms=True)
+            out[1 + which].backward()
+            terms.append(out[1 + which].detach())
+            grads.append(z.grad)
+        res[name] = (torch.stack(terms), torch.stack(grads))
+    for a, b, what in zip(res["triton"], res["reference"], ("terms", "grads"), strict=True):
+        torch.testing.assert_close(a, b, **tols(dtype), msg=what)
+    assert res["reference"][1][0].abs().max() > 0 and res["reference"][1][2].abs().max() > 0
+    if d > 1:
+        assert res["reference"][0][1] > 0 and res["reference"][1][1].abs().max() > 0
+
+
+def test_triton_cliff_fp32_underflow_finite():
+    _triton_kde()
+    # sigma 0.1 on a wide grid: most grid columns underflow to exactly 0 in fp32
+    z = latents(12, 2, torch.float32)
+    idx = cond_rows(12, 2, 3)
+    res = {}
+    for name in ("reference", "triton"):
+        zz = z.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            loss = cliff_loss(zz, cond_index=idx, sigma=0.1, grid=(-6.0, 6.0, 16))
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(zz.grad).all(), name
+        res[name] = (loss.detach(), zz.grad)
+    for a, b in zip(res["triton"], res["reference"], strict=True):
+        torch.testing.assert_close(a, b, **tols(torch.float32))
+
+
+def test_triton_opcheck_klm_kde_grid():
+    _triton_kde()
+    ops = torch.ops.qkernels
+    for dt in DTYPES:
+        x, t, _, _ = (a.to(dt) if a.is_floating_point() else a for a in _op_args())
+        s = ref.population_std(x) + 0.1
+        torch.library.opcheck(ops.klm_triton, (x.clone().requires_grad_(), s.clone().requires_grad_()))
+        _, lse = ops.klm_triton(x, s)
+        torch.library.opcheck(ops.klm_backward_triton, (torch.tensor(1.0, dtype=dt, device=DEVICE), x, s, lse))
+        p = t.reshape(3, 4)
+        for deriv in (False, True):
+            args = (p.clone().requires_grad_(), x.clone().requires_grad_(), 0.3, deriv)
+            torch.library.opcheck(ops.kde_grid_triton, args)
+            torch.library.opcheck(ops.kde_grid_backward_triton, (p, p, x, 0.3, deriv))
+
+
 # ------------------------------------------------------------------ gradcheck / opcheck / compile
 
 

@@ -1,0 +1,216 @@
+// CUDA kernels of the KDE hot path (KLM, kde_grid). The math (windowing, exp, Silverman factor) is
+// csrc/include/qkernels/kde.h, shared with csrc/cpu/kde.cpp. No torch headers: compile-checked with
+// plain nvcc in the tests.
+#include "kde.cuh"
+#include "qkernels/kde.h"
+
+namespace qkernels {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 128;  // rows b (KLM) or output elements (kde_grid) per block
+constexpr int kTileA = 32;     // KLM: samples a per shared-memory tile (upper bound)
+constexpr int kSharedBytes = 40 * 1024;  // < 48 KiB default: d up to ~2500 (fp64 backward)
+
+inline int64_t blocks_for(int64_t n) { return (n + kThreads - 1) / kThreads; }
+
+// Samples per tile such that the tile's shared arrays (floats_per_a values per sample) fit.
+template <typename T>
+int tile_a(int64_t floats_per_a) {
+  const int64_t t = kSharedBytes / (floats_per_a * int64_t(sizeof(T)));
+  return int(t < 1 ? 1 : (t > kTileA ? kTileA : t));
+}
+
+// Loads y[a0 : a0 + ta, :] (and optionally exp(-lse[a, :])) into shared memory, all threads.
+template <typename T>
+__device__ void load_tile(const T* y, const T* lse, int64_t n, int64_t d, int64_t a0, int ta, T* ys, T* els) {
+  const int64_t w = d + 1;
+  for (int64_t e = threadIdx.x; e < int64_t(ta) * d; e += blockDim.x) {
+    const int64_t a = a0 + e / d;
+    ys[e] = a < n ? y[a * d + e % d] : T(0);
+  }
+  if (lse != nullptr)
+    for (int64_t e = threadIdx.x; e < int64_t(ta) * w; e += blockDim.x) {
+      const int64_t a = a0 + e / w;
+      els[e] = a < n ? qk_exp(-lse[a * w + e % w]) : T(0);
+    }
+}
+
+// One thread per row b; the marginal sums accumulate in the thread's own row of lse (fp32 for
+// fp32, fp64 for fp64: acc_type<T> is T), then become logs. Exponents are <= 0 and the a = b term is
+// 1, so the sums lie in [1, n] and need no running maximum.
+template <typename T>
+__global__ void klm_fwd_kernel(const T* __restrict__ y, T* __restrict__ lse, int64_t n, int64_t d, T c_joint,
+                               int ta) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* ys = reinterpret_cast<T*>(smem);
+  const int64_t b = blockIdx.x * int64_t(kThreads) + threadIdx.x;
+  const bool live = b < n;
+  const int64_t w = d + 1;
+  if (live)
+    for (int64_t j = 0; j < w; ++j) lse[b * w + j] = T(0);
+  T sq[kTileA];
+  for (int64_t a0 = 0; a0 < n; a0 += ta) {
+    __syncthreads();
+    load_tile<T>(y, nullptr, n, d, a0, ta, ys, nullptr);
+    __syncthreads();
+    if (!live) continue;
+    const int na = int(n - a0 < ta ? n - a0 : ta);
+    for (int a = 0; a < na; ++a) sq[a] = T(0);
+    for (int64_t j = 0; j < d; ++j) {
+      const T yb = y[b * d + j];
+      T m = 0;
+      for (int a = 0; a < na; ++a) {
+        const T dd = yb - ys[a * d + j];
+        sq[a] += dd * dd;
+        m += vexp(T(-0.5) * dd * dd);
+      }
+      lse[b * w + 1 + j] += m;
+    }
+    T s = 0;
+    for (int a = 0; a < na; ++a) s += vexp(c_joint * sq[a]);
+    lse[b * w] += s;
+  }
+  if (live)
+    for (int64_t j = 0; j < w; ++j) lse[b * w + j] = qk_log(lse[b * w + j]);
+}
+
+template <typename T>
+__global__ void klm_bwd_kernel(const T* __restrict__ y, const T* __restrict__ lse, T* __restrict__ gy, int64_t n,
+                               int64_t d, T c_joint, T inv_f2, T scale, int ta) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* ys = reinterpret_cast<T*>(smem);
+  T* els = ys + int64_t(ta) * d;  // (ta, d + 1): exp(-lse[a, :])
+  const int64_t b = blockIdx.x * int64_t(kThreads) + threadIdx.x;
+  const bool live = b < n;
+  const int64_t w = d + 1;
+  if (live)
+    for (int64_t j = 0; j < d; ++j) gy[b * d + j] = T(0);
+  const T elb = live ? qk_exp(-lse[b * w]) : T(0);
+  T sq[kTileA], wj[kTileA];
+  for (int64_t a0 = 0; a0 < n; a0 += ta) {
+    __syncthreads();
+    load_tile<T>(y, lse, n, d, a0, ta, ys, els);
+    __syncthreads();
+    if (!live) continue;
+    const int na = int(n - a0 < ta ? n - a0 : ta);
+    for (int a = 0; a < na; ++a) sq[a] = T(0);
+    for (int64_t j = 0; j < d; ++j) {
+      const T yb = y[b * d + j];
+      for (int a = 0; a < na; ++a) {
+        const T dd = yb - ys[a * d + j];
+        sq[a] += dd * dd;
+      }
+    }
+    for (int a = 0; a < na; ++a) wj[a] = -vexp(c_joint * sq[a]) * (elb + els[a * w]) * inv_f2;
+    for (int64_t j = 0; j < d; ++j) {
+      const T yb = y[b * d + j], eb = qk_exp(-lse[b * w + 1 + j]);
+      T s = 0;
+      for (int a = 0; a < na; ++a) {
+        const T dd = yb - ys[a * d + j];
+        s += (wj[a] + vexp(T(-0.5) * dd * dd) * (eb + els[a * w + 1 + j])) * dd;
+      }
+      gy[b * d + j] += s;
+    }
+  }
+  if (live)
+    for (int64_t j = 0; j < d; ++j) gy[b * d + j] *= scale;
+}
+
+// Unnormalized kernel term of u = (p - x) / sigma: N(u) = exp(-u^2 / 2) or D(u) = -u N(u); with
+// grad, its derivative d/dp. Terms beyond kWindow sigma are dropped (kde.h).
+template <typename T>
+__device__ __forceinline__ T kde_term(T p, T x, T inv_sigma, bool deriv, bool grad) {
+  const T u = (p - x) * inv_sigma;
+  if (qk_abs(u) > T(kWindow)) return T(0);
+  const T e = vexp(T(-0.5) * u * u);
+  if (grad) return deriv ? -(T(1) - u * u) * e * inv_sigma : -u * e * inv_sigma;
+  return deriv ? -u * e : e;
+}
+
+// One thread per point (j, k); streams the samples. out = scale * sum_s term (forward) or, with
+// grad != nullptr, grad[j, k] * scale * sum_s d term / dp (points' gradient).
+template <typename T>
+__global__ void kde_grid_points_kernel(const T* __restrict__ pts, const T* __restrict__ smp,
+                                       const T* __restrict__ grad, T* __restrict__ out, int64_t n, int64_t d,
+                                       int64_t K, T inv_sigma, T scale, bool deriv) {
+  const int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x;
+  if (e >= d * K) return;
+  const int64_t j = e / K;
+  const T p = pts[e];
+  T acc = 0;
+  for (int64_t s = 0; s < n; ++s) acc += kde_term(p, smp[s * d + j], inv_sigma, deriv, grad != nullptr);
+  out[e] = grad != nullptr ? grad[e] * scale * acc : scale * acc;
+}
+
+// One thread per sample (s, j); streams latent j's points: -scale * sum_k grad[j, k] d term / dp.
+template <typename T>
+__global__ void kde_grid_samples_kernel(const T* __restrict__ pts, const T* __restrict__ smp,
+                                        const T* __restrict__ grad, T* __restrict__ gsmp, int64_t n, int64_t d,
+                                        int64_t K, T inv_sigma, T scale, bool deriv) {
+  const int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x;
+  if (e >= n * d) return;
+  const int64_t j = e % d;
+  const T x = smp[e];
+  T acc = 0;
+  for (int64_t k = 0; k < K; ++k) acc += grad[j * K + k] * kde_term(pts[j * K + k], x, inv_sigma, deriv, true);
+  gsmp[e] = -scale * acc;
+}
+
+double kde_scale(int64_t n, double sigma, bool deriv) {
+  return 1.0 / (double(n) * sigma * 2.5066282746310002 * (deriv ? sigma : 1.0));
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t klm_fwd(const T* y, T* lse, int64_t n, int64_t d, double c_joint, cudaStream_t stream) {
+  const int ta = tile_a<T>(d);
+  klm_fwd_kernel<T><<<blocks_for(n), kThreads, size_t(ta) * d * sizeof(T), stream>>>(y, lse, n, d, T(c_joint), ta);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t klm_bwd(const T* y, const T* lse, T* gy, int64_t n, int64_t d, double c_joint, double inv_f2,
+                    double scale, cudaStream_t stream) {
+  const int ta = tile_a<T>(2 * d + 1);
+  klm_bwd_kernel<T><<<blocks_for(n), kThreads, size_t(ta) * (2 * d + 1) * sizeof(T), stream>>>(
+      y, lse, gy, n, d, T(c_joint), T(inv_f2), T(scale), ta);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t kde_grid_fwd(const T* points, const T* samples, T* out, int64_t n, int64_t d, int64_t K,
+                         double sigma, bool derivative, cudaStream_t stream) {
+  kde_grid_points_kernel<T><<<blocks_for(d * K), kThreads, 0, stream>>>(
+      points, samples, nullptr, out, n, d, K, T(1.0 / sigma), T(kde_scale(n, sigma, derivative)), derivative);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t kde_grid_bwd(const T* grad, const T* points, const T* samples, T* grad_points, T* grad_samples,
+                         int64_t n, int64_t d, int64_t K, double sigma, bool derivative, cudaStream_t stream) {
+  const T inv_sigma = T(1.0 / sigma), scale = T(kde_scale(n, sigma, derivative));
+  kde_grid_points_kernel<T><<<blocks_for(d * K), kThreads, 0, stream>>>(
+      points, samples, grad, grad_points, n, d, K, inv_sigma, scale, derivative);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  kde_grid_samples_kernel<T><<<blocks_for(n * d), kThreads, 0, stream>>>(
+      points, samples, grad, grad_samples, n, d, K, inv_sigma, scale, derivative);
+  return cudaGetLastError();
+}
+
+#define QK_INSTANTIATE(T)                                                                                 \
+  template cudaError_t klm_fwd<T>(const T*, T*, int64_t, int64_t, double, cudaStream_t);                 \
+  template cudaError_t klm_bwd<T>(const T*, const T*, T*, int64_t, int64_t, double, double, double,       \
+                                  cudaStream_t);                                                          \
+  template cudaError_t kde_grid_fwd<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, double, bool,   \
+                                       cudaStream_t);                                                     \
+  template cudaError_t kde_grid_bwd<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t,  \
+                                       double, bool, cudaStream_t);
+QK_INSTANTIATE(float)
+QK_INSTANTIATE(double)
+#undef QK_INSTANTIATE
+
+}  // namespace cuda
+}  // namespace qkernels

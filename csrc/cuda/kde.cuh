@@ -1,0 +1,35 @@
+// Launchers of the CUDA KDE kernels (csrc/cuda/kde.cu): KLM and kde_grid, forward and backward.
+// Raw pointers, sizes and a stream only: no torch here, so the kernels compile with plain nvcc.
+// Every output element is written by one thread that sums in a fixed order (deterministic).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace qkernels {
+namespace cuda {
+
+// y = z / std (n, d) row-major. Writes lse (n, d + 1): lse[b, 0] = log sum_a exp(c_joint *
+// |y_b - y_a|^2) (c_joint = -1 / (2 f^2)), lse[b, 1 + j] = log sum_a exp(-(y_bj - y_aj)^2 / 2).
+// Streams tiles of samples a through shared memory; memory O(n d).
+template <typename T>
+cudaError_t klm_fwd(const T* y, T* lse, int64_t n, int64_t d, double c_joint, cudaStream_t stream);
+
+// gy (n, d) = scale * sum_a [-(P_ba + P_ab) inv_f2 + (Pj_ba + Pj_ab)] (y_bj - y_aj) with the softmaxes
+// P_ba = exp(c_joint |y_b - y_a|^2 - lse[b, 0]), Pj_ba = exp(-(y_bj - y_aj)^2 / 2 - lse[b, 1 + j]).
+template <typename T>
+cudaError_t klm_bwd(const T* y, const T* lse, T* gy, int64_t n, int64_t d, double c_joint, double inv_f2,
+                    double scale, cudaStream_t stream);
+
+// points (d, K), samples (n, d): out[j, k] = 1/n sum_s N(points[j, k]; samples[s, j], sigma^2) (or d/dt).
+template <typename T>
+cudaError_t kde_grid_fwd(const T* points, const T* samples, T* out, int64_t n, int64_t d, int64_t K,
+                         double sigma, bool derivative, cudaStream_t stream);
+
+// Gradients of sum(grad * out) with respect to points (d, K) and samples (n, d).
+template <typename T>
+cudaError_t kde_grid_bwd(const T* grad, const T* points, const T* samples, T* grad_points, T* grad_samples,
+                         int64_t n, int64_t d, int64_t K, double sigma, bool derivative, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace qkernels

@@ -1,0 +1,115 @@
+// TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the KDE kernels (klm, kde_grid): checks, allocation,
+// stream, then the raw-pointer launchers of csrc/cuda/kde.cu. Built only with CUDA torch. The O(n d)
+// pre- and post-processing (y = z / std, the loss mean, the std gradient) is left to ATen.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "kde.cuh"
+#include "qkernels/kde.h"
+
+namespace qkernels {
+namespace {
+
+using at::Tensor;
+
+void check_cuda(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+}
+
+void check_klm(const Tensor& z, const Tensor& std, const char* op) {
+  TORCH_CHECK(z.dim() == 2 && z.size(0) >= 1 && z.size(1) >= 1, op, ": z must be (n, d), got ", z.sizes());
+  TORCH_CHECK(std.dim() == 1 && std.size(0) == z.size(1), op, ": std must be (d,), got ", std.sizes());
+  TORCH_CHECK(std.scalar_type() == z.scalar_type(), op, ": dtype mismatch");
+}
+
+std::tuple<Tensor, Tensor> klm_cuda(const Tensor& z_, const Tensor& std_) {
+  check_klm(z_, std_, "klm");
+  const c10::cuda::CUDAGuard guard(z_.device());
+  const int64_t n = z_.size(0), d = z_.size(1);
+  const Tensor y = (z_ / std_).contiguous();
+  const double f = silverman_factor(double(n), double(d));
+  Tensor lse = at::empty({n, d + 1}, z_.options());
+  AT_DISPATCH_FLOATING_TYPES(z_.scalar_type(), "klm_cuda", [&] {
+    check_cuda(cuda::klm_fwd<scalar_t>(y.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), n, d, -0.5 / (f * f),
+                                       c10::cuda::getCurrentCUDAStream()),
+               "klm");
+  });
+  const double c = double(d - 1) * std::log(double(n)) - double(d) * std::log(f);
+  Tensor loss = (lse.select(1, 0) - lse.narrow(1, 1, d).sum(1)).mean() + c;
+  return {loss, lse};
+}
+
+std::tuple<Tensor, Tensor> klm_backward_cuda(const Tensor& grad_loss, const Tensor& z_, const Tensor& std_,
+                                             const Tensor& lse_) {
+  check_klm(z_, std_, "klm_backward");
+  const c10::cuda::CUDAGuard guard(z_.device());
+  const int64_t n = z_.size(0), d = z_.size(1);
+  TORCH_CHECK(lse_.dim() == 2 && lse_.size(0) == n && lse_.size(1) == d + 1, "klm_backward: lse must be (n, d + 1)");
+  const Tensor y = (z_ / std_).contiguous(), lse = lse_.contiguous();
+  const double f = silverman_factor(double(n), double(d));
+  Tensor gy = at::empty_like(y);
+  AT_DISPATCH_FLOATING_TYPES(z_.scalar_type(), "klm_backward_cuda", [&] {
+    check_cuda(cuda::klm_bwd<scalar_t>(y.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
+                                       n, d, -0.5 / (f * f), 1.0 / (f * f), 1.0 / double(n),
+                                       c10::cuda::getCurrentCUDAStream()),
+               "klm_backward");
+  });
+  gy = gy * grad_loss.to(z_.scalar_type());  // device scalar: no host sync
+  // z = y * std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j
+  return {gy / std_, -(gy * y).sum(0) / std_};
+}
+
+void check_kde_grid(const Tensor& points, const Tensor& samples, double sigma, const char* op) {
+  TORCH_CHECK(points.dim() == 2 && samples.dim() == 2 && samples.size(1) == points.size(0), op,
+              ": points must be (d, K) and samples (n, d), got ", points.sizes(), " and ", samples.sizes());
+  TORCH_CHECK(points.scalar_type() == samples.scalar_type(), op, ": dtype mismatch");
+  TORCH_CHECK(samples.size(0) >= 1, op, ": empty samples");
+  TORCH_CHECK(sigma > 0, op, ": sigma must be > 0");
+}
+
+Tensor kde_grid_cuda(const Tensor& points_, const Tensor& samples_, double sigma, bool derivative) {
+  check_kde_grid(points_, samples_, sigma, "kde_grid");
+  const c10::cuda::CUDAGuard guard(points_.device());
+  const Tensor points = points_.contiguous(), samples = samples_.contiguous();
+  Tensor out = at::empty_like(points);
+  AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "kde_grid_cuda", [&] {
+    check_cuda(cuda::kde_grid_fwd<scalar_t>(points.data_ptr<scalar_t>(), samples.data_ptr<scalar_t>(),
+                                            out.data_ptr<scalar_t>(), samples.size(0), samples.size(1),
+                                            points.size(1), sigma, derivative, c10::cuda::getCurrentCUDAStream()),
+               "kde_grid");
+  });
+  return out;
+}
+
+std::tuple<Tensor, Tensor> kde_grid_backward_cuda(const Tensor& grad_, const Tensor& points_, const Tensor& samples_,
+                                                  double sigma, bool derivative) {
+  check_kde_grid(points_, samples_, sigma, "kde_grid_backward");
+  TORCH_CHECK(grad_.sizes() == points_.sizes(), "kde_grid_backward: grad must be shaped like points");
+  const c10::cuda::CUDAGuard guard(points_.device());
+  const Tensor points = points_.contiguous(), samples = samples_.contiguous();
+  const Tensor grad = grad_.to(points.scalar_type()).contiguous();
+  Tensor gp = at::empty_like(points), gs = at::empty_like(samples);
+  AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "kde_grid_backward_cuda", [&] {
+    check_cuda(cuda::kde_grid_bwd<scalar_t>(grad.data_ptr<scalar_t>(), points.data_ptr<scalar_t>(),
+                                            samples.data_ptr<scalar_t>(), gp.data_ptr<scalar_t>(),
+                                            gs.data_ptr<scalar_t>(), samples.size(0), samples.size(1),
+                                            points.size(1), sigma, derivative, c10::cuda::getCurrentCUDAStream()),
+               "kde_grid_backward");
+  });
+  return {gp, gs};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(qkernels, CUDA, m) {
+  m.impl("kde_grid", &kde_grid_cuda);
+  m.impl("kde_grid_backward", &kde_grid_backward_cuda);
+  m.impl("klm", &klm_cuda);
+  m.impl("klm_backward", &klm_backward_cuda);
+}
+
+}  // namespace qkernels
