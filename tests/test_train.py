@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -14,9 +13,6 @@ from qkernels.train import TrainConfig, Trainer, train
 from qkernels.train.data import get_batch
 from qkernels.train.loop import lr_at
 
-HAS_KDE = importlib.util.find_spec("qkernels.ops.kde") is not None
-HAS_METRICS = importlib.util.find_spec("qkernels.metrics.evaluate") is not None
-needs_metrics = pytest.mark.skipif(not HAS_METRICS, reason="qkernels.metrics not available yet")
 DISC = {"disc_width": 32, "disc_layers": 2}
 
 
@@ -47,7 +43,7 @@ def _assert_same(a, b):
             assert a[k] == b[k], k
 
 
-@pytest.mark.parametrize("model", ["factorqvae", "dvae"] + (["tripod"] if HAS_KDE else []))
+@pytest.mark.parametrize("model", ["factorqvae", "dvae", "tripod"])
 def test_resume_is_bit_for_bit(tmp_path, model):
     a, b = tmp_path / "a", tmp_path / "b"
     train(tiny_cfg(model, a), final_eval=False)
@@ -103,7 +99,6 @@ def test_discriminator_steps_after_model(tmp_path, model):
     assert any(n.startswith("discriminator.") for n in moved) and any(n.startswith("encoder.") for n in moved)
 
 
-@needs_metrics
 def test_cli_train_eval_compare(tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "--model", "qlae", "--dataset", "sprites", "--image-size", "16", "--steps", "4",
@@ -127,8 +122,6 @@ def test_cli_train_eval_compare(tmp_path, capsys):
     assert "qlae" in table[2]
 
 
-@needs_metrics
-@pytest.mark.skipif(not HAS_KDE, reason="qkernels.ops.kde not available yet")
 def test_cli_cliff_ae_on_grid2d(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"dataset_kwargs": {"n": 300}, "batch_size": 100}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from qkernels.models.base import Method, build_encoder_decoder, recon_loss, to_image
+from qkernels.models.base import Method, QuantizedAutoencoder, build_encoder_decoder, recon_loss, to_image
 from qkernels.nn.quantize import LatentQuantizer
 
 
@@ -28,7 +28,7 @@ class AE(Method):
         return {"total": rec, "recon": rec}
 
 
-class QLAE(Method):
+class QLAE(QuantizedAutoencoder):
     """Latent-quantized autoencoder: per-latent learnable codebooks of ``num_values`` (init linspace(-0.5, 0.5)),
     straight-through nearest value; loss = BCE + w_q * quantize + w_c * commit (both 0.01).
     Weight decay (AdamW, 0.1 in the authors' runs) applies to weights only, not biases or codebook values."""
@@ -40,15 +40,6 @@ class QLAE(Method):
         self.weight_quantize, self.weight_commit = weight_quantize, weight_commit
         self.encoder, self.decoder = build_encoder_decoder("qlae", arch, tuple(obs_shape), num_latents, num_latents)
         self.quantizer = LatentQuantizer(num_latents, num_values)
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quantizer(self.encoder(x)).z_q
-
-    def codes(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quantizer(self.encoder(x)).indices
-
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        return to_image(self.decoder(z), self.recon)
 
     def latent_values(self, z: torch.Tensor, n: int = 9) -> list[torch.Tensor]:
         return [v.sort().values for v in self.quantizer.values.detach()]

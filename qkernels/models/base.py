@@ -94,6 +94,20 @@ class Method(nn.Module):
         return [(n, p) for n, p in self.named_parameters() if not n.startswith("discriminator.")]
 
 
+class QuantizedAutoencoder(Method):
+    """Shared by QLAE and Tripod: ``encoder`` -> ``quantizer`` (returns :class:`~qkernels.Quantized`) ->
+    ``decoder``; encode gives z_q, codes the integer indices."""
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quantizer(self.encoder(x)).z_q
+
+    def codes(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quantizer(self.encoder(x)).indices
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return to_image(self.decoder(z), self.recon)
+
+
 def discriminator_of(model: nn.Module) -> nn.Module | None:
     """The model's TC discriminator, or None."""
     return model._modules.get("discriminator")

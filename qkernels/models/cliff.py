@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from qkernels.models.architectures import MLP
 from qkernels.models.base import Method
+from qkernels.ops.kde import cliff_loss
 
 
 class CliffAE(Method):
@@ -37,8 +38,6 @@ class CliffAE(Method):
         return self.decoder(z)
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
-        from qkernels.ops.kde import cliff_loss
-
         z = self.encoder(x)
         cliff = cliff_loss(z, **self.cliff_kw)
         terms = {"cliff": cliff}

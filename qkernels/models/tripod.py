@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from qkernels.models.base import Method, build_encoder_decoder, recon_loss, to_image
+from qkernels.models.base import QuantizedAutoencoder, build_encoder_decoder, recon_loss
 from qkernels.nn.quantize import FSQ
+from qkernels.ops.hessian import normalized_hessian_penalty
+from qkernels.ops.kde import klm_loss
 
 # (lambda_KLM, lambda_NHP) of the authors' runs; procedural stand-ins use their real dataset's values.
 TRIPOD_LAMBDAS = {
@@ -28,7 +30,7 @@ def tripod_lambdas(dataset: str) -> tuple[float, float]:
     return TRIPOD_LAMBDAS.get(dataset, TRIPOD_LAMBDAS["shapes3d"])
 
 
-class Tripod(Method):
+class Tripod(QuantizedAutoencoder):
     """FSQ (L levels) autoencoder with KLM and NHP. encode -> z_q (n, d) in [-1, 1]."""
 
     def __init__(self, obs_shape, num_latents: int, *, levels: int = 12, lambda_klm: float = 1e-4,
@@ -41,23 +43,11 @@ class Tripod(Method):
         self.encoder, self.decoder = build_encoder_decoder("qlae", arch, tuple(obs_shape), num_latents, num_latents)
         self.quantizer = FSQ(levels)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quantizer(self.encoder(x)).z_q
-
-    def codes(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quantizer(self.encoder(x)).indices
-
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        return to_image(self.decoder(z), self.recon)
-
     def latent_values(self, z: torch.Tensor, n: int = 9) -> list[torch.Tensor]:
         grid = torch.linspace(-1, 1, self.levels)
         return [grid.clone() for _ in range(self.num_latents)]
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
-        from qkernels.ops.hessian import normalized_hessian_penalty
-        from qkernels.ops.kde import klm_loss
-
         z = self.encoder(x)
         z_q = self.quantizer(z).z_q
         std = torch.tanh(z).std(dim=0, unbiased=False) + 1e-6

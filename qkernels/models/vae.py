@@ -10,6 +10,7 @@ import torch
 
 from qkernels.models.base import Method, build_encoder_decoder, recon_loss, to_image
 from qkernels.models.discriminator import Discriminator, discriminator_loss, tc_estimate
+from qkernels.ops.kde import cliff_loss
 
 
 def gaussian_log_density(z: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -104,8 +105,6 @@ class CliffVAE(BetaVAE):
                          "num_cond": num_cond}
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
-        from qkernels.ops.kde import cliff_loss
-
         mu, _, _, rec, kl = self._forward(x)
         cliff = cliff_loss(mu, **self.cliff_kw)
         return {"recon": rec, "kl": kl, "cliff": cliff, "total": rec + self.beta * kl + self.lambda_a * cliff}
