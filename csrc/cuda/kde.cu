@@ -167,34 +167,29 @@ double kde_scale(int64_t n, double sigma, bool deriv) {
 //
 // Same algorithm as csrc/cpu/kde.cpp and qkernels/triton/kde.py: the normalizing constants cancel
 // in the normalized grids, so D(u) = -u exp(-u^2/2), u = (t_k - x_si) / sigma and N(w) =
-// exp(-w^2/2), w = (zeta_m - x_sj) / sigma are accumulated unnormalized, with the kWindow
-// truncation of kde.h. Entropies / JSDs use the kde.h column helpers (column_norm, column_entropy,
+// exp(-w^2/2), w = (zeta_m - x_sj) / sigma are accumulated unnormalized (every sample, no kWindow
+// truncation: see cliff_dker). Entropies / JSDs use the kde.h column helpers (column_norm, column_entropy,
 // column_backward, uni_entropy), each column owned by one thread. Every sum is owned by one thread
 // in a fixed order: deterministic, no atomics. Grids live in a global workspace (one K x M slice
 // per resident block), not in shared memory, so K and M are unbounded.
 
-// D(u) and (ddx != nullptr) dD/dx = (1 - u^2) exp(-u^2/2) / sigma; 0 outside the window.
+// D(u) and (ddx != nullptr) dD/dx = (1 - u^2) exp(-u^2/2) / sigma. Not truncated at kWindow: when
+// sigma is far below the grid spacing a column can have no term within the window, and only the
+// full (tiny) terms then give the reference's normalized density. Exact zeros come from exp
+// underflow alone, as in the reference; the loops skip them.
 template <typename T>
 __device__ __forceinline__ T cliff_dker(T t, T x, T inv_sigma, T* ddx) {
   const T u = (t - x) * inv_sigma;
-  if (qk_abs(u) > T(kWindow)) {
-    if (ddx != nullptr) *ddx = T(0);
-    return T(0);
-  }
-  const T e = vexp(T(-0.5) * u * u);
+  const T e = qk_exp(T(-0.5) * u * u);
   if (ddx != nullptr) *ddx = (T(1) - u * u) * e * inv_sigma;
   return -u * e;
 }
 
-// N(w) and (dndx != nullptr) dN/dx = w / sigma N (= -dN/dzeta); 0 outside the window.
+// N(w) and (dndx != nullptr) dN/dx = w / sigma N (= -dN/dzeta); not truncated (as cliff_dker).
 template <typename T>
 __device__ __forceinline__ T cliff_ker(T z, T x, T inv_sigma, T* dndx) {
   const T w = (z - x) * inv_sigma;
-  if (qk_abs(w) > T(kWindow)) {
-    if (dndx != nullptr) *dndx = T(0);
-    return T(0);
-  }
-  const T e = vexp(T(-0.5) * w * w);
+  const T e = qk_exp(T(-0.5) * w * w);
   if (dndx != nullptr) *dndx = w * inv_sigma * e;
   return e;
 }
