@@ -144,7 +144,8 @@ Tensor cliff_terms_backward_cuda(const Tensor& g_uni, const Tensor& g_biv, const
   const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
   const int64_t n = x.size(0), d = x.size(1), K = grid.size(0), Ku = vp.size(0), M = cond.size(1);
   // (g_uni, g_biv, g_kl) on the device: no host sync
-  const Tensor g3 = at::stack({g_uni.reshape({}), g_biv.reshape({}), g_kl.reshape({})}).to(x.options()).contiguous();
+  const Tensor g3 = at::stack({g_uni.reshape({}).to(x.options()), g_biv.reshape({}).to(x.options()),
+                                g_kl.reshape({}).to(x.options())});
   Tensor gx = at::empty_like(x);
   Tensor ws = at::empty({cuda::cliff_bwd_workspace(d, K, Ku, M)}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_terms_backward_cuda", [&] {
