@@ -1,4 +1,4 @@
-// TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the KDE kernels (klm, kde_grid): checks, allocation,
+// TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the KDE kernels (klm, kde_grid, cliff_terms): checks, allocation,
 // stream, then the raw-pointer launchers of csrc/cuda/kde.cu. Built only with CUDA torch. The O(n d)
 // pre- and post-processing (y = z / std, the loss mean, the std gradient) is left to ATen.
 #include <ATen/ATen.h>
@@ -103,6 +103,61 @@ std::tuple<Tensor, Tensor> kde_grid_backward_cuda(const Tensor& grad_, const Ten
   return {gp, gs};
 }
 
+void check_cliff(const Tensor& x, const Tensor& grid, const Tensor& uni_points, const Tensor& cond, double sigma,
+                 double step, const char* op) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(1) >= 1, op, ": x must be (n, d), got ", x.sizes());
+  TORCH_CHECK(grid.dim() == 1 && grid.size(0) >= 2, op, ": grid must be (K,), K >= 2, got ", grid.sizes());
+  TORCH_CHECK(uni_points.dim() == 1 && uni_points.size(0) >= 1, op, ": uni_points must be (K_u,)");
+  TORCH_CHECK(cond.dim() == 2 && cond.size(0) == x.size(1) && cond.size(1) >= 1 && cond.scalar_type() == at::kLong,
+              op, ": cond_index must be int64 (d, M), got ", cond.sizes());
+  TORCH_CHECK(grid.scalar_type() == x.scalar_type() && uni_points.scalar_type() == x.scalar_type(), op,
+              ": dtype mismatch");
+  TORCH_CHECK(grid.device() == x.device() && uni_points.device() == x.device() && cond.device() == x.device(), op,
+              ": all tensors must be on the same device");
+  TORCH_CHECK(sigma > 0 && step > 0, op, ": sigma and step must be > 0");
+}
+
+std::tuple<Tensor, Tensor, Tensor> cliff_terms_cuda(const Tensor& x_, const Tensor& grid_, const Tensor& uni_points_,
+                                                    const Tensor& cond_, double sigma, double step) {
+  check_cliff(x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms");
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
+  const int64_t n = x.size(0), d = x.size(1), K = grid.size(0), Ku = vp.size(0), M = cond.size(1);
+  Tensor uni = at::empty({d}, x.options()), kl = at::empty({d}, x.options());
+  Tensor jsd = at::zeros({d > 1 ? d * (d - 1) : 1}, x.options());
+  Tensor ws = at::empty({cuda::cliff_fwd_workspace(d, K, Ku, M)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_terms_cuda", [&] {
+    check_cuda(cuda::cliff_fwd<scalar_t>(x.data_ptr<scalar_t>(), grid.data_ptr<scalar_t>(), vp.data_ptr<scalar_t>(),
+                                         cond.data_ptr<int64_t>(), uni.data_ptr<scalar_t>(), kl.data_ptr<scalar_t>(),
+                                         jsd.data_ptr<scalar_t>(), ws.data_ptr<scalar_t>(), n, d, K, Ku, M, sigma,
+                                         step, c10::cuda::getCurrentCUDAStream()),
+               "cliff_terms");
+  });
+  return {uni.sum(), jsd.sum(), kl.sum()};
+}
+
+Tensor cliff_terms_backward_cuda(const Tensor& g_uni, const Tensor& g_biv, const Tensor& g_kl, const Tensor& x_,
+                                 const Tensor& grid_, const Tensor& uni_points_, const Tensor& cond_, double sigma,
+                                 double step) {
+  check_cliff(x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms_backward");
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
+  const int64_t n = x.size(0), d = x.size(1), K = grid.size(0), Ku = vp.size(0), M = cond.size(1);
+  // (g_uni, g_biv, g_kl) on the device: no host sync
+  const Tensor g3 = at::stack({g_uni.reshape({}).to(x.options()), g_biv.reshape({}).to(x.options()),
+                                g_kl.reshape({}).to(x.options())});
+  Tensor gx = at::empty_like(x);
+  Tensor ws = at::empty({cuda::cliff_bwd_workspace(d, K, Ku, M)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_terms_backward_cuda", [&] {
+    check_cuda(cuda::cliff_bwd<scalar_t>(g3.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), grid.data_ptr<scalar_t>(),
+                                         vp.data_ptr<scalar_t>(), cond.data_ptr<int64_t>(), gx.data_ptr<scalar_t>(),
+                                         ws.data_ptr<scalar_t>(), n, d, K, Ku, M, sigma, step,
+                                         c10::cuda::getCurrentCUDAStream()),
+               "cliff_terms_backward");
+  });
+  return gx;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(qkernels, CUDA, m) {
@@ -110,6 +165,8 @@ TORCH_LIBRARY_IMPL(qkernels, CUDA, m) {
   m.impl("kde_grid_backward", &kde_grid_backward_cuda);
   m.impl("klm", &klm_cuda);
   m.impl("klm_backward", &klm_backward_cuda);
+  m.impl("cliff_terms", &cliff_terms_cuda);
+  m.impl("cliff_terms_backward", &cliff_terms_backward_cuda);
 }
 
 }  // namespace qkernels
