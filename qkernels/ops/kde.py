@@ -141,8 +141,7 @@ if _has_native("cliff_terms"):
     wire_kde_grid("qkernels::kde_grid", "qkernels::kde_grid_backward")
     wire_cliff_terms("qkernels::cliff_terms", "qkernels::cliff_terms_backward")
     wire_klm("qkernels::klm", "qkernels::klm_backward")
-    # one C++ op per function; the cuda backend only for the ops with a CUDA kernel (csrc/cuda/kde.cu
-    # has klm and kde_grid; cliff_terms has none yet: see issue 3)
+    # one C++ op per function, CPU and (CUDA builds) CUDA dispatch keys
     for _op in ("kde_grid", "cliff_terms", "klm"):
         for _backend in ("cpu", "cuda") if _ext.has_kernel(_op, "CUDA") else ("cpu",):
             register(_op, _backend)(getattr(torch.ops.qkernels, _op))
