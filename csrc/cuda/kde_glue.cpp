@@ -10,6 +10,7 @@
 
 #include "kde.cuh"
 #include "qkernels/kde.h"
+#include "qkernels/kde_checks.h"
 
 namespace qkernels {
 namespace {
@@ -20,11 +21,6 @@ void check_cuda(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
 }
 
-void check_klm(const Tensor& z, const Tensor& std, const char* op) {
-  TORCH_CHECK(z.dim() == 2 && z.size(0) >= 1 && z.size(1) >= 1, op, ": z must be (n, d), got ", z.sizes());
-  TORCH_CHECK(std.dim() == 1 && std.size(0) == z.size(1), op, ": std must be (d,), got ", std.sizes());
-  TORCH_CHECK(std.scalar_type() == z.scalar_type(), op, ": dtype mismatch");
-}
 
 std::tuple<Tensor, Tensor> klm_cuda(const Tensor& z_, const Tensor& std_) {
   check_klm(z_, std_, "klm");
@@ -63,13 +59,6 @@ std::tuple<Tensor, Tensor> klm_backward_cuda(const Tensor& grad_loss, const Tens
   return {gy / std_, -(gy * y).sum(0) / std_};
 }
 
-void check_kde_grid(const Tensor& points, const Tensor& samples, double sigma, const char* op) {
-  TORCH_CHECK(points.dim() == 2 && samples.dim() == 2 && samples.size(1) == points.size(0), op,
-              ": points must be (d, K) and samples (n, d), got ", points.sizes(), " and ", samples.sizes());
-  TORCH_CHECK(points.scalar_type() == samples.scalar_type(), op, ": dtype mismatch");
-  TORCH_CHECK(samples.size(0) >= 1, op, ": empty samples");
-  TORCH_CHECK(sigma > 0, op, ": sigma must be > 0");
-}
 
 Tensor kde_grid_cuda(const Tensor& points_, const Tensor& samples_, double sigma, bool derivative) {
   check_kde_grid(points_, samples_, sigma, "kde_grid");
@@ -103,19 +92,6 @@ std::tuple<Tensor, Tensor> kde_grid_backward_cuda(const Tensor& grad_, const Ten
   return {gp, gs};
 }
 
-void check_cliff(const Tensor& x, const Tensor& grid, const Tensor& uni_points, const Tensor& cond, double sigma,
-                 double step, const char* op) {
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(1) >= 1, op, ": x must be (n, d), got ", x.sizes());
-  TORCH_CHECK(grid.dim() == 1 && grid.size(0) >= 2, op, ": grid must be (K,), K >= 2, got ", grid.sizes());
-  TORCH_CHECK(uni_points.dim() == 1 && uni_points.size(0) >= 1, op, ": uni_points must be (K_u,)");
-  TORCH_CHECK(cond.dim() == 2 && cond.size(0) == x.size(1) && cond.size(1) >= 1 && cond.scalar_type() == at::kLong,
-              op, ": cond_index must be int64 (d, M), got ", cond.sizes());
-  TORCH_CHECK(grid.scalar_type() == x.scalar_type() && uni_points.scalar_type() == x.scalar_type(), op,
-              ": dtype mismatch");
-  TORCH_CHECK(grid.device() == x.device() && uni_points.device() == x.device() && cond.device() == x.device(), op,
-              ": all tensors must be on the same device");
-  TORCH_CHECK(sigma > 0 && step > 0, op, ": sigma and step must be > 0");
-}
 
 std::tuple<Tensor, Tensor, Tensor> cliff_terms_cuda(const Tensor& x_, const Tensor& grid_, const Tensor& uni_points_,
                                                     const Tensor& cond_, double sigma, double step) {
