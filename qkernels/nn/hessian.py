@@ -10,7 +10,23 @@ from torch import nn
 from qkernels.ops.hessian import hessian_penalty, normalized_hessian_penalty
 
 
-class NormalizedHessianPenalty(nn.Module):
+class _Penalty(nn.Module):
+    """Holds the finite-difference settings shared by both penalties."""
+
+    def __init__(self, num_perturbations: int, eps: float, reduction: str, chunk_size: int | None) -> None:
+        super().__init__()
+        self.num_perturbations, self.eps = num_perturbations, eps
+        self.reduction, self.chunk_size = reduction, chunk_size
+
+    def _settings(self, generator: torch.Generator | None) -> dict:
+        return dict(num_perturbations=self.num_perturbations, eps=self.eps, generator=generator,
+                    reduction=self.reduction, chunk_size=self.chunk_size)
+
+    def extra_repr(self) -> str:
+        return f"num_perturbations={self.num_perturbations}, eps={self.eps}, reduction={self.reduction!r}"
+
+
+class NormalizedHessianPenalty(_Penalty):
     """Tripod's NHP as a module: ``penalty(fn, z, std)`` -> scalar (or per-sample values).
 
     Args:
@@ -35,11 +51,7 @@ class NormalizedHessianPenalty(nn.Module):
         chunk_size: int | None = None,
         std_eps: float = 1e-6,
     ) -> None:
-        super().__init__()
-        self.num_perturbations = num_perturbations
-        self.eps = eps
-        self.reduction = reduction
-        self.chunk_size = chunk_size
+        super().__init__(num_perturbations, eps, reduction, chunk_size)
         self.std_eps = std_eps
 
     def forward(
@@ -51,25 +63,10 @@ class NormalizedHessianPenalty(nn.Module):
     ):
         if std is None and isinstance(z, torch.Tensor) and z.dim() == 2:
             std = z.std(dim=0, correction=0) + self.std_eps
-        return normalized_hessian_penalty(
-            fn,
-            z,
-            std,
-            num_perturbations=self.num_perturbations,
-            eps=self.eps,
-            generator=generator,
-            reduction=self.reduction,
-            chunk_size=self.chunk_size,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"num_perturbations={self.num_perturbations}, eps={self.eps}, "
-            f"reduction={self.reduction!r}"
-        )
+        return normalized_hessian_penalty(fn, z, std, **self._settings(generator))
 
 
-class HessianPenalty(nn.Module):
+class HessianPenalty(_Penalty):
     """Peebles et al.'s Hessian penalty as a module: ``penalty(fn, z)`` -> scalar.
 
     Args: num_perturbations (k >= 2), eps (0.1), reduction ("max", "mean" or "none"), chunk_size.
@@ -82,25 +79,7 @@ class HessianPenalty(nn.Module):
         reduction: str = "max",
         chunk_size: int | None = None,
     ) -> None:
-        super().__init__()
-        self.num_perturbations = num_perturbations
-        self.eps = eps
-        self.reduction = reduction
-        self.chunk_size = chunk_size
+        super().__init__(num_perturbations, eps, reduction, chunk_size)
 
     def forward(self, fn: Callable, z: torch.Tensor, generator: torch.Generator | None = None):
-        return hessian_penalty(
-            fn,
-            z,
-            num_perturbations=self.num_perturbations,
-            eps=self.eps,
-            generator=generator,
-            reduction=self.reduction,
-            chunk_size=self.chunk_size,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"num_perturbations={self.num_perturbations}, eps={self.eps}, "
-            f"reduction={self.reduction!r}"
-        )
+        return hessian_penalty(fn, z, **self._settings(generator))
