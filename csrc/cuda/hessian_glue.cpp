@@ -9,6 +9,7 @@
 #include <string>
 
 #include "hessian.cuh"
+#include "qkernels/hessian_checks.h"
 
 namespace qkernels {
 namespace {
@@ -19,23 +20,10 @@ void check_cuda(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
 }
 
-int64_t check_fd(const Tensor& stacked, int64_t n, int64_t k, double eps, int64_t groups,
-                 c10::string_view reduce, const char* op) {
-  TORCH_CHECK(stacked.dim() == 2 && stacked.size(1) >= 1, op, ": stacked must be (R, M), got ", stacked.sizes());
-  TORCH_CHECK(n >= 1 && k >= 2 && (groups == 1 || groups == 2) && eps > 0, op,
-              ": need n >= 1, num_perturbations >= 2, groups in {1, 2}, eps > 0");
-  TORCH_CHECK(reduce == "mean" || reduce == "max", op, ": reduce must be 'mean' or 'max', got '",
-              std::string(reduce), "'");
-  const int64_t P = 2 * k * groups * n, offset = stacked.size(0) - P;
-  TORCH_CHECK(offset == 0 || offset == n, op, ": stacked must have ", P, " or ", P + n, " rows, got ",
-              stacked.size(0));
-  return offset;
-}
-
 std::tuple<Tensor, Tensor> finite_difference_curvature_cuda(const Tensor& stacked_, int64_t n, int64_t k,
                                                             double eps, int64_t groups, bool unbiased,
                                                             c10::string_view reduce) {
-  const int64_t offset = check_fd(stacked_, n, k, eps, groups, reduce, "finite_difference_curvature");
+  const int64_t offset = check_fd(stacked_, n, k, eps, groups, reduce, "finite_difference_curvature").offset;
   const c10::cuda::CUDAGuard guard(stacked_.device());
   const Tensor stacked = stacked_.contiguous();
   const int64_t M = stacked.size(1), cbs = cuda::fd_curvature_col_blocks(M);
@@ -57,7 +45,7 @@ std::tuple<Tensor, Tensor> finite_difference_curvature_cuda(const Tensor& stacke
 Tensor finite_difference_curvature_backward_cuda(const Tensor& grad_, const Tensor& stacked_,
                                                  const Tensor& argmax_, int64_t n, int64_t k, double eps,
                                                  int64_t groups, bool unbiased, c10::string_view reduce) {
-  const int64_t offset = check_fd(stacked_, n, k, eps, groups, reduce, "finite_difference_curvature_backward");
+  const int64_t offset = check_fd(stacked_, n, k, eps, groups, reduce, "finite_difference_curvature_backward").offset;
   TORCH_CHECK(grad_.numel() == groups * n && argmax_.numel() == groups * n,
               "finite_difference_curvature_backward: grad and argmax must be (groups, n)");
   const c10::cuda::CUDAGuard guard(stacked_.device());
