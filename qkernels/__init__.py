@@ -1,5 +1,6 @@
 """qkernels: fused kernels for quantized / discrete disentangled representation learning."""
 
+from qkernels import _backend
 from qkernels._backend import (
     BackendUnavailableError,
     available_backends,
@@ -19,6 +20,8 @@ from qkernels.ops.quantize import (
 )
 
 __version__ = "0.1.0"
+
+_backend.warm()  # backend selection becomes a table lookup (torch.compile traces through it)
 
 __all__ = [
     "available_backends",

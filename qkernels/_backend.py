@@ -19,8 +19,34 @@ import torch
 from qkernels import _ext
 
 BACKENDS = ("reference", "cpu", "triton", "cuda")
-# auto's order of preference per device type (first available implementation wins)
-AUTO_ORDER = {"cpu": ("cpu", "reference"), "cuda": ("cuda", "triton", "reference")}
+
+# auto's order of preference, per device type and op (first available implementation wins); "*"
+# is the order for ops without a row of their own. Every row is a measurement: the rows of
+# benchmarks/RESULTS.md named in the comment (CPU: 2 cores; CUDA: the H200 table of
+# shared/gpu/h200-2026-11-26.md, reproduced in RESULTS.md "GPU"). A kernel comes first only where
+# it was measured faster than the reference on that device.
+AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
+    "cpu": {
+        "*": ("cpu", "reference"),
+        # RESULTS.md "Quantization": categorical_latent cpu 0.57x the reference (scalar libm exp/log)
+        "relaxed_categorical": ("reference",),
+    },
+    "cuda": {
+        # RESULTS.md "GPU": klm 1024x32 triton 1.47 ms, cuda 3.5, reference 10.4
+        "klm": ("triton", "cuda", "reference"),
+        # RESULTS.md "GPU": latent_quantize 65536x64 triton 1.34 ms, cuda 1.58, reference 4.35
+        "latent_quantize": ("triton", "cuda", "reference"),
+        # RESULTS.md "GPU": cliff 1024x12 reference 5.6 ms, triton 20.7, cuda 147 (the kernels lose)
+        "cliff_terms": ("reference",),
+        # RESULTS.md "GPU": categorical_latent 4096x10 reference 1.11 ms, cuda 1.20, triton 1.46
+        "relaxed_categorical": ("reference",),
+        # not measured on a GPU yet (qkernels bench "kde_grid" rows): the reference until it is
+        "kde_grid": ("reference",),
+        # RESULTS.md "GPU": nhp mlp cuda 2.35 ms, reference 2.63, triton 2.99 (conv: a tie within 6%)
+        "finite_difference_curvature": ("cuda", "reference"),
+        "*": ("reference",),
+    },
+}
 
 
 class BackendUnavailableError(RuntimeError):
@@ -35,13 +61,10 @@ def _check_name(name: str) -> str:
 
 _forced: str = _check_name(os.environ.get("QKERNELS_BACKEND", "auto") or "auto")
 _REGISTRY: dict[str, dict[str, Callable]] = {}
-_AUTO_ORDER_BY_OP: dict[tuple[str, str], tuple[str, ...]] = {}
-
-
-def set_auto_order(op: str, device_type: str, order: tuple[str, ...]) -> None:
-    """Override ``auto``'s preference for ``op`` on ``device_type`` (where measurements say a
-    backend other than the default order is fastest; see benchmarks/RESULTS.md)."""
-    _AUTO_ORDER_BY_OP[(op, device_type)] = tuple(_check_name(b) for b in order)
+# unavailable_reason per (backend, device type or None), filled by warm() at import: selection
+# inside torch.compile must be plain dict lookups (probing triton or the dispatcher while dynamo
+# traces breaks fullgraph compilation).
+_REASONS: dict[tuple[str, str | None], str | None] = {}
 
 
 def triton_interpret() -> bool:
@@ -57,10 +80,22 @@ def _triton_reason() -> str | None:
     return None
 
 
-def unavailable_reason(backend: str, device: torch.device | None = None) -> str | None:
+def _device_type(device) -> str | None:
+    if device is None:
+        return None
+    return device.type if isinstance(device, torch.device) else torch.device(device).type
+
+
+def unavailable_reason(backend: str, device: torch.device | str | None = None) -> str | None:
     """Why ``backend`` cannot run on ``device`` (None: it can). ``device=None``: on any device."""
+    key = (backend, _device_type(device))
+    if key not in _REASONS:
+        _REASONS[key] = _probe(*key)
+    return _REASONS[key]
+
+
+def _probe(backend: str, dev: str | None) -> str | None:
     _check_name(backend)
-    dev = None if device is None else torch.device(device).type
     if backend == "reference":
         return None
     if backend == "cpu":
@@ -153,6 +188,15 @@ def _load_triton_impls() -> None:
         importlib.import_module("qkernels.triton")
 
 
+def warm() -> None:
+    """Probe every backend and load the Triton kernels now (called once by ``import qkernels``),
+    so that backend selection is a table lookup, also while torch.compile traces."""
+    _load_triton_impls()
+    for backend in BACKENDS:
+        for dev in (None, "cpu", "cuda"):
+            unavailable_reason(backend, dev)
+
+
 # dtypes the kernels of the cpu, triton and cuda backends are written for
 KERNEL_DTYPES = (torch.float32, torch.float64)
 
@@ -169,8 +213,8 @@ def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Call
         if reason is not None:
             raise BackendUnavailableError(f"backend {_forced!r} unavailable for {op}: {reason}")
         return _forced, impls[_forced]
-    order = _AUTO_ORDER_BY_OP.get((op, device.type)) or AUTO_ORDER.get(device.type, ("reference",))
-    for name in order:
+    table = AUTO_ORDER.get(device.type, {})
+    for name in table.get(op) or table.get("*", ("reference",)):
         if name != "reference" and dtype not in KERNEL_DTYPES:
             continue
         if name in impls and unavailable_reason(name, device) is None:

@@ -1,14 +1,31 @@
 """Input checks shared by every functional op: clear ``TypeError``/``ValueError`` naming the
-argument, never a silent NaN. Data-dependent checks (finiteness) are skipped while
-``torch.compile`` traces, where they would break the graph."""
+argument, never a silent NaN.
+
+Checks of tensor *values* (NaN/inf, index ranges, positivity) read data back to the host: on a GPU
+that blocks the CPU until the device catches up, several times per call. They run where
+:func:`value_checks` says so: ``QKERNELS_CHECK_FINITE`` unset or ``auto`` (default): on CPU tensors
+only; ``1``: on every device (debugging; synchronizes on CUDA); ``0``: never. They are always
+skipped while ``torch.compile`` traces (they would break the graph). Shape, dtype and device checks
+always run: they read metadata only.
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+_CHECK_MODES = ("auto", "1", "0")
+CHECK_VALUES = os.environ.get("QKERNELS_CHECK_FINITE", "auto") or "auto"
+if CHECK_VALUES not in _CHECK_MODES:
+    raise ValueError(f"QKERNELS_CHECK_FINITE must be one of {_CHECK_MODES}, got {CHECK_VALUES!r}")
 
-def _compiling() -> bool:
-    return torch.compiler.is_compiling()
+
+def value_checks(t: torch.Tensor) -> bool:
+    """Whether value-dependent checks run on ``t`` (see the module docstring)."""
+    if CHECK_VALUES == "0" or torch.compiler.is_compiling():
+        return False
+    return CHECK_VALUES == "1" or t.device.type == "cpu"
 
 
 def check_tensor(
@@ -37,7 +54,7 @@ def check_tensor(
         )
     if nonempty and t.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
-    if finite and t.is_floating_point() and not _compiling() and not torch.isfinite(t).all():
+    if finite and t.is_floating_point() and value_checks(t) and not torch.isfinite(t).all():
         raise ValueError(f"{name} contains NaN or inf")
     return t
 
@@ -45,7 +62,7 @@ def check_tensor(
 def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, *, dtype=True) -> None:
     """Same device (and dtype when ``dtype``) for two tensor arguments."""
     if a.device != b.device:
-        raise ValueError(f"{name_a} is on {a.device} but {name_b} is on {b.device}")
+        raise ValueError(f"{name_a} is on device {a.device} but {name_b} is on device {b.device}")
     if dtype and a.dtype != b.dtype:
         raise TypeError(f"{name_a} has dtype {a.dtype} but {name_b} has dtype {b.dtype}")
 

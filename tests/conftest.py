@@ -24,6 +24,13 @@ def backend(request):
         yield request.param
 
 
+@pytest.fixture
+def all_value_checks(monkeypatch):
+    """Value checks (NaN/inf, ranges) on every device, as with QKERNELS_CHECK_FINITE=1: tests of
+    those checks pass on a GPU too, where they are off by default (they synchronize)."""
+    monkeypatch.setattr(qkernels._validation, "CHECK_VALUES", "1")
+
+
 def tol(dtype: torch.dtype) -> dict:
     """assert_close tolerances per dtype."""
     return {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}

@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 
+from conftest import DEVICE
+
 from qkernels import _ext
 from qkernels._backend import implementations, unavailable_reason, use_backend
 from qkernels.nn.hessian import HessianPenalty, NormalizedHessianPenalty
@@ -19,7 +21,7 @@ from qkernels.ops.hessian import (
 from qkernels.reference import hessian as ref
 
 OP = "finite_difference_curvature"
-BACKENDS = [b for b in implementations(OP) if unavailable_reason(b, "cpu") is None]
+BACKENDS = [b for b in implementations(OP) if unavailable_reason(b, DEVICE) is None]
 KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
 TOL = {torch.float32: dict(rtol=2e-5, atol=1e-6), torch.float64: dict(rtol=1e-11, atol=1e-12)}
 
@@ -31,7 +33,7 @@ def _impl(backend):
 def _stacked(n, k, m, groups, center, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     rows = n * (2 * k * groups + (1 if center else 0))
-    return torch.randn(rows, m, generator=g, dtype=torch.float64).to(dtype)
+    return torch.randn(rows, m, generator=g, dtype=torch.float64).to(dtype).to(DEVICE)
 
 
 def test_backends_present():
@@ -61,9 +63,7 @@ def test_op_matches_reference(backend, dtype, case):
     if backend == "triton" and m * n > 1500 and dtype == torch.float64:
         pytest.skip("interpreter: large fp64 case covered by fp32")
     x = _stacked(n, k, m, groups, center, dtype).requires_grad_()
-    w = torch.randn(groups, n, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(
-        dtype
-    )
+    w = torch.randn(groups, n, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE, dtype)
     v_ref, a_ref = ref.finite_difference_curvature(x, n, k, 0.1, groups, unbiased, reduce)
     (g_ref,) = torch.autograd.grad((v_ref * w).sum(), x)
     v, a = _impl(backend)(x, n, k, 0.1, groups, unbiased, reduce)
@@ -158,8 +158,8 @@ def test_cpu_deterministic_across_threads():
 
 def _mlp(d, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
-    w1 = (torch.randn(d, 6, generator=g, dtype=torch.float64) / math.sqrt(d)).to(dtype)
-    w2 = (torch.randn(6, 5, generator=g, dtype=torch.float64) / math.sqrt(6)).to(dtype)
+    w1 = (torch.randn(d, 6, generator=g, dtype=torch.float64) / math.sqrt(d)).to(DEVICE, dtype)
+    w2 = (torch.randn(6, 5, generator=g, dtype=torch.float64) / math.sqrt(6)).to(DEVICE, dtype)
     params = [w1.requires_grad_(), w2.requires_grad_()]
 
     def fn(x):
@@ -173,8 +173,8 @@ def _mlp(d, seed=0, dtype=torch.float64):
 def _directions_like_api(z, k, seed, gaussian):
     g = torch.Generator().manual_seed(seed)
     r = (2 * torch.randint(0, 2, (k, *z.shape), generator=g, dtype=torch.int8) - 1).to(z.dtype)
-    w = torch.randn((k, *z.shape), generator=g, dtype=z.dtype) if gaussian else None
-    return r, w
+    w = torch.randn((k, *z.shape), generator=g, dtype=z.dtype).to(z.device) if gaussian else None
+    return r.to(z.device), w
 
 
 def _oracle_fd(fn, z, h, eps):
@@ -201,8 +201,8 @@ def _var(xs, ddof):
 def test_nhp_matches_float64_oracle(backend):
     n, d, k, eps, seed = 5, 3, 3, 0.1, 7
     fn, _ = _mlp(d)
-    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    std = torch.tensor([0.5, 1.5, 0.9], dtype=torch.float64)
+    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    std = torch.tensor([0.5, 1.5, 0.9], dtype=torch.float64, device=DEVICE)
     with use_backend(backend):
         got = normalized_hessian_penalty(
             fn, z, std, num_perturbations=k, eps=eps, generator=torch.Generator().manual_seed(seed)
@@ -236,7 +236,7 @@ def test_nhp_matches_float64_oracle(backend):
 def test_hp_matches_float64_oracle(backend, reduction):
     n, d, k, eps, seed = 4, 3, 3, 0.1, 11
     fn, _ = _mlp(d, seed=1)
-    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     with use_backend(backend):
         got = hessian_penalty(
             fn,
@@ -260,8 +260,8 @@ def test_hp_matches_float64_oracle(backend, reduction):
 def test_penalty_gradients_cpu_vs_reference(dtype):
     n, d, k = 6, 3, (8 if dtype == torch.float32 else 2)
     fn, params = _mlp(d, dtype=dtype)
-    z = torch.randn(n, d, dtype=dtype, generator=torch.Generator().manual_seed(2)).requires_grad_()
-    std = torch.tensor([0.5, 1.5, 0.9], dtype=dtype).requires_grad_()
+    z = torch.randn(n, d, dtype=dtype, generator=torch.Generator().manual_seed(2)).to(DEVICE).requires_grad_()
+    std = torch.tensor([0.5, 1.5, 0.9], dtype=dtype, device=DEVICE).requires_grad_()
     grads = {}
     for backend in ("reference", "cpu"):
         with use_backend(backend):
@@ -290,7 +290,7 @@ def _quadratic(mats):
 
 
 def _sym(d, seed):
-    a = torch.randn(d, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    a = torch.randn(d, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
     return (a + a.T) / 2
 
 
@@ -298,10 +298,10 @@ def test_closed_form_quadratic_converges():
     """HP -> 2 sum_{i!=j} A_ij^2 (eq. 8); NHP -> eq. 16 (Prop. 3.2), element means first."""
     d, n, k = 4, 16, 4000
     mats = torch.stack([_sym(d, 0), _sym(d, 1)])
-    std = torch.tensor([0.5, 2.0, 1.0, 0.8], dtype=torch.float64)
-    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    std = torch.tensor([0.5, 2.0, 1.0, 0.8], dtype=torch.float64, device=DEVICE)
+    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(9)).to(DEVICE)
     fn = _quadratic(mats)
-    off = ~torch.eye(d, dtype=torch.bool)
+    off = ~torch.eye(d, dtype=torch.bool, device=DEVICE)
     hp_expected = torch.stack(
         [2 * (a[off] ** 2).sum() for a in mats]
     ).mean()  # mean over the M = 2 outputs
@@ -331,14 +331,14 @@ def test_closed_form_quadratic_converges():
 def test_closed_form_peebles_check():
     """G(z) = [z0 z1, z0^2 z1] -> per-sample penalties [4, 16 z0^2] as k grows."""
     n, k = 6, 4000
-    z = torch.randn(n, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    z = torch.randn(n, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     fn = lambda x: {"a": x[:, 0] * x[:, 1], "b": x[:, 0] ** 2 * x[:, 1]}
     per = hessian_penalty(
         fn, z, num_perturbations=k, reduction="none", generator=torch.Generator().manual_seed(3)
     )
     assert set(per) == {"a", "b"}
     torch.testing.assert_close(
-        per["a"], torch.full((n,), 4.0, dtype=torch.float64), rtol=0.06, atol=0
+        per["a"], torch.full((n,), 4.0, dtype=torch.float64, device=DEVICE), rtol=0.06, atol=0
     )
     torch.testing.assert_close(per["b"], 16 * z[:, 0] ** 2, rtol=0.06, atol=0)
 
@@ -349,9 +349,9 @@ def test_closed_form_peebles_check():
 def test_invariance_prop_3_1():
     n, d = 8, 3
     fn, _ = _mlp(d, seed=3)
-    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
-    std = torch.tensor([0.7, 1.2, 0.4], dtype=torch.float64)
-    s = torch.tensor([3.0, 0.2, 1.0], dtype=torch.float64)
+    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    std = torch.tensor([0.7, 1.2, 0.4], dtype=torch.float64, device=DEVICE)
+    s = torch.tensor([3.0, 0.2, 1.0], dtype=torch.float64, device=DEVICE)
 
     def nhp(f, zz, sd):
         return normalized_hessian_penalty(f, zz, sd, generator=torch.Generator().manual_seed(0))
@@ -384,8 +384,8 @@ class _Counting:
 def test_fn_called_once_on_the_stacked_batch():
     n, d, k = 5, 3, 2
     fn, _ = _mlp(d)
-    z = torch.randn(n, d, dtype=torch.float64)
-    std = torch.ones(d, dtype=torch.float64)
+    z = torch.randn(n, d, dtype=torch.float64, device=DEVICE)
+    std = torch.ones(d, dtype=torch.float64, device=DEVICE)
     c = _Counting(fn)
     a = normalized_hessian_penalty(
         c, z, std, num_perturbations=k, generator=torch.Generator().manual_seed(0)
@@ -405,8 +405,8 @@ def test_fn_called_once_on_the_stacked_batch():
 def test_stacked_layout():
     """Row blocks: [z + v_1; z - v_1; ...; z + w_k; z - w_k], directions scaled by eps * std."""
     n, d, k, eps = 3, 2, 2, 0.1
-    z = torch.randn(n, d, dtype=torch.float64)
-    std = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    z = torch.randn(n, d, dtype=torch.float64, device=DEVICE)
+    std = torch.tensor([0.5, 2.0], dtype=torch.float64, device=DEVICE)
     seen = []
     normalized_hessian_penalty(
         lambda x: seen.append(x) or x.sum(1, keepdim=True) ** 2,
@@ -428,7 +428,7 @@ def test_stacked_layout():
 def test_module_matches_functional():
     n, d = 6, 3
     fn, _ = _mlp(d)
-    z = torch.randn(n, d, dtype=torch.float64)
+    z = torch.randn(n, d, dtype=torch.float64, device=DEVICE)
     std = z.std(0, correction=0) + 1e-6
     m = NormalizedHessianPenalty()
     got = m(fn, z, generator=torch.Generator().manual_seed(0))
@@ -446,8 +446,8 @@ def test_float32_penalty_close_to_float64():
     n, d, k = 8, 3, 2
     fn64, _ = _mlp(d)
     fn32, _ = _mlp(d, dtype=torch.float32)
-    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
-    std = torch.tensor([0.5, 1.5, 0.9], dtype=torch.float64)
+    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    std = torch.tensor([0.5, 1.5, 0.9], dtype=torch.float64, device=DEVICE)
     seen = []
     a = normalized_hessian_penalty(
         lambda x: seen.append(x) or fn64(x),
@@ -469,16 +469,16 @@ def test_float32_penalty_close_to_float64():
 
 def _ok():
     fn, _ = _mlp(3)
-    return fn, torch.randn(4, 3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    return fn, torch.randn(4, 3, dtype=torch.float64, device=DEVICE), torch.ones(3, dtype=torch.float64, device=DEVICE)
 
 
 @pytest.mark.parametrize(
     "kwargs,exc,match",
     [
-        (dict(std=torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)), ValueError, "std"),
+        (dict(std=torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64, device=DEVICE)), ValueError, "std"),
         (dict(std=torch.ones(4, dtype=torch.float64)), ValueError, "std"),
         (dict(std=torch.ones(1, 3, dtype=torch.float64)), ValueError, "std"),
-        (dict(std=torch.ones(3)), TypeError, "std"),
+        (dict(std=torch.ones(3, device=DEVICE)), TypeError, "std"),
         (dict(num_perturbations=1), ValueError, "num_perturbations"),
         (dict(num_perturbations=2.0), TypeError, "num_perturbations"),
         (dict(eps=0.0), ValueError, "eps"),
@@ -492,10 +492,10 @@ def _ok():
         (dict(fn=lambda x: "x"), TypeError, "fn must return"),
         (dict(fn=3), TypeError, "fn must be callable"),
         (dict(z=torch.randn(3, dtype=torch.float64)), ValueError, "z"),
-        (dict(z=torch.full((4, 3), float("nan"), dtype=torch.float64)), ValueError, "z"),
+        (dict(z=torch.full((4, 3), float("nan"), dtype=torch.float64, device=DEVICE)), ValueError, "z"),
     ],
 )
-def test_nhp_bad_input(kwargs, exc, match):
+def test_nhp_bad_input(kwargs, exc, match, all_value_checks):
     fn, z, std = _ok()
     args = dict(fn=fn, z=z, std=std)
     args.update(kwargs)
@@ -524,7 +524,7 @@ def test_hp_and_op_bad_input():
 
 
 def test_functional_op_flattens_trailing_dims():
-    x = torch.randn(2 * 2 * 2 * 3, 4, 5, dtype=torch.float64)
+    x = torch.randn(2 * 2 * 2 * 3, 4, 5, dtype=torch.float64, device=DEVICE)
     got = finite_difference_curvature(x, 3, 2, 0.1)
     exp = ref.finite_difference_curvature(x.reshape(24, 20), 3, 2, 0.1, 2, False, "mean")[0]
     torch.testing.assert_close(got, exp)

@@ -487,7 +487,7 @@ def _discontinuous_2d(n, seed=0):
 
 def _project(z, t1, t2):
     a1, a2 = math.radians(t1), math.radians(t2)
-    w = torch.tensor([[math.cos(a1), math.cos(a2)], [math.sin(a1), math.sin(a2)]], dtype=z.dtype)
+    w = torch.tensor([[math.cos(a1), math.cos(a2)], [math.sin(a1), math.sin(a2)]], dtype=z.dtype, device=z.device)
     return z @ w  # columns: <z, w_1>, <z, w_2>  (eq. 16)
 
 
@@ -569,7 +569,7 @@ def test_cond_index_from_generator_and_terms():
     assert cliff_loss(z, generator=_gen(11)).shape == ()
 
 
-def test_bad_input_errors():
+def test_bad_input_errors(all_value_checks):
     z = latents(20, 3)
     with pytest.raises(TypeError, match="z"):
         cliff_loss(z.numpy() if DEVICE == "cpu" else z.cpu().numpy())

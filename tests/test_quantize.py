@@ -210,9 +210,9 @@ def test_gumbel_quantize_gradients_match_reference(dtype, global_codebook, hard)
 
 def test_relaxed_categorical_gradcheck_fp64():
     g = _gen(6)
-    logits = torch.randn(4, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    values = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    u = torch.rand(4, 3, 5, generator=g, dtype=torch.float64)
+    logits = torch.randn(4, 3, 5, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()
+    values = torch.randn(3, 5, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()
+    u = torch.rand(4, 3, 5, generator=g, dtype=torch.float64).to(DEVICE)
     for name in BACKENDS:
         with qkernels.use_backend(name):
             assert torch.autograd.gradcheck(

@@ -78,9 +78,8 @@ std::tuple<Tensor, Tensor> finite_difference_curvature_cpu(const Tensor& stacked
 Tensor finite_difference_curvature_backward_cpu(const Tensor& grad_, const Tensor& stacked_,
                                                 const Tensor& argmax_, int64_t n, int64_t k, double eps,
                                                 int64_t groups, bool unbiased, c10::string_view reduce) {
-  const FdShape s = check_fd(stacked_, n, k, eps, groups, reduce, "finite_difference_curvature_backward");
-  TORCH_CHECK(grad_.numel() == groups * n && argmax_.numel() == groups * n,
-              "finite_difference_curvature_backward: grad and argmax must be (groups, n)");
+  const FdShape s = check_fd_backward(grad_, stacked_, argmax_, n, k, eps, groups, reduce,
+                                      "finite_difference_curvature_backward");
   const Tensor stacked = stacked_.contiguous();
   const Tensor grad = grad_.to(stacked.scalar_type()).contiguous(), argmax = argmax_.contiguous();
   const int64_t M = s.M, n_tiles = (M + kTile - 1) / kTile, stride = n * M;

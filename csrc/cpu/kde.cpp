@@ -102,7 +102,7 @@ Tensor kde_grid_cpu(const Tensor& points_, const Tensor& samples_, double sigma,
 
 std::tuple<Tensor, Tensor> kde_grid_backward_cpu(const Tensor& grad_, const Tensor& points_, const Tensor& samples_,
                                                  double sigma, bool derivative) {
-  check_kde_grid(points_, samples_, sigma, "kde_grid_backward");
+  check_kde_grid_backward(grad_, points_, samples_, sigma, "kde_grid_backward");
   const Tensor points = points_.contiguous(), samples = samples_.contiguous(), grad = grad_.contiguous();
   Tensor gp = at::empty_like(points), gs = at::empty_like(samples);
   AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "kde_grid_backward_cpu", [&] {
@@ -357,7 +357,7 @@ std::tuple<Tensor, Tensor, Tensor> cliff_terms_cpu(const Tensor& x_, const Tenso
 Tensor cliff_terms_backward_cpu(const Tensor& g_uni, const Tensor& g_biv, const Tensor& g_kl, const Tensor& x_,
                                 const Tensor& grid_, const Tensor& uni_points_, const Tensor& cond_, double sigma,
                                 double step) {
-  check_cliff(x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms_backward");
+  check_cliff_backward(g_uni, g_biv, g_kl, x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms_backward");
   const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
   Tensor gx = at::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_terms_backward_cpu", [&] {
@@ -512,10 +512,8 @@ void klm_backward_kernel(double g, const T* z, const T* std, const T* lse, int64
 
 std::tuple<Tensor, Tensor> klm_backward_cpu(const Tensor& grad_loss, const Tensor& z_, const Tensor& std_,
                                             const Tensor& lse_) {
-  check_klm(z_, std_, "klm_backward");
+  check_klm_backward(grad_loss, z_, std_, lse_, "klm_backward");
   const Tensor z = z_.contiguous(), std = std_.contiguous(), lse = lse_.contiguous();
-  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == z.size(0) && lse.size(1) == z.size(1) + 1,
-              "klm_backward: lse must be (n, d + 1)");
   Tensor gz = at::empty_like(z), gs = at::empty_like(std);
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "klm_backward_cpu", [&] {
     klm_backward_kernel<scalar_t>(grad_loss.item<double>(), z.data_ptr<scalar_t>(), std.data_ptr<scalar_t>(),

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "qkernels/quantize.h"
+#include "qkernels/quantize_checks.h"
 
 namespace qkernels {
 namespace {
@@ -40,18 +41,9 @@ Tensor sum_partials(const std::vector<double>& partial, int64_t n_chunks, int64_
   return out;
 }
 
-void check_codebook(const Tensor& x, const Tensor& values, int64_t d, const char* op) {
-  TORCH_CHECK(values.dim() == 2 && (values.size(0) == 1 || values.size(0) == d), op,
-              ": values must be (1, n_v) or (d, n_v) with d = ", d, ", got ", values.sizes());
-  TORCH_CHECK(values.size(1) >= 1, op, ": empty codebook");
-  TORCH_CHECK(x.scalar_type() == values.scalar_type(), op, ": dtype mismatch");
-  TORCH_CHECK(x.device() == values.device(), op, ": device mismatch");
-}
-
 std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cpu(const Tensor& z_, const Tensor& values_) {
-  TORCH_CHECK(z_.dim() == 2, "latent_quantize: z must be (N, d), got ", z_.sizes());
+  check_codebook(z_, values_, "latent_quantize");
   const int64_t N = z_.size(0), d = z_.size(1);
-  check_codebook(z_, values_, d, "latent_quantize");
   const Tensor z = z_.contiguous(), values = values_.contiguous();
   const int64_t G = values.size(0), nv = values.size(1);
   Tensor zq = at::empty_like(z);
@@ -97,8 +89,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cpu(const Tensor& z_,
 std::tuple<Tensor, Tensor> latent_quantize_backward_cpu(const Tensor& grad_zq_, const Tensor& grad_lq,
                                                         const Tensor& grad_lc, const Tensor& z_,
                                                         const Tensor& values_, const Tensor& idx_) {
+  check_latent_quantize_backward(grad_zq_, grad_lq, grad_lc, z_, values_, idx_, "latent_quantize_backward");
   const int64_t N = z_.size(0), d = z_.size(1);
-  check_codebook(z_, values_, d, "latent_quantize_backward");
   const Tensor z = z_.contiguous(), values = values_.contiguous(), idx = idx_.contiguous();
   const Tensor grad_zq = grad_zq_.contiguous();
   const int64_t G = values.size(0), nv = values.size(1);
@@ -133,18 +125,6 @@ std::tuple<Tensor, Tensor> latent_quantize_backward_cpu(const Tensor& grad_zq_, 
   return {grad_z, grad_values};
 }
 
-void check_categorical(const Tensor& logits, const Tensor& values, const std::optional<Tensor>& uniform,
-                       const char* op) {
-  TORCH_CHECK(logits.dim() == 3, op, ": logits must be (N, d, K), got ", logits.sizes());
-  check_codebook(logits, values, logits.size(1), op);
-  TORCH_CHECK(values.size(1) == logits.size(2), op, ": values must have K = ", logits.size(2),
-              " entries per codebook, got ", values.sizes());
-  if (uniform.has_value()) {
-    TORCH_CHECK(uniform->sizes() == logits.sizes(), op, ": uniform must match logits' shape");
-    TORCH_CHECK(uniform->scalar_type() == logits.scalar_type(), op, ": uniform dtype mismatch");
-  }
-}
-
 std::tuple<Tensor, Tensor, Tensor> relaxed_categorical_cpu(const Tensor& logits_, const Tensor& values_,
                                                            const std::optional<Tensor>& uniform_,
                                                            double tau, double noise_scale, bool hard) {
@@ -176,7 +156,7 @@ std::tuple<Tensor, Tensor> relaxed_categorical_backward_cpu(
     const Tensor& grad_z_, const Tensor& grad_y_, const Tensor& grad_kl_, const Tensor& logits_,
     const Tensor& values_, const std::optional<Tensor>& uniform_, const Tensor& y_, double tau,
     double noise_scale) {
-  check_categorical(logits_, values_, uniform_, "relaxed_categorical_backward");
+  check_categorical_backward(grad_z_, grad_y_, grad_kl_, logits_, values_, uniform_, y_, "relaxed_categorical_backward");
   const Tensor logits = logits_.contiguous(), values = values_.contiguous(), y = y_.contiguous();
   const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();
   const Tensor grad_z = grad_z_.contiguous(), grad_y = grad_y_.contiguous(), grad_kl = grad_kl_.contiguous();

@@ -45,9 +45,8 @@ std::tuple<Tensor, Tensor> finite_difference_curvature_cuda(const Tensor& stacke
 Tensor finite_difference_curvature_backward_cuda(const Tensor& grad_, const Tensor& stacked_,
                                                  const Tensor& argmax_, int64_t n, int64_t k, double eps,
                                                  int64_t groups, bool unbiased, c10::string_view reduce) {
-  const int64_t offset = check_fd(stacked_, n, k, eps, groups, reduce, "finite_difference_curvature_backward").offset;
-  TORCH_CHECK(grad_.numel() == groups * n && argmax_.numel() == groups * n,
-              "finite_difference_curvature_backward: grad and argmax must be (groups, n)");
+  const int64_t offset = check_fd_backward(grad_, stacked_, argmax_, n, k, eps, groups, reduce,
+                                           "finite_difference_curvature_backward").offset;
   const c10::cuda::CUDAGuard guard(stacked_.device());
   const Tensor stacked = stacked_.contiguous();
   const Tensor grad = grad_.to(stacked.scalar_type()).contiguous(), argmax = argmax_.contiguous();

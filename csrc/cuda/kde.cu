@@ -230,7 +230,10 @@ template <typename T>
 __device__ void cliff_pair_grid(const T* x, const T* t, const int64_t* cond, int64_t n, int64_t d, int64_t K,
                                 int64_t M, int64_t i, int64_t j, T inv_sigma, T step, T* G, T* zeta, T* cm,
                                 T* mix) {
-  for (int64_t m = threadIdx.x; m < M; m += blockDim.x) zeta[m] = x[cond[j * M + m] * d + j];
+  for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
+    const int64_t r = cond[j * M + m];  // out of range: NaN, never an out-of-bounds read
+    zeta[m] = (r >= 0 && r < n) ? x[r * d + j] : qk_nan<T>();
+  }
   __syncthreads();
   for (int64_t e = threadIdx.x; e < M * K; e += blockDim.x) {
     const T z = zeta[e / K], tk = t[e % K];
@@ -397,10 +400,21 @@ __global__ void cliff_bwd_kernel(const T* __restrict__ x, const T* __restrict__ 
   }
   __syncthreads();
   if (threadIdx.x == 0)
-    for (int64_t m = 0; m < M; ++m) gx[cond[c * M + m] * d + c] += gz[m];
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t r = cond[c * M + m];
+      if (r >= 0 && r < n) gx[r * d + c] += gz[m];
+    }
 }
 
-constexpr int64_t kBivBlocks = 264;  // resident blocks of the pair kernel (2 per H100 SM)
+// Blocks of the pair kernel: two resident per SM of the current device (read at run time), at
+// most one per pair.
+int64_t biv_blocks(int64_t pairs) {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
+    sms = 1;
+  return pairs < 2 * int64_t(sms) ? pairs : 2 * int64_t(sms);
+}
 
 }  // namespace
 
@@ -442,7 +456,7 @@ cudaError_t kde_grid_bwd(const T* grad, const T* points, const T* samples, T* gr
 }
 
 int64_t cliff_fwd_workspace(int64_t d, int64_t K, int64_t Ku, int64_t M) {
-  const int64_t P = d * (d - 1), nb = P < kBivBlocks ? P : kBivBlocks;
+  const int64_t nb = biv_blocks(d * (d - 1));
   const int64_t a = d * (K + Ku), b = nb * (M * K + 2 * M + K);
   return a > b ? a : b;
 }
@@ -461,7 +475,7 @@ cudaError_t cliff_fwd(const T* x, const T* grid, const T* uni_points, const int6
                                                         T(1.0 / sigma), T(step), log_const);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || d < 2) return err;
-  const int64_t P = d * (d - 1), nb = P < kBivBlocks ? P : kBivBlocks;
+  const int64_t nb = biv_blocks(d * (d - 1));
   cliff_biv_fwd_kernel<T><<<nb, kThreads, 0, stream>>>(x, grid, cond, jsd, workspace, n, d, K, M, T(1.0 / sigma),
                                                        T(step));
   return cudaGetLastError();

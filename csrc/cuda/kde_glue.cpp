@@ -41,10 +41,9 @@ std::tuple<Tensor, Tensor> klm_cuda(const Tensor& z_, const Tensor& std_) {
 
 std::tuple<Tensor, Tensor> klm_backward_cuda(const Tensor& grad_loss, const Tensor& z_, const Tensor& std_,
                                              const Tensor& lse_) {
-  check_klm(z_, std_, "klm_backward");
+  check_klm_backward(grad_loss, z_, std_, lse_, "klm_backward");
   const c10::cuda::CUDAGuard guard(z_.device());
   const int64_t n = z_.size(0), d = z_.size(1);
-  TORCH_CHECK(lse_.dim() == 2 && lse_.size(0) == n && lse_.size(1) == d + 1, "klm_backward: lse must be (n, d + 1)");
   const Tensor y = (z_ / std_).contiguous(), lse = lse_.contiguous();
   const double f = silverman_factor(double(n), double(d));
   Tensor gy = at::empty_like(y);
@@ -76,8 +75,7 @@ Tensor kde_grid_cuda(const Tensor& points_, const Tensor& samples_, double sigma
 
 std::tuple<Tensor, Tensor> kde_grid_backward_cuda(const Tensor& grad_, const Tensor& points_, const Tensor& samples_,
                                                   double sigma, bool derivative) {
-  check_kde_grid(points_, samples_, sigma, "kde_grid_backward");
-  TORCH_CHECK(grad_.sizes() == points_.sizes(), "kde_grid_backward: grad must be shaped like points");
+  check_kde_grid_backward(grad_, points_, samples_, sigma, "kde_grid_backward");
   const c10::cuda::CUDAGuard guard(points_.device());
   const Tensor points = points_.contiguous(), samples = samples_.contiguous();
   const Tensor grad = grad_.to(points.scalar_type()).contiguous();
@@ -115,7 +113,7 @@ std::tuple<Tensor, Tensor, Tensor> cliff_terms_cuda(const Tensor& x_, const Tens
 Tensor cliff_terms_backward_cuda(const Tensor& g_uni, const Tensor& g_biv, const Tensor& g_kl, const Tensor& x_,
                                  const Tensor& grid_, const Tensor& uni_points_, const Tensor& cond_, double sigma,
                                  double step) {
-  check_cliff(x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms_backward");
+  check_cliff_backward(g_uni, g_biv, g_kl, x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms_backward");
   const c10::cuda::CUDAGuard guard(x_.device());
   const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
   const int64_t n = x.size(0), d = x.size(1), K = grid.size(0), Ku = vp.size(0), M = cond.size(1);

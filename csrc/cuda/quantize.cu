@@ -48,11 +48,15 @@ __global__ void latent_quantize_bwd_kernel(const T* __restrict__ grad_zq, const 
                                            int64_t nv, T scale) {
   const int64_t e = blockIdx.x * (int64_t)kThreads + threadIdx.x;
   if (e >= total) return;
-  const int64_t g = G == 1 ? 0 : e % d;
-  const T q = values[g * nv + idx[e]];
+  const int64_t g = G == 1 ? 0 : e % d, k = idx[e];
+  if (k < 0 || k >= nv) {  // never read out of bounds: the index is invalid, its gradient NaN
+    grad_z[e] = qk_nan<T>();
+    return;
+  }
+  const T q = values[g * nv + k];
   const T diff = z[e] - q;
   grad_z[e] = grad_zq[e] + (*grad_commit) * scale * diff;
-  atomicAdd(grad_values + g * nv + idx[e], -(*grad_quantize) * scale * diff);
+  if (grad_values != nullptr) atomicAdd(grad_values + g * nv + k, -(*grad_quantize) * scale * diff);
 }
 
 template <typename T>

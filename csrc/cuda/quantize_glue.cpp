@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "quantize.cuh"
+#include "qkernels/quantize_checks.h"
 
 namespace qkernels {
 namespace {
@@ -17,11 +18,10 @@ void check_cuda(cudaError_t err, const char* op) {
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cuda(const Tensor& z_, const Tensor& values_) {
-  TORCH_CHECK(z_.dim() == 2 && values_.dim() == 2, "latent_quantize: z (N, d) and values (G, n_v)");
+  check_codebook(z_, values_, "latent_quantize");
   const c10::cuda::CUDAGuard guard(z_.device());
   const Tensor z = z_.contiguous(), values = values_.contiguous();
   const int64_t N = z.size(0), d = z.size(1), G = values.size(0), nv = values.size(1);
-  TORCH_CHECK(G == 1 || G == d, "latent_quantize: values must be (1, n_v) or (d, n_v)");
   Tensor zq = at::empty_like(z);
   Tensor idx = at::empty({N, d}, z.options().dtype(at::kLong));
   Tensor partial = at::empty({cuda::latent_quantize_num_blocks(N, d)}, z.options());
@@ -39,28 +39,40 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cuda(const Tensor& z_
 std::tuple<Tensor, Tensor> latent_quantize_backward_cuda(const Tensor& grad_zq, const Tensor& grad_lq,
                                                          const Tensor& grad_lc, const Tensor& z_,
                                                          const Tensor& values_, const Tensor& idx_) {
+  check_latent_quantize_backward(grad_zq, grad_lq, grad_lc, z_, values_, idx_, "latent_quantize_backward");
   const c10::cuda::CUDAGuard guard(z_.device());
   const Tensor z = z_.contiguous(), values = values_.contiguous(), idx = idx_.contiguous();
   const Tensor g = grad_zq.contiguous();
   const Tensor glq = grad_lq.to(z.scalar_type()).contiguous(), glc = grad_lc.to(z.scalar_type()).contiguous();
   const int64_t N = z.size(0), d = z.size(1), G = values.size(0), nv = values.size(1);
+  // The kernel accumulates the codebook gradient with atomics (summation order varies run to run);
+  // under torch.use_deterministic_algorithms(True) it is reduced by a deterministic index_put_.
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
   Tensor grad_z = at::empty_like(z);
   Tensor grad_values = at::zeros_like(values);
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "latent_quantize_backward_cuda", [&] {
     check_cuda(cuda::latent_quantize_bwd<scalar_t>(
                    g.data_ptr<scalar_t>(), glq.data_ptr<scalar_t>(), glc.data_ptr<scalar_t>(),
                    z.data_ptr<scalar_t>(), values.data_ptr<scalar_t>(), idx.data_ptr<int64_t>(),
-                   grad_z.data_ptr<scalar_t>(), grad_values.data_ptr<scalar_t>(), N, d, G, nv,
-                   c10::cuda::getCurrentCUDAStream()),
+                   grad_z.data_ptr<scalar_t>(), deterministic ? nullptr : grad_values.data_ptr<scalar_t>(), N, d,
+                   G, nv, c10::cuda::getCurrentCUDAStream()),
                "latent_quantize_backward");
   });
+  if (deterministic) {
+    // flat codebook slot of every element; out-of-range indices (NaN in grad_z) are clamped here
+    const Tensor row = G == 1 ? at::zeros({1, d}, idx.options()) : at::arange(d, idx.options()).unsqueeze(0);
+    const Tensor slot = (row * nv + idx.clamp(0, nv - 1)).reshape({-1});
+    const Tensor diff = z.reshape({-1}) - values.reshape({-1}).index_select(0, slot);
+    const Tensor contrib = diff * (glq * (-2.0 / static_cast<double>(N * d)));
+    grad_values = at::zeros({G * nv}, values.options()).index_put_({slot}, contrib, /*accumulate=*/true).view({G, nv});
+  }
   return {grad_z, grad_values};
 }
 
 std::tuple<Tensor, Tensor, Tensor> relaxed_categorical_cuda(const Tensor& logits_, const Tensor& values_,
                                                             const std::optional<Tensor>& uniform_,
                                                             double tau, double noise_scale, bool hard) {
-  TORCH_CHECK(logits_.dim() == 3 && values_.dim() == 2, "relaxed_categorical: logits (N, d, K), values (G, K)");
+  check_categorical(logits_, values_, uniform_, "relaxed_categorical");
   const c10::cuda::CUDAGuard guard(logits_.device());
   const Tensor logits = logits_.contiguous(), values = values_.contiguous();
   const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();
@@ -82,6 +94,7 @@ std::tuple<Tensor, Tensor> relaxed_categorical_backward_cuda(
     const Tensor& grad_z, const Tensor& grad_y, const Tensor& grad_kl, const Tensor& logits_,
     const Tensor& values_, const std::optional<Tensor>& uniform_, const Tensor& y, double tau,
     double noise_scale) {
+  check_categorical_backward(grad_z, grad_y, grad_kl, logits_, values_, uniform_, y, "relaxed_categorical_backward");
   const c10::cuda::CUDAGuard guard(logits_.device());
   const Tensor logits = logits_.contiguous(), values = values_.contiguous();
   const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();

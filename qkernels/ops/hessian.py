@@ -30,7 +30,7 @@ import torch
 
 from qkernels import _ext
 from qkernels._backend import register, select
-from qkernels._validation import check_positive, check_same, check_tensor
+from qkernels._validation import check_positive, check_same, check_tensor, value_checks
 from qkernels.reference import hessian as ref
 
 NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
@@ -233,11 +233,17 @@ def _check_common(fn, z, num_perturbations, eps, chunk_size):
 
 
 def _directions(kind: str, k: int, z: torch.Tensor, generator) -> torch.Tensor:
+    """(k, n, d) Rademacher signs or standard normals, drawn on the generator's device (a CPU
+    generator gives the same directions for CPU and CUDA latents) and moved to z's device
+    without blocking the host."""
     shape = (k, *z.shape)
+    dev = z.device if generator is None else generator.device
     if kind == "rademacher":
-        r = torch.randint(0, 2, shape, generator=generator, device=z.device, dtype=torch.int8)
-        return (2 * r - 1).to(z.dtype)
-    return torch.randn(shape, generator=generator, device=z.device, dtype=z.dtype)
+        r = torch.randint(0, 2, shape, generator=generator, device=dev, dtype=torch.int8)
+        h = (2 * r - 1).to(z.dtype)
+    else:
+        h = torch.randn(shape, generator=generator, device=dev, dtype=z.dtype)
+    return h.to(z.device, non_blocking=True)
 
 
 def _stack(z: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -286,7 +292,7 @@ def normalized_hessian_penalty(
     check_same("std", std, "z", z)
     if std.shape[0] != z.shape[1]:
         raise ValueError(f"std must have shape (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
-    if not torch.compiler.is_compiling() and not bool((std > 0).all()):
+    if value_checks(std) and not bool((std > 0).all()):
         raise ValueError(
             "std must be > 0 everywhere (a zero scale makes its latent's perturbation vanish)"
         )

@@ -21,7 +21,7 @@ import torch
 
 from qkernels import _ext
 from qkernels._backend import register, select
-from qkernels._validation import check_positive, check_same, check_tensor
+from qkernels._validation import check_positive, check_same, check_tensor, value_checks
 from qkernels.reference import kde as ref
 
 
@@ -204,7 +204,7 @@ def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torc
             raise ValueError(f"num_cond must be <= n = {n} (rows are drawn without replacement), got {num_cond}")
         gen_device = generator.device if generator is not None else device
         rows = [torch.randperm(n, generator=generator, device=gen_device)[:num_cond] for _ in range(d)]
-        return torch.stack(rows).to(device)
+        return torch.stack(rows).to(device, non_blocking=True)  # a CPU generator: no host sync
     if not isinstance(cond_index, torch.Tensor):
         raise TypeError(f"cond_index must be a torch.Tensor or None, got {type(cond_index).__name__}")
     if cond_index.dtype != torch.long:
@@ -213,7 +213,7 @@ def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torc
         raise ValueError(f"cond_index must be (d, M) = ({d}, M >= 1), got shape {tuple(cond_index.shape)}")
     if cond_index.device != device:
         raise ValueError(f"cond_index is on {cond_index.device} but z is on {device}")
-    if not torch.compiler.is_compiling() and ((cond_index < 0) | (cond_index >= n)).any():
+    if value_checks(cond_index) and ((cond_index < 0) | (cond_index >= n)).any():
         raise ValueError(f"cond_index must hold row indices in [0, {n}), got values outside")
     return cond_index.contiguous()
 
@@ -298,7 +298,7 @@ def klm_loss(z: torch.Tensor, *, std: torch.Tensor | None = None) -> torch.Tenso
         check_same("std", std, "z", z)
         if std.shape[0] != z.shape[1]:
             raise ValueError(f"std must be (d,) with d = {z.shape[1]}, got shape {tuple(std.shape)}")
-        if not torch.compiler.is_compiling() and not (std > 0).all():
+        if value_checks(std) and not (std > 0).all():
             raise ValueError("std must be > 0 everywhere")
     _, impl = select("klm", z.device, z.dtype)
     return impl(z, std)[0]

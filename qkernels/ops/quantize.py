@@ -18,8 +18,8 @@ from typing import NamedTuple
 import torch
 
 from qkernels import _ext
-from qkernels._backend import register, select, set_auto_order
-from qkernels._validation import check_positive, check_same, check_tensor
+from qkernels._backend import register, select
+from qkernels._validation import check_positive, check_same, check_tensor, value_checks
 from qkernels.reference import quantize as ref
 
 
@@ -138,10 +138,6 @@ if _ext.LOADED:
     for _backend in ("cpu", "cuda"):  # one C++ op, CPU and CUDA dispatch keys
         register("latent_quantize", _backend)(torch.ops.qkernels.latent_quantize)
         register("relaxed_categorical", _backend)(torch.ops.qkernels.relaxed_categorical)
-    # The CPU relaxed_categorical kernel calls scalar libm exp/log per category and measures ~2x
-    # slower than the reference's vectorized elementwise ops (benchmarks/RESULTS.md): auto keeps
-    # the reference on CPU; the kernel stays available with use_backend("cpu").
-    set_auto_order("relaxed_categorical", "cpu", ("reference",))
 
 
 # ----------------------------------------------------------------------------- functional API
@@ -181,25 +177,28 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
 
 
 def _levels(levels: int | Sequence[int] | torch.Tensor, d: int, device) -> torch.Tensor:
+    """(d,) int64 levels on ``device``; no host-device synchronization for ints and sequences."""
     if isinstance(levels, torch.Tensor):
         if levels.is_floating_point() or levels.dtype == torch.bool:
             raise TypeError(f"levels must hold integers, got dtype {levels.dtype}")
         lv = levels.to(device=device, dtype=torch.long).reshape(-1)
-    elif isinstance(levels, int) and not isinstance(levels, bool):
-        lv = torch.full((d,), levels, dtype=torch.long, device=device)
-    elif isinstance(levels, Sequence) and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in levels
-    ):
-        lv = torch.tensor(list(levels), dtype=torch.long, device=device)
+        if lv.numel() not in (1, d):
+            raise ValueError(f"levels must give 1 or d = {d} values, got {lv.numel()}")
+        if value_checks(lv) and (lv < 2).any():
+            raise ValueError(f"levels must all be >= 2, got {lv.tolist()}")
+        return lv.expand(d)
+    if isinstance(levels, int) and not isinstance(levels, bool):
+        values = [levels]
+    elif isinstance(levels, Sequence) and all(isinstance(v, int) and not isinstance(v, bool) for v in levels):
+        values = list(levels)
     else:
         raise TypeError(f"levels must be an int or a sequence of ints, got {levels!r}")
-    if lv.numel() == 1:
-        lv = lv.expand(d)
-    if lv.numel() != d:
-        raise ValueError(f"levels must give 1 or d = {d} values, got {lv.numel()}")
-    if (lv < 2).any():
-        raise ValueError(f"levels must all be >= 2, got {lv.tolist()}")
-    return lv
+    if len(values) not in (1, d):
+        raise ValueError(f"levels must give 1 or d = {d} values, got {len(values)}")
+    if min(values) < 2:
+        raise ValueError(f"levels must all be >= 2, got {values}")
+    # built on the host, copied without blocking it (a plain copy to CUDA synchronizes)
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True).expand(d)
 
 
 def fsq(z: torch.Tensor, levels: int | Sequence[int] | torch.Tensor) -> Quantized:
@@ -232,7 +231,7 @@ def _uniform(
     check_same("uniform", uniform, "logits", like)
     if tuple(uniform.shape) != tuple(shape):
         raise ValueError(f"uniform must have shape {tuple(shape)}, got {tuple(uniform.shape)}")
-    if not torch.compiler.is_compiling() and ((uniform < 0) | (uniform > 1)).any():
+    if value_checks(uniform) and ((uniform < 0) | (uniform > 1)).any():
         raise ValueError("uniform must hold values in [0, 1]")
     return uniform.reshape(like.shape)
 

@@ -119,7 +119,7 @@ def cliff_terms(
     h_mix = entropy(p_tilde.mean(2), step)  # (d, d)
     jsd = h_mix - h_each.mean(-1)  # eq. 6
     off = ~torch.eye(d, dtype=torch.bool, device=x.device)
-    biv = jsd[off].sum()
+    biv = torch.where(off, jsd, torch.zeros_like(jsd)).sum()  # not jsd[off]: a mask index syncs a GPU
     return uni, biv, kl
 
 

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from qkernels._backend import register
+from qkernels.triton import _checks as check
 from qkernels.ops.hessian import wire_finite_difference_curvature
 
 BLOCK_C = 128  # activation columns per program
@@ -39,10 +40,12 @@ def _fdc_fwd(
     M,
     K,
     row_offset,
-    inv_eps2,
-    divisor,
+    inv_eps2: tl.float64,
+    divisor: tl.float64,
     BLOCK_C: tl.constexpr,
 ):
+    acc = tl.float32 if x_ptr.dtype.element_ty == tl.float32 else tl.float64
+    inv_eps2, divisor = tl.full((), inv_eps2, acc), tl.full((), divisor, acc)
     i, cb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cols < M
@@ -73,11 +76,13 @@ def _fdc_bwd(
     M,
     K,
     row_offset,
-    inv_eps2,
-    scale,
+    inv_eps2: tl.float64,
+    scale: tl.float64,
     USE_MAX: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
+    acc = tl.float32 if x_ptr.dtype.element_ty == tl.float32 else tl.float64
+    inv_eps2, scale = tl.full((), inv_eps2, acc), tl.full((), scale, acc)
     i, cb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cols < M
@@ -97,14 +102,15 @@ def _fdc_bwd(
         tl.store(gx_ptr + offs + (2 * l + 1) * stride, v, mask=mask)
 
 
-def _launch_shape(stacked, n, k, groups):
+def _launch_shape(stacked, n, k, groups, eps, reduce, op):
+    check.matrix(stacked, "stacked", op)
+    if n < 1 or k < 2 or groups not in (1, 2) or not eps > 0 or reduce not in ("mean", "max"):
+        check.fail(op, f"need n >= 1, num_perturbations >= 2, groups in (1, 2), eps > 0, reduce 'mean' or "
+                   f"'max'; got n={n}, k={k}, groups={groups}, eps={eps}, reduce={reduce!r}")
     rows, m = stacked.shape
     offset = rows - n * 2 * k * groups
-    if offset not in (0, n) or k < 2 or groups not in (1, 2):
-        raise ValueError(
-            f"finite_difference_curvature_triton: stacked {tuple(stacked.shape)} does not hold "
-            f"n={n}, k={k}, groups={groups} perturbed blocks"
-        )
+    if offset not in (0, n):
+        check.fail(op, f"stacked {tuple(stacked.shape)} does not hold n={n}, k={k}, groups={groups} perturbed blocks")
     return m, offset, (n, triton.cdiv(m, BLOCK_C), groups)
 
 
@@ -120,7 +126,7 @@ def finite_difference_curvature_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     stacked = stacked.contiguous()
     k = num_perturbations
-    m, offset, grid = _launch_shape(stacked, n, k, groups)
+    m, offset, grid = _launch_shape(stacked, n, k, groups, eps, reduce, "finite_difference_curvature_triton")
     acc = torch.float64 if stacked.dtype == torch.float64 else torch.float32
     part_sum = torch.empty(grid[2], n, grid[1], dtype=acc, device=stacked.device)
     part_max = torch.empty_like(part_sum)
@@ -156,10 +162,17 @@ def finite_difference_curvature_backward_triton(
     unbiased: bool,
     reduce: str,
 ) -> torch.Tensor:
+    op = "finite_difference_curvature_backward_triton"
+    k = num_perturbations
+    m, offset, grid = _launch_shape(stacked, n, k, groups, eps, reduce, op)
+    if grad.shape != (groups, n) or argmax.shape != (groups, n):
+        check.fail(op, f"grad and argmax must be (groups, n) = ({groups}, {n}), got {tuple(grad.shape)} and "
+                   f"{tuple(argmax.shape)}")
+    check.index(argmax, "argmax", stacked, op)
+    if grad.device != stacked.device:
+        check.fail(op, f"grad is on {grad.device} but stacked is on {stacked.device}")
     stacked = stacked.contiguous()
     grad, argmax = grad.to(stacked.dtype).contiguous(), argmax.contiguous()
-    k = num_perturbations
-    m, offset, grid = _launch_shape(stacked, n, k, groups)
     grad_stacked = torch.empty_like(stacked)
     if offset:
         grad_stacked[:offset].zero_()  # the center cancels from the variance

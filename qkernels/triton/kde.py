@@ -17,10 +17,11 @@ import triton
 import triton.language as tl
 
 from qkernels._backend import register
+from qkernels.triton import _checks as check
 from qkernels.ops.kde import wire_cliff_terms, wire_kde_grid, wire_klm
 from qkernels.reference.kde import silverman_factor
 
-WINDOW = 10.0  # kde_grid drops kernel terms beyond WINDOW sigma (as the cpu backend, see kde.h)
+WINDOW = tl.constexpr(10.0)  # kde_grid drops kernel terms beyond WINDOW sigma (as the cpu backend, kde.h)
 SQRT_2PI = math.sqrt(2.0 * math.pi)
 
 
@@ -44,9 +45,10 @@ def _klm_pair_tile(y_ptr, yb, rows_a, cols, N, D):
 
 @triton.jit
 def _klm_fwd(
-    y_ptr, lse_ptr, N, D, c_joint,
+    y_ptr, lse_ptr, N, D, c_joint: tl.float64,
     BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    c_joint = tl.full((), c_joint, y_ptr.dtype.element_ty)
     # Log-sum-exps over a of exp(c_joint |y_b - y_a|^2) and of exp(-(y_bj - y_aj)^2 / 2). The
     # running maximum of an online log-sum-exp is known up front here: every exponent is <= 0 and
     # the a = b term is exp(0) = 1, so the sums lie in [1, n] and are accumulated directly.
@@ -70,9 +72,11 @@ def _klm_fwd(
 
 @triton.jit
 def _klm_bwd(
-    y_ptr, lse_ptr, gy_ptr, N, D, c_joint, inv_f2, scale,
+    y_ptr, lse_ptr, gy_ptr, N, D, c_joint: tl.float64, inv_f2: tl.float64, scale: tl.float64,
     BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    dt = y_ptr.dtype.element_ty
+    c_joint, inv_f2, scale = tl.full((), c_joint, dt), tl.full((), inv_f2, dt), tl.full((), scale, dt)
     # dLoss/dy_bj = scale * sum_a [-(P_ba + P_ab) / f^2 + (Pj_ba + Pj_ab)] (y_bj - y_aj) with the
     # joint softmax P_ba = exp(J_ba - L_b) and the per-latent ones Pj_ba (the kernel matrices are
     # symmetric, so P_ab = exp(J_ba - L_a)).
@@ -100,10 +104,10 @@ def _klm_bwd(
 
 
 def _klm_check(z: torch.Tensor, std: torch.Tensor, op: str) -> None:
-    if z.dim() != 2 or z.shape[0] < 1 or z.shape[1] < 1:
-        raise ValueError(f"{op}: z must be (n, d), got {tuple(z.shape)}")
-    if std.dim() != 1 or std.shape[0] != z.shape[1] or std.dtype != z.dtype:
-        raise ValueError(f"{op}: std must be (d,) of z's dtype, got {tuple(std.shape)} {std.dtype}")
+    check.matrix(z, "z", op)
+    if std.dim() != 1 or std.shape[0] != z.shape[1]:
+        check.fail(op, f"std must be (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
+    check.like(std, "std", z, "z", op)
 
 
 @torch.library.custom_op("qkernels::klm_triton", mutates_args=())
@@ -124,10 +128,13 @@ def klm_triton(z: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, torch.
 def klm_backward_triton(
     grad_loss: torch.Tensor, z: torch.Tensor, std: torch.Tensor, lse: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _klm_check(z, std, "klm_backward_triton")
+    op = "klm_backward_triton"
+    _klm_check(z, std, op)
     n, d = z.shape
     if tuple(lse.shape) != (n, d + 1):
-        raise ValueError(f"klm_backward_triton: lse must be (n, d + 1) = ({n}, {d + 1}), got {tuple(lse.shape)}")
+        check.fail(op, f"lse must be (n, d + 1) = ({n}, {d + 1}), got {tuple(lse.shape)}")
+    check.like(lse, "lse", z, "z", op)
+    check.scalar_grad(grad_loss, "grad_loss", z, op)
     y = (z / std).contiguous()
     f = silverman_factor(n, d)
     gy = torch.empty_like(y)
@@ -149,7 +156,7 @@ def _kde_terms(p, x, inv_sigma, DERIV: tl.constexpr, GRAD: tl.constexpr):
     """Unnormalized kernel terms of points p and samples x (broadcast tiles): N(u) = exp(-u^2/2) or
     D(u) = -u N(u), u = (p - x) / sigma; with GRAD their derivative d/dp. Zero beyond WINDOW."""
     u = (p - x) * inv_sigma
-    e = tl.where(tl.abs(u) <= 10.0, tl.exp(-0.5 * u * u), 0.0)
+    e = tl.where(tl.abs(u) <= WINDOW, tl.exp(-0.5 * u * u), 0.0)
     if GRAD:
         if DERIV:
             return -(1.0 - u * u) * e * inv_sigma
@@ -161,9 +168,10 @@ def _kde_terms(p, x, inv_sigma, DERIV: tl.constexpr, GRAD: tl.constexpr):
 
 @triton.jit
 def _kde_grid_by_points(
-    p_ptr, s_ptr, g_ptr, out_ptr, N, D, K, inv_sigma, scale,
+    p_ptr, s_ptr, g_ptr, out_ptr, N, D, K, inv_sigma: tl.float64, scale: tl.float64,
     DERIV: tl.constexpr, GRAD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
+    inv_sigma, scale = tl.full((), inv_sigma, p_ptr.dtype.element_ty), tl.full((), scale, p_ptr.dtype.element_ty)
     # one latent j and a block of its points; streams the samples. Forward: out = scale * sum_s
     # term. GRAD: the points' gradient g * scale * sum_s d term / dp.
     j = tl.program_id(1)
@@ -184,9 +192,10 @@ def _kde_grid_by_points(
 
 @triton.jit
 def _kde_grid_samples_grad(
-    p_ptr, s_ptr, g_ptr, gs_ptr, N, D, K, inv_sigma, scale,
+    p_ptr, s_ptr, g_ptr, gs_ptr, N, D, K, inv_sigma: tl.float64, scale: tl.float64,
     DERIV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
+    inv_sigma, scale = tl.full((), inv_sigma, p_ptr.dtype.element_ty), tl.full((), scale, p_ptr.dtype.element_ty)
     # one latent j and a block of its samples; streams the points: gs = -scale sum_k g_k d term/dp
     j = tl.program_id(1)
     ss = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -207,14 +216,13 @@ BLOCK_K_GRID, BLOCK_S_GRID = 32, 32
 
 
 def _kde_check(points: torch.Tensor, samples: torch.Tensor, sigma: float, op: str) -> None:
-    if points.dim() != 2 or samples.dim() != 2 or samples.shape[1] != points.shape[0] or samples.shape[0] < 1:
-        raise ValueError(
-            f"{op}: points must be (d, K) and samples (n, d), got {tuple(points.shape)} and {tuple(samples.shape)}"
-        )
-    if points.dtype != samples.dtype:
-        raise ValueError(f"{op}: dtype mismatch ({points.dtype} and {samples.dtype})")
+    check.matrix(points, "points", op)
+    check.matrix(samples, "samples", op)
+    if samples.shape[1] != points.shape[0]:
+        check.fail(op, f"points must be (d, K) and samples (n, d), got {tuple(points.shape)} and {tuple(samples.shape)}")
+    check.like(samples, "samples", points, "points", op)
     if not sigma > 0:
-        raise ValueError(f"{op}: sigma must be > 0, got {sigma}")
+        check.fail(op, f"sigma must be > 0, got {sigma}")
 
 
 def _kde_scale(n: int, sigma: float, derivative: bool) -> float:
@@ -240,7 +248,8 @@ def kde_grid_backward_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _kde_check(points, samples, sigma, "kde_grid_backward_triton")
     if grad.shape != points.shape:
-        raise ValueError(f"kde_grid_backward_triton: grad must be {tuple(points.shape)}, got {tuple(grad.shape)}")
+        check.fail("kde_grid_backward_triton", f"grad must be {tuple(points.shape)}, got {tuple(grad.shape)}")
+    check.like(grad.to(points.dtype), "grad", points, "points", "kde_grid_backward_triton")
     grad, points, samples = grad.to(points.dtype).contiguous(), points.contiguous(), samples.contiguous()
     (d, k), n = points.shape, samples.shape[0]
     scale = _kde_scale(n, sigma, derivative)
@@ -321,7 +330,9 @@ def _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K: tl.constexpr, BLOC
     ms = tl.arange(0, BLOCK_M)
     mmask = ms < M
     rows = tl.load(ci_ptr + j * M + ms, mask=mmask, other=0)
-    zeta = tl.load(x_ptr + rows * D + j, mask=mmask, other=0.0)
+    ok = (rows >= 0) & (rows < N)  # an out-of-range row gives a NaN zeta, never an out-of-bounds read
+    zeta = tl.load(x_ptr + rows * D + j, mask=mmask & ok, other=0.0)
+    zeta = tl.where(ok | ~mmask, zeta, float("nan"))
     return t, kmask, zeta, mmask
 
 
@@ -354,8 +365,9 @@ def _jsd(g, step, M):
 
 
 @triton.jit
-def _cliff_biv_fwd(x_ptr, t_ptr, ci_ptr, out_ptr, N, D, K, M, inv_sigma, step,
+def _cliff_biv_fwd(x_ptr, t_ptr, ci_ptr, out_ptr, N, D, K, M, inv_sigma: tl.float64, step: tl.float64,
                    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    inv_sigma, step = tl.full((), inv_sigma, x_ptr.dtype.element_ty), tl.full((), step, x_ptr.dtype.element_ty)
     pid = tl.program_id(0)  # ordered pair (i, j), i != j
     i = pid // (D - 1)
     r = pid % (D - 1)
@@ -396,8 +408,11 @@ def _kl_lse(x_ptr, v, i, N, D, inv_sigma, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
-def _cliff_uni_kl_fwd(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, N, D, K, KU, inv_sigma, step, log_const,
+def _cliff_uni_kl_fwd(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, N, D, K, KU, inv_sigma: tl.float64, step: tl.float64,
+                      log_const: tl.float64,
                       BLOCK_K: tl.constexpr, BLOCK_KU: tl.constexpr, BLOCK_S: tl.constexpr):
+    dt = x_ptr.dtype.element_ty
+    inv_sigma, step, log_const = tl.full((), inv_sigma, dt), tl.full((), step, dt), tl.full((), log_const, dt)
     i = tl.program_id(0)
     ks = tl.arange(0, BLOCK_K)
     kmask = ks < K
@@ -415,8 +430,9 @@ def _cliff_uni_kl_fwd(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, N, D, K, KU, inv_sig
 
 @triton.jit
 def _cliff_bwd(x_ptr, t_ptr, v_ptr, ci_ptr, gu_ptr, gb_ptr, gk_ptr, gx_ptr, gzeta_ptr, N, D, K, KU, M,
-               inv_sigma, step,
+               inv_sigma: tl.float64, step: tl.float64,
                BLOCK_K: tl.constexpr, BLOCK_KU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    inv_sigma, step = tl.full((), inv_sigma, x_ptr.dtype.element_ty), tl.full((), step, x_ptr.dtype.element_ty)
     c = tl.program_id(0)  # owns column c of grad x and row c of grad zeta
     g_uni = tl.load(gu_ptr)
     g_biv = tl.load(gb_ptr)
@@ -483,14 +499,17 @@ def _cliff_blocks(k: int, ku: int, m: int) -> tuple[int, int, int, int]:
 
 
 def _cliff_check(x, grid, uni_points, cond_index, sigma, op):
-    if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] < 1:
-        raise ValueError(f"{op}: x must be (n, d), got {tuple(x.shape)}")
+    check.matrix(x, "x", op)
     if grid.dim() != 1 or grid.shape[0] < 2 or uni_points.dim() != 1 or uni_points.shape[0] < 1:
-        raise ValueError(f"{op}: grid must be (K,), K >= 2, and uni_points (K_u,)")
-    if cond_index.dim() != 2 or cond_index.shape[0] != x.shape[1] or cond_index.dtype != torch.long:
-        raise ValueError(f"{op}: cond_index must be int64 (d, M), got {tuple(cond_index.shape)}")
+        check.fail(op, f"grid must be (K,), K >= 2, and uni_points (K_u,), got {tuple(grid.shape)} and "
+                   f"{tuple(uni_points.shape)}")
+    if cond_index.dim() != 2 or cond_index.shape[0] != x.shape[1] or cond_index.shape[1] < 1:
+        check.fail(op, f"cond_index must be (d, M) = ({x.shape[1]}, M >= 1), got {tuple(cond_index.shape)}")
+    check.like(grid, "grid", x, "x", op)
+    check.like(uni_points, "uni_points", x, "x", op)
+    check.index(cond_index, "cond_index", x, op)
     if not sigma > 0:
-        raise ValueError(f"{op}: sigma must be > 0, got {sigma}")
+        check.fail(op, f"sigma must be > 0, got {sigma}")
 
 
 @torch.library.custom_op("qkernels::cliff_terms_triton", mutates_args=())
@@ -527,7 +546,10 @@ def cliff_terms_backward_triton(
     sigma: float,
     step: float,
 ) -> torch.Tensor:
-    _cliff_check(x, grid, uni_points, cond_index, sigma, "cliff_terms_backward_triton")
+    op = "cliff_terms_backward_triton"
+    _cliff_check(x, grid, uni_points, cond_index, sigma, op)
+    for name, g in (("grad_uni", grad_uni), ("grad_biv", grad_biv), ("grad_kl", grad_kl)):
+        check.scalar_grad(g, name, x, op)
     x, grid, uni_points, ci = x.contiguous(), grid.contiguous(), uni_points.contiguous(), cond_index.contiguous()
     (n, d), k, ku, m = x.shape, grid.shape[0], uni_points.shape[0], ci.shape[1]
     bk, bku, bm, bs = _cliff_blocks(k, ku, m)
@@ -537,9 +559,10 @@ def cliff_terms_backward_triton(
         x, grid, uni_points, ci, g_u, g_b, g_k, gx, gzeta, n, d, k, ku, m, 1.0 / sigma, step,
         BLOCK_K=bk, BLOCK_KU=bku, BLOCK_M=bm, BLOCK_S=bs,
     )
-    # zeta[j, m] = x[cond_index[j, m], j]: scatter its gradient back to the rows (O(d M))
+    # zeta[j, m] = x[cond_index[j, m], j]: scatter its gradient back to the rows (O(d M)). An
+    # out-of-range row made zeta NaN in the kernels; clamping keeps the scatter in bounds.
     cols = torch.arange(d, device=x.device)[:, None].expand(d, m)
-    return gx.index_put((ci, cols), gzeta, accumulate=True)
+    return gx.index_put((ci.clamp(0, n - 1), cols), gzeta, accumulate=True)
 
 
 wire_klm("qkernels::klm_triton", "qkernels::klm_backward_triton")

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from qkernels._backend import register
+from qkernels.triton import _checks as check
 from qkernels.ops.quantize import wire_latent_quantize, wire_relaxed_categorical
 
 BLOCK_N, BLOCK_D = 64, 32  # latent_quantize tile: rows x latents
@@ -57,19 +58,21 @@ def _latent_quantize_fwd(
 
 @triton.jit
 def _latent_quantize_bwd(
-    gzq_ptr, glc_ptr, z_ptr, v_ptr, idx_ptr, gz_ptr, part_ptr, N, D, NV, scale,
+    gzq_ptr, glc_ptr, z_ptr, v_ptr, idx_ptr, gz_ptr, part_ptr, N, D, NV, scale: tl.float64,
     GLOBAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    scale = tl.full((), scale, z_ptr.dtype.element_ty)
     pid_n, pid_d = tl.program_id(0), tl.program_id(1)
     cols, cmask, mask, offs = _tile(N, D, BLOCK_N, BLOCK_D)
     x = tl.load(z_ptr + offs, mask=mask, other=0.0)
     idx = tl.load(idx_ptr + offs, mask=mask, other=0)
+    ok = (idx >= 0) & (idx < NV)  # an out-of-range index: NaN gradient, never an out-of-bounds read
     vrow = cols * 0 if GLOBAL else cols
-    q = tl.load(v_ptr + vrow[None, :] * NV + idx, mask=mask, other=0.0)
+    q = tl.load(v_ptr + vrow[None, :] * NV + idx, mask=mask & ok, other=0.0)
     diff = tl.where(mask, x - q, 0.0)
     g = tl.load(gzq_ptr + offs, mask=mask, other=0.0)
     s_c = tl.load(glc_ptr) * scale
-    tl.store(gz_ptr + offs, g + s_c * diff, mask=mask)
+    tl.store(gz_ptr + offs, tl.where(ok, g + s_c * diff, float("nan")), mask=mask)
     # codebook partials: sum over this tile's rows of (q - x) for every value k
     for k in range(0, NV):
         contrib = tl.sum(tl.where(idx == k, -diff, 0.0), 0)  # (BLOCK_D,)
@@ -77,6 +80,19 @@ def _latent_quantize_bwd(
             tl.store(part_ptr + (pid_n * tl.num_programs(1) + pid_d) * NV + k, tl.sum(contrib, 0))
         else:
             tl.store(part_ptr + (pid_n * D + cols) * NV + k, contrib, mask=cmask)
+
+
+def _codebook_check(x: torch.Tensor, values: torch.Tensor, name: str, op: str) -> None:
+    """x (N, d) (latent_quantize) or (N, d, K) (relaxed_categorical); values (1 or d, n_v)."""
+    if x.dim() not in (2, 3) or x.numel() == 0:
+        check.fail(op, f"{name} must be a non-empty (N, d{', K' if x.dim() == 3 else ''}), got {tuple(x.shape)}")
+    check.floating(x, name, op)
+    d = x.shape[1]
+    if values.dim() != 2 or values.shape[0] not in (1, d) or values.shape[1] < 1 or (
+        x.dim() == 3 and values.shape[1] != x.shape[2]
+    ):
+        check.fail(op, f"values must be (1, n_v) or (d, n_v) with d = {d} (n_v = K for logits), got {tuple(values.shape)}")
+    check.like(values, "values", x, name, op)
 
 
 def _grid(n: int, d: int) -> tuple[int, int]:
@@ -87,6 +103,7 @@ def _grid(n: int, d: int) -> tuple[int, int]:
 def latent_quantize_triton(
     z: torch.Tensor, values: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _codebook_check(z, values, "z", "latent_quantize_triton")
     z, values = z.contiguous(), values.contiguous()
     n, d = z.shape
     grid = _grid(n, d)
@@ -110,6 +127,15 @@ def latent_quantize_backward_triton(
     values: torch.Tensor,
     indices: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    op = "latent_quantize_backward_triton"
+    _codebook_check(z, values, "z", op)
+    if grad_zq.shape != z.shape or indices.shape != z.shape:
+        check.fail(op, f"grad_zq and indices must be shaped like z {tuple(z.shape)}, got "
+                   f"{tuple(grad_zq.shape)} and {tuple(indices.shape)}")
+    check.like(grad_zq, "grad_zq", z, "z", op)
+    check.index(indices, "indices", z, op)
+    check.scalar_grad(grad_loss_quantize, "grad_loss_quantize", z, op)
+    check.scalar_grad(grad_loss_commit, "grad_loss_commit", z, op)
     z, values, indices, grad_zq = z.contiguous(), values.contiguous(), indices.contiguous(), grad_zq.contiguous()
     n, d = z.shape
     g, nv = values.shape
@@ -134,8 +160,10 @@ def _perturbed_softmax(l_ptr, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NO
     a = l
     if HAS_NOISE:
         u = tl.load(u_ptr + offs, mask=mask, other=0.5)
-        tiny = 1e-20 if l.dtype == tl.float32 else 1e-300
-        top = 1.0 - 5.9604645e-08 if l.dtype == tl.float32 else 1.0 - 1.1102230246251565e-16
+        # clamp u into [tiny, 1 - ulp/2] of the dtype; constants built in the dtype (a bare Python
+        # float literal is a float32 constant in Triton: 1 - 2^-53 would round to 1)
+        tiny = tl.full((), 1e-20 if l.dtype == tl.float32 else 1e-300, l.dtype)
+        top = tl.full((), 1.0 - 5.9604645e-08 if l.dtype == tl.float32 else 1.0 - 1.1102230246251565e-16, l.dtype)
         u = tl.minimum(tl.maximum(u, tiny), top)
         a = l + noise_scale * -tl.log(-tl.log(u))
     a = tl.where(kmask, a / tau, float("-inf"))
@@ -166,10 +194,12 @@ def _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL: tl.constexpr):
 
 @triton.jit
 def _relaxed_categorical_fwd(
-    l_ptr, u_ptr, v_ptr, z_ptr, y_ptr, kl_ptr, R, D, K, tau, noise_scale, log_k,
+    l_ptr, u_ptr, v_ptr, z_ptr, y_ptr, kl_ptr, R, D, K, tau: tl.float64, noise_scale: tl.float64, log_k: tl.float64,
     HAS_NOISE: tl.constexpr, HARD: tl.constexpr, GLOBAL: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    dt = l_ptr.dtype.element_ty
+    tau, noise_scale, log_k = tl.full((), tau, dt), tl.full((), noise_scale, dt), tl.full((), log_k, dt)
     rows, ks, rmask, kmask, mask, offs = _row_tile(R, K, BLOCK_R, BLOCK_K)
     y, logp = _perturbed_softmax(l_ptr, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE)
     if HARD:
@@ -184,9 +214,10 @@ def _relaxed_categorical_fwd(
 
 @triton.jit
 def _relaxed_categorical_bwd(
-    gz_ptr, gy_ptr, gkl_ptr, l_ptr, u_ptr, v_ptr, gl_ptr, R, D, K, tau, noise_scale,
+    gz_ptr, gy_ptr, gkl_ptr, l_ptr, u_ptr, v_ptr, gl_ptr, R, D, K, tau: tl.float64, noise_scale: tl.float64,
     HAS_NOISE: tl.constexpr, GLOBAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    tau, noise_scale = tl.full((), tau, l_ptr.dtype.element_ty), tl.full((), noise_scale, l_ptr.dtype.element_ty)
     rows, ks, rmask, kmask, mask, offs = _row_tile(R, K, BLOCK_R, BLOCK_K)
     y, logp = _perturbed_softmax(l_ptr, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE)
     v = _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL)
@@ -198,6 +229,16 @@ def _relaxed_categorical_bwd(
     ent = tl.sum(p * logp, 1)
     gl = y * (gy - dot[:, None]) / tau + g_kl[:, None] * p * (logp - ent[:, None])
     tl.store(gl_ptr + offs, gl, mask=mask)
+
+
+def _categorical_check(logits, values, uniform, op):
+    if logits.dim() != 3:
+        check.fail(op, f"logits must be (N, d, K), got {tuple(logits.shape)}")
+    _codebook_check(logits, values, "logits", op)
+    if uniform is not None:
+        if uniform.shape != logits.shape:
+            check.fail(op, f"uniform must be shaped like logits {tuple(logits.shape)}, got {tuple(uniform.shape)}")
+        check.like(uniform, "uniform", logits, "logits", op)
 
 
 def _rc_launch_args(logits, values):
@@ -214,6 +255,7 @@ def relaxed_categorical_triton(
     noise_scale: float,
     hard: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _categorical_check(logits, values, uniform, "relaxed_categorical_triton")
     logits, values = logits.contiguous(), values.contiguous()
     u = logits if uniform is None else uniform.contiguous()
     n, d, k = logits.shape
@@ -241,6 +283,14 @@ def relaxed_categorical_backward_triton(
     tau: float,
     noise_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    op = "relaxed_categorical_backward_triton"
+    _categorical_check(logits, values, uniform, op)
+    if grad_z.shape != logits.shape[:2] or grad_kl.shape != logits.shape[:2]:
+        check.fail(op, f"grad_z and grad_kl must be (N, d) = {tuple(logits.shape[:2])}")
+    if grad_y.shape != logits.shape or y.shape != logits.shape:
+        check.fail(op, f"grad_y and y must be shaped like logits {tuple(logits.shape)}")
+    for name, t in (("grad_z", grad_z), ("grad_y", grad_y), ("grad_kl", grad_kl), ("y", y)):
+        check.like(t, name, logits, "logits", op)
     logits, values = logits.contiguous(), values.contiguous()
     grad_z, grad_y, grad_kl = grad_z.contiguous(), grad_y.contiguous(), grad_kl.contiguous()
     u = logits if uniform is None else uniform.contiguous()

@@ -22,4 +22,10 @@ QK_HOST_DEVICE double qk_log(double x) { return log(x); }
 QK_HOST_DEVICE float qk_abs(float x) { return fabsf(x); }
 QK_HOST_DEVICE double qk_abs(double x) { return fabs(x); }
 
+// Quiet NaN of T: what a CUDA kernel writes for an out-of-range index (checking index ranges on
+// the host would synchronize it with the device; a kernel never reads out of bounds instead).
+template <typename T> QK_HOST_DEVICE T qk_nan();
+template <> QK_HOST_DEVICE float qk_nan<float>() { return nanf(""); }
+template <> QK_HOST_DEVICE double qk_nan<double>() { return nan(""); }
+
 }  // namespace qkernels

@@ -7,9 +7,9 @@
 
 #include <string>
 
-namespace qkernels {
+#include "qkernels/checks.h"
 
-using at::Tensor;
+namespace qkernels {
 
 struct FdShape {
   int64_t n, k, groups, M, offset;  // offset: center rows before the perturbed blocks (0 or n)
@@ -19,7 +19,7 @@ struct FdShape {
 inline FdShape check_fd(const Tensor& stacked, int64_t n, int64_t k, double eps, int64_t groups,
                  c10::string_view reduce, const char* op) {
   TORCH_CHECK(stacked.dim() == 2, op, ": stacked must be (R, M), got ", stacked.sizes());
-  TORCH_CHECK(at::isFloatingType(stacked.scalar_type()), op, ": stacked must be floating point");
+  check_floating(stacked, "stacked", op);
   TORCH_CHECK(n >= 1, op, ": n must be >= 1, got ", n);
   TORCH_CHECK(k >= 2, op, ": num_perturbations must be >= 2, got ", k);
   TORCH_CHECK(groups == 1 || groups == 2, op, ": groups must be 1 or 2, got ", groups);
@@ -31,6 +31,18 @@ inline FdShape check_fd(const Tensor& stacked, int64_t n, int64_t k, double eps,
               " rows (or ", P + n, " with the n center rows first), got ", R);
   TORCH_CHECK(stacked.size(1) >= 1, op, ": stacked must have at least one column");
   return {n, k, groups, stacked.size(1), R - P, reduce == "max"};
+}
+
+inline FdShape check_fd_backward(const Tensor& grad, const Tensor& stacked, const Tensor& argmax, int64_t n, int64_t k,
+                                 double eps, int64_t groups, c10::string_view reduce, const char* op) {
+  const FdShape s = check_fd(stacked, n, k, eps, groups, reduce, op);
+  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == groups && grad.size(1) == n, op, ": grad must be (groups, n) = (",
+              groups, ", ", n, "), got ", grad.sizes());
+  TORCH_CHECK(argmax.sizes() == grad.sizes(), op, ": argmax must be (groups, n), got ", argmax.sizes());
+  TORCH_CHECK(grad.device() == stacked.device(), op, ": grad is on ", grad.device(), " but stacked is on ",
+              stacked.device());
+  check_index(argmax, "argmax", stacked, op);
+  return s;
 }
 
 }  // namespace qkernels

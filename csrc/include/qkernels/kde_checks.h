@@ -4,36 +4,66 @@
 
 #include <ATen/ATen.h>
 
-namespace qkernels {
+#include "qkernels/checks.h"
 
-using at::Tensor;
+namespace qkernels {
 
 inline void check_klm(const Tensor& z, const Tensor& std, const char* op) {
   TORCH_CHECK(z.dim() == 2 && z.size(0) >= 1 && z.size(1) >= 1, op, ": z must be (n, d), got ", z.sizes());
+  check_floating(z, "z", op);
   TORCH_CHECK(std.dim() == 1 && std.size(0) == z.size(1), op, ": std must be (d,), got ", std.sizes());
-  TORCH_CHECK(std.scalar_type() == z.scalar_type(), op, ": dtype mismatch");
+  check_like(std, "std", z, "z", op);
+}
+
+inline void check_klm_backward(const Tensor& grad_loss, const Tensor& z, const Tensor& std, const Tensor& lse,
+                               const char* op) {
+  check_klm(z, std, op);
+  check_scalar_grad(grad_loss, "grad_loss", z, op);
+  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == z.size(0) && lse.size(1) == z.size(1) + 1, op,
+              ": lse must be (n, d + 1) = (", z.size(0), ", ", z.size(1) + 1, "), got ", lse.sizes());
+  check_like(lse, "lse", z, "z", op);
 }
 
 inline void check_kde_grid(const Tensor& points, const Tensor& samples, double sigma, const char* op) {
   TORCH_CHECK(points.dim() == 2 && samples.dim() == 2 && samples.size(1) == points.size(0), op,
               ": points must be (d, K) and samples (n, d), got ", points.sizes(), " and ", samples.sizes());
-  TORCH_CHECK(points.scalar_type() == samples.scalar_type(), op, ": dtype mismatch");
-  TORCH_CHECK(samples.size(0) >= 1, op, ": empty samples");
+  check_floating(points, "points", op);
+  check_like(samples, "samples", points, "points", op);
+  TORCH_CHECK(samples.size(0) >= 1 && points.numel() >= 1, op, ": empty points or samples");
   TORCH_CHECK(sigma > 0, op, ": sigma must be > 0");
 }
 
+inline void check_kde_grid_backward(const Tensor& grad, const Tensor& points, const Tensor& samples, double sigma,
+                                    const char* op) {
+  check_kde_grid(points, samples, sigma, op);
+  TORCH_CHECK(grad.sizes() == points.sizes(), op, ": grad must be shaped like points ", points.sizes(), ", got ",
+              grad.sizes());
+  TORCH_CHECK(grad.device() == points.device(), op, ": grad is on ", grad.device(), " but points is on ",
+              points.device());
+}
+
 inline void check_cliff(const Tensor& x, const Tensor& grid, const Tensor& uni_points, const Tensor& cond, double sigma,
-                 double step, const char* op) {
+                        double step, const char* op) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(1) >= 1, op, ": x must be (n, d), got ", x.sizes());
+  check_floating(x, "x", op);
   TORCH_CHECK(grid.dim() == 1 && grid.size(0) >= 2, op, ": grid must be (K,), K >= 2, got ", grid.sizes());
   TORCH_CHECK(uni_points.dim() == 1 && uni_points.size(0) >= 1, op, ": uni_points must be (K_u,)");
-  TORCH_CHECK(cond.dim() == 2 && cond.size(0) == x.size(1) && cond.size(1) >= 1 && cond.scalar_type() == at::kLong,
-              op, ": cond_index must be int64 (d, M), got ", cond.sizes());
-  TORCH_CHECK(grid.scalar_type() == x.scalar_type() && uni_points.scalar_type() == x.scalar_type(), op,
-              ": dtype mismatch");
-  TORCH_CHECK(grid.device() == x.device() && uni_points.device() == x.device() && cond.device() == x.device(), op,
-              ": all tensors must be on the same device");
+  TORCH_CHECK(cond.dim() == 2 && cond.size(0) == x.size(1) && cond.size(1) >= 1, op,
+              ": cond_index must be (d, M), got ", cond.sizes());
+  check_like(grid, "grid", x, "x", op);
+  check_like(uni_points, "uni_points", x, "x", op);
+  check_index(cond, "cond_index", x, op);
+  check_index_range(cond, x.size(0), "cond_index", op);
   TORCH_CHECK(sigma > 0 && step > 0, op, ": sigma and step must be > 0");
+}
+
+inline void check_cliff_backward(const Tensor& g_uni, const Tensor& g_biv, const Tensor& g_kl, const Tensor& x,
+                                 const Tensor& grid, const Tensor& uni_points, const Tensor& cond, double sigma,
+                                 double step, const char* op) {
+  check_cliff(x, grid, uni_points, cond, sigma, step, op);
+  check_scalar_grad(g_uni, "grad_uni", x, op);
+  check_scalar_grad(g_biv, "grad_biv", x, op);
+  check_scalar_grad(g_kl, "grad_kl", x, op);
 }
 
 }  // namespace qkernels
