@@ -11,6 +11,7 @@ always run: they read metadata only.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -54,7 +55,7 @@ def check_tensor(
         )
     if nonempty and t.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
-    if finite and t.is_floating_point() and value_checks(t) and not torch.isfinite(t).all():
+    if finite and t.is_floating_point() and value_checks(t) and not all_finite(t):
         raise ValueError(f"{name} contains NaN or inf")
     return t
 
@@ -65,6 +66,27 @@ def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, *, dt
         raise ValueError(f"{name_a} is on device {a.device} but {name_b} is on device {b.device}")
     if dtype and a.dtype != b.dtype:
         raise TypeError(f"{name_a} has dtype {a.dtype} but {name_b} has dtype {b.dtype}")
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or inf in ``t`` (reads one value back: call only where :func:`value_checks` allows).
+    Any NaN or inf makes the sum non-finite, so one reduction decides the common case; a
+    non-finite sum of finite values (overflow) is re-checked exactly."""
+    return math.isfinite(t.sum().item()) or bool(torch.isfinite(t).all())
+
+
+def in_range(idx: torch.Tensor, hi: int) -> bool:
+    """All integer values of ``idx`` in [0, hi) (reads two values back, as :func:`all_finite`)."""
+    if idx.numel() == 0:
+        return True
+    lo, top = torch.aminmax(idx)
+    return lo.item() >= 0 and top.item() < hi
+
+
+def is_finite_number(x) -> bool:
+    """Whether the number ``x`` is finite (comparisons, not math.isfinite: torch.compile traces them
+    when ``x`` is a symbolic float)."""
+    return -math.inf < x < math.inf
 
 
 def check_positive(name: str, value: object, *, integer: bool = False, minimum=None) -> None:

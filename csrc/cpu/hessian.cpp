@@ -118,8 +118,8 @@ Tensor finite_difference_curvature_backward_cpu(const Tensor& grad_, const Tenso
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(qkernels, m) {
-  m.def("finite_difference_curvature(Tensor stacked, int n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> (Tensor values, Tensor argmax)");
-  m.def("finite_difference_curvature_backward(Tensor grad, Tensor stacked, Tensor argmax, int n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> Tensor");
+  m.def("finite_difference_curvature(Tensor stacked, SymInt n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> (Tensor values, Tensor argmax)");
+  m.def("finite_difference_curvature_backward(Tensor grad, Tensor stacked, Tensor argmax, SymInt n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(qkernels, CPU, m) {

@@ -103,7 +103,8 @@ Tensor kde_grid_cpu(const Tensor& points_, const Tensor& samples_, double sigma,
 std::tuple<Tensor, Tensor> kde_grid_backward_cpu(const Tensor& grad_, const Tensor& points_, const Tensor& samples_,
                                                  double sigma, bool derivative) {
   check_kde_grid_backward(grad_, points_, samples_, sigma, "kde_grid_backward");
-  const Tensor points = points_.contiguous(), samples = samples_.contiguous(), grad = grad_.contiguous();
+  const Tensor points = points_.contiguous(), samples = samples_.contiguous();
+  const Tensor grad = grad_.to(points.scalar_type()).contiguous();
   Tensor gp = at::empty_like(points), gs = at::empty_like(samples);
   AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "kde_grid_backward_cpu", [&] {
     kde_grid_kernel<scalar_t>(points.data_ptr<scalar_t>(), samples.data_ptr<scalar_t>(), samples.size(0),

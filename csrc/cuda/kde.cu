@@ -298,6 +298,8 @@ __global__ void cliff_biv_fwd_kernel(const T* __restrict__ x, const T* __restric
       for (int64_t m = 0; m < M; ++m) h_each += column_entropy(G + m * K, int(K), 1, step, cm[m]);
       for (int64_t k = 0; k < K; ++k) h_mix += xlogx(mix[k]);
       jsd[p] = -step * h_mix - h_each * invM;
+      for (int64_t m = 0; m < M; ++m)  // an out-of-range conditioning row (NaN zeta) poisons the pair
+        if (zeta[m] != zeta[m]) jsd[p] = qk_nan<T>();
     }
     __syncthreads();  // G is rebuilt by the next pair
   }
@@ -345,6 +347,8 @@ __global__ void cliff_bwd_kernel(const T* __restrict__ x, const T* __restrict__ 
     gx[s * d + c] = acc;
   }
   // ---- bivariate: pairs (c, q) (c differentiated, side 0) and (q, c) (c conditions, side 1)
+  __shared__ int bad_zeta;  // an out-of-range conditioning row met: column c of grad x is NaN
+  if (threadIdx.x == 0) bad_zeta = 0;
   const T invM = T(1) / T(M), sc = g_biv * step * invM;
   for (int64_t q = 0; q < d; ++q) {
     if (q == c) continue;
@@ -352,6 +356,9 @@ __global__ void cliff_bwd_kernel(const T* __restrict__ x, const T* __restrict__ 
       const int64_t i = side == 0 ? c : q, j = side == 0 ? q : c;
       __syncthreads();  // the previous pair's dG / zeta are no longer read
       cliff_pair_grid(x, t, cond, n, d, K, M, i, j, inv_sigma, step, G, zeta, cm, mix);
+      if (threadIdx.x == 0)
+        for (int64_t m = 0; m < M; ++m)
+          if (zeta[m] != zeta[m]) bad_zeta = 1;
       for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
         const T* g = G + m * K;
         T* gr = dG + m * K;
@@ -399,6 +406,8 @@ __global__ void cliff_bwd_kernel(const T* __restrict__ x, const T* __restrict__ 
     }
   }
   __syncthreads();
+  if (bad_zeta)
+    for (int64_t s = threadIdx.x; s < n; s += blockDim.x) gx[s * d + c] = qk_nan<T>();
   if (threadIdx.x == 0)
     for (int64_t m = 0; m < M; ++m) {
       const int64_t r = cond[c * M + m];

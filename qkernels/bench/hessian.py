@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import qkernels
 from qkernels._backend import use_backend
-from qkernels.bench import Case
+from qkernels.bench import Case, backend_variants, variant
 from qkernels.ops.hessian import normalized_hessian_penalty
 
 N, D, K, EPS = 64, 12, 2, 0.1
@@ -62,8 +61,8 @@ DECODERS = {"mlp": MLPDecoder, "conv": ConvDecoder}
 def sequential_nhp(fn, z, std, k=K, eps=EPS, generator=None):
     """The authors' formulation: one fn call per perturbation, then torch ops."""
     f0 = fn(z)
-    r = (2 * torch.randint(0, 2, (k, *z.shape), generator=generator) - 1).to(z.dtype)
-    g = torch.randn((k, *z.shape), generator=generator, dtype=z.dtype)
+    r = (2 * torch.randint(0, 2, (k, *z.shape), generator=generator, device=z.device) - 1).to(z.dtype)
+    g = torch.randn((k, *z.shape), generator=generator, dtype=z.dtype, device=z.device)
     fds = {"num": [], "den": []}
     for key, dirs in (("num", r), ("den", g)):
         for h in dirs * (eps * std):
@@ -99,21 +98,25 @@ def _make(model: str, device: str):
     return make
 
 
-def _run(penalty):
-    def run(dec, z, std):
-        dec.zero_grad(set_to_none=True)
-        penalty(dec.activations, z, std, generator=torch.Generator(z.device).manual_seed(0)).backward()
+def _loss(penalty):
+    def loss(dec, z, std):
+        return penalty(dec.activations, z, std, generator=torch.Generator(z.device).manual_seed(0))
 
-    return run
+    return loss
+
+
+def _nhp_loss(dec, z, std):
+    """qkernels' NHP, directions from the global generator (torch.compile does not trace a
+    Generator object)."""
+    return normalized_hessian_penalty(dec.activations, z, std, num_perturbations=K, eps=EPS)
 
 
 def cases(device: str | None = None) -> list[Case]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    backends = [b for b in qkernels.available_backends(device) if not (b == "triton" and device == "cpu")]
     out = []
     for model in DECODERS:
-        variants = {b: _run(batched_nhp(b)) for b in backends}
-        variants["sequential"] = _run(sequential_nhp)
+        variants = backend_variants(_nhp_loss, device)
+        variants["sequential"] = variant(_loss(sequential_nhp))
         out.append(Case("hessian", f"nhp {model} n={N} d={D} k={K}", _make(model, device), variants,
                         baseline="sequential"))
     return out

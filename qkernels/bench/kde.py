@@ -1,7 +1,8 @@
-"""Benchmark cases of the KDE hot path, forward + backward (float32): the Cliff loss at (n, d, M, K)
-and KLM at (n, d), on every backend for the device, the reference (dense GEMM form) and the fully
-materialized formulation where it fits (<= 2e8 elements). Cases whose reference takes minutes are
-marked ``slow`` (``qkernels bench`` skips them unless ``--all``).
+"""Benchmark cases of the KDE hot path, forward + backward (float32): the Cliff loss at (n, d, M, K),
+KLM at (n, d) and kde_grid at (n, d, K), on every backend for the device, the reference (dense GEMM
+form), ``compiled`` (torch.compile of the reference) and the fully materialized formulation where
+it fits (<= 2e8 elements). Cases whose reference takes minutes are marked ``slow`` (``qkernels
+bench`` skips them unless ``--all``).
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import math
 
 import torch
 
-import qkernels
-from qkernels.bench import Case
-from qkernels.ops.kde import cliff_loss, klm_loss
+from qkernels.bench import Case, backend_variants, variant
+from qkernels.ops.kde import cliff_loss, kde_grid, klm_loss
 from qkernels.reference import kde as ref
 
 CLIFF = [(64, 10, 10, 100), (1024, 12, 64, 100), (5000, 2, 100, 100), (4096, 32, 128, 128)]
 KLM = [(64, 12), (1024, 32), (4096, 64)]
+KDE_GRID = [(4096, 32, 128)]  # (n, d, K): the derivative grid of every latent, Cliff's univariate term
 MATERIALIZED_MAX = 2e8
 SLOW = {(4096, 32, 128, 128), (4096, 64)}
 
@@ -32,8 +33,8 @@ def cliff_materialized(z, idx, k):
     """Cliff with the full (d, d, M, K, n) product tensor of the bivariate term materialized."""
     x = ref.standardize(z)
     n, d = x.shape
-    t = torch.linspace(-5, 5, k, dtype=z.dtype)
-    v = torch.linspace(-math.sqrt(3), math.sqrt(3), k, dtype=z.dtype)
+    t = torch.linspace(-5, 5, k, dtype=z.dtype, device=z.device)
+    v = torch.linspace(-math.sqrt(3), math.sqrt(3), k, dtype=z.dtype, device=z.device)
     step, sigma = 10 / k, 0.1
     xt = x.t()
     ud = (t[None, :, None] - xt[:, None, :]) / sigma
@@ -44,7 +45,8 @@ def cliff_materialized(z, idx, k):
     prod = dker[:, None, None, :, :] * ker[None, :, :, None, :]  # (d, d, M, K, n)
     p = ref.normalize(prod.mean(-1).abs(), step)
     jsd = ref.entropy(p.mean(2), step) - ref.entropy(p, step).mean(-1)
-    biv = jsd[~torch.eye(d, dtype=torch.bool)].sum()
+    off = ~torch.eye(d, dtype=torch.bool, device=z.device)
+    biv = torch.where(off, jsd, torch.zeros_like(jsd)).sum()
     uni = ref.entropy(ref.normalize(dker.mean(-1).abs(), step), step).sum()
     uv = (v[None, :, None] - xt[:, None, :]) / sigma
     logp = torch.logsumexp(-0.5 * uv * uv, -1) - math.log(n * sigma * math.sqrt(2 * math.pi))
@@ -72,7 +74,11 @@ def _fits(kind, shape, variant):
     return not (variant in ("materialized", "reference") and n * n * d > MATERIALIZED_MAX)
 
 
-def _cliff_case(shape, backends, device):
+def _cliff_loss(z, idx, kk):
+    return cliff_loss(z, cond_index=idx, grid=(-5.0, 5.0, kk))
+
+
+def _cliff_case(shape, device):
     n, d, m, k = shape
 
     def make(scale):
@@ -80,41 +86,50 @@ def _cliff_case(shape, backends, device):
         z, idx = cliff_inputs(nn_, dd, mm, kk)
         return z.to(device).requires_grad_(), idx.to(device), kk
 
-    def with_backend(name):
-        def run(z, idx, kk):
-            with qkernels.use_backend(name):
-                cliff_loss(z, cond_index=idx, grid=(-5.0, 5.0, kk)).backward()
-
-        return run
-
-    variants = {b: with_backend(b) for b in backends}
-    variants["materialized"] = lambda z, idx, kk: cliff_materialized(z, idx, kk).backward()
+    variants = backend_variants(_cliff_loss, device)
+    variants["materialized"] = variant(cliff_materialized)
     variants = {v: f for v, f in variants.items() if _fits("cliff", shape, v)}
     return Case("kde", f"cliff n={n} d={d} M={m} K={k}", make, variants, slow=shape in SLOW)
 
 
-def _klm_case(shape, backends, device):
+def _klm_loss(z):
+    return klm_loss(z)
+
+
+def _klm_case(shape, device):
     n, d = shape
 
     def make(scale):
         nn_, dd = shape if scale else (8, 2)
         return (torch.randn(nn_, dd, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(),)
 
-    def with_backend(name):
-        def run(z):
-            with qkernels.use_backend(name):
-                klm_loss(z).backward()
-
-        return run
-
-    variants = {b: with_backend(b) for b in backends}
-    variants["materialized"] = lambda z: klm_materialized(z).backward()
+    variants = backend_variants(_klm_loss, device)
+    variants["materialized"] = variant(klm_materialized)
     variants = {v: f for v, f in variants.items() if _fits("klm", shape, v)}
     baseline = "reference" if "reference" in variants else next(iter(variants))
     return Case("kde", f"klm n={n} d={d}", make, variants, baseline=baseline, slow=shape in SLOW)
 
 
+def _kde_grid_loss(points, samples, upstream):
+    return (kde_grid(points, samples, 0.1, derivative=True) * upstream).sum()
+
+
+def _kde_grid_case(shape, device):
+    n, d, k = shape
+
+    def make(scale):
+        nn_, dd, kk = shape if scale else (8, 2, 5)
+        g = torch.Generator().manual_seed(0)
+        samples = torch.randn(nn_, dd, generator=g).to(device).requires_grad_()
+        points = torch.linspace(-4, 4, kk).repeat(dd, 1).to(device).requires_grad_()
+        return points, samples, torch.randn(dd, kk, generator=g).to(device)
+
+    return Case("kde", f"kde_grid n={n} d={d} K={k}", make, backend_variants(_kde_grid_loss, device))
+
+
 def cases(device: str | None = None) -> list[Case]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    backends = [b for b in qkernels.available_backends(device) if not (b == "triton" and device == "cpu")]
-    return [_cliff_case(s, backends, device) for s in CLIFF] + [_klm_case(s, backends, device) for s in KLM]
+    return (
+        [_cliff_case(s, device) for s in CLIFF] + [_klm_case(s, device) for s in KLM]
+        + [_kde_grid_case(s, device) for s in KDE_GRID]
+    )

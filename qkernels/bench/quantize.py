@@ -1,8 +1,10 @@
 """Benchmark cases of the quantization hot path, forward + backward.
 
-latent_quantize: every backend available for the device, and ``materialized`` — the formulation
-popular quantizer libraries use, ``(z[..., None] - values).abs().argmin(-1)`` over an (n, d, n_v)
-tensor. categorical_latent (D-VAE; also FactorQVAE's Gumbel path): every backend.
+latent_quantize: every backend available for the device, ``compiled`` (torch.compile of the
+reference), ``materialized`` — the formulation popular quantizer libraries use,
+``(z[..., None] - values).abs().argmin(-1)`` over an (n, d, n_v) tensor — and ``materialized
+compiled`` (what torch.compile makes of it). categorical_latent (D-VAE; also FactorQVAE's Gumbel
+path): every backend and ``compiled``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import torch
 
 import qkernels
-from qkernels.bench import Case
+from qkernels.bench import Case, backend_variants, variant
 
 SHAPES = [(128, 12, 10), (4096, 64, 64), (65536, 64, 64)]  # (n, d, n_v)
 CATEGORICAL_SHAPES = [(64, 10, 64), (4096, 10, 64)]  # (n, d, K): D-VAE uses d = 10, K = 64
@@ -28,17 +30,12 @@ def _make(n, d, nv, global_codebook, device):
     return make
 
 
-def _with_backend(name):
-    def run(z, values, upstream):
-        with qkernels.use_backend(name):
-            out = qkernels.latent_quantize(z, values)
-        ((out.z_q * upstream).sum() + 0.01 * out.loss_quantize + 0.01 * out.loss_commit).backward()
-        z.grad = values.grad = None
-
-    return run
+def _loss(z, values, upstream):
+    out = qkernels.latent_quantize(z, values)
+    return (out.z_q * upstream).sum() + 0.01 * out.loss_quantize + 0.01 * out.loss_commit
 
 
-def materialized(z, values, upstream):
+def materialized_loss(z, values, upstream):
     """Nearest value through an (n, d, n_v) distance tensor, straight-through, QLAE losses."""
     vals = values.expand(z.shape[-1], -1)
     idx = (z.detach()[..., None] - vals.detach()).abs().argmin(-1)
@@ -46,8 +43,7 @@ def materialized(z, values, upstream):
     z_q = z + (q - z).detach()
     loss_q = torch.nn.functional.mse_loss(q, z.detach())
     loss_c = torch.nn.functional.mse_loss(z, q.detach())
-    ((z_q * upstream).sum() + 0.01 * loss_q + 0.01 * loss_c).backward()
-    z.grad = values.grad = None
+    return (z_q * upstream).sum() + 0.01 * loss_q + 0.01 * loss_c
 
 
 def _make_categorical(n, d, k, device):
@@ -60,28 +56,23 @@ def _make_categorical(n, d, k, device):
     return make
 
 
-def _categorical_with_backend(name):
-    def run(logits, uniform, upstream):
-        with qkernels.use_backend(name):
-            out = qkernels.categorical_latent(logits, uniform=uniform)
-        ((out.z * upstream).sum() + out.kl.sum()).backward()
-        logits.grad = None
-
-    return run
+def _categorical_loss(logits, uniform, upstream):
+    out = qkernels.categorical_latent(logits, uniform=uniform)
+    return (out.z * upstream).sum() + out.kl.sum()
 
 
 def cases(device: str | None = None) -> list[Case]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    backends = [b for b in qkernels.available_backends(device) if not (b == "triton" and device == "cpu")]
     out = []
     for n, d, nv in SHAPES:
         for global_codebook in (False, True):
-            variants = {b: _with_backend(b) for b in backends}
-            variants["materialized"] = materialized
+            variants = backend_variants(_loss, device)
+            variants["materialized"] = variant(materialized_loss)
+            variants["materialized compiled"] = variant(materialized_loss, compiled=True)
             kind = "global" if global_codebook else "per-dim"
             out.append(Case("quantize", f"latent_quantize n={n} d={d} n_v={nv} {kind}",
                             _make(n, d, nv, global_codebook, device), variants))
     for n, d, k in CATEGORICAL_SHAPES:
         out.append(Case("quantize", f"categorical_latent n={n} d={d} K={k}", _make_categorical(n, d, k, device),
-                        {b: _categorical_with_backend(b) for b in backends}))
+                        backend_variants(_categorical_loss, device)))
     return out

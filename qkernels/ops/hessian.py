@@ -22,7 +22,6 @@ NHP at k = 2) and one subtraction whose rounding matches the variance's own mean
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ import torch
 
 from qkernels import _ext
 from qkernels._backend import register, select
-from qkernels._validation import check_positive, check_same, check_tensor, value_checks
+from qkernels._validation import check_positive, check_same, check_tensor, is_finite_number, value_checks
 from qkernels.reference import hessian as ref
 
 NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
@@ -92,7 +91,7 @@ def _check_k(num_perturbations: object) -> int:
 
 def _check_eps(eps: object) -> float:
     check_positive("eps", eps)
-    if not math.isfinite(eps):
+    if not is_finite_number(eps):
         raise ValueError(f"eps must be finite, got {eps}")
     return float(eps)
 
@@ -237,12 +236,12 @@ def _directions(kind: str, k: int, z: torch.Tensor, generator) -> torch.Tensor:
     generator gives the same directions for CPU and CUDA latents) and moved to z's device
     without blocking the host."""
     shape = (k, *z.shape)
-    dev = z.device if generator is None else generator.device
+    # no generator=None keyword: it fails torch.compile with dynamic shapes
+    kw = {"device": z.device} if generator is None else {"device": generator.device, "generator": generator}
     if kind == "rademacher":
-        r = torch.randint(0, 2, shape, generator=generator, device=dev, dtype=torch.int8)
-        h = (2 * r - 1).to(z.dtype)
+        h = (2 * torch.randint(0, 2, shape, dtype=torch.int8, **kw) - 1).to(z.dtype)
     else:
-        h = torch.randn(shape, generator=generator, device=dev, dtype=z.dtype)
+        h = torch.randn(shape, dtype=z.dtype, **kw)
     return h.to(z.device, non_blocking=True)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from qkernels import _ext
 from qkernels._backend import register, select
-from qkernels._validation import check_positive, check_same, check_tensor, value_checks
+from qkernels._validation import check_positive, check_same, check_tensor, in_range, is_finite_number, value_checks
 from qkernels.reference import kde as ref
 
 
@@ -152,7 +152,7 @@ if _has_native("cliff_terms"):
 
 def _check_sigma(sigma) -> float:
     check_positive("sigma", sigma)
-    if not math.isfinite(sigma):
+    if not is_finite_number(sigma):
         raise ValueError(f"sigma must be finite, got {sigma}")
     return float(sigma)
 
@@ -186,7 +186,7 @@ def _check_grid(grid) -> tuple[float, float, int]:
         raise TypeError(f"grid must be a tuple (a, b, K), got {grid!r}")
     a, b, k = grid
     for name, val in (("grid[0] (a)", a), ("grid[1] (b)", b)):
-        if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not is_finite_number(val):
             raise TypeError(f"{name} must be a finite number, got {val!r}")
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"grid[2] (K) must be an int, got {k!r}")
@@ -202,8 +202,9 @@ def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torc
         check_positive("num_cond", num_cond, integer=True)
         if num_cond > n:
             raise ValueError(f"num_cond must be <= n = {n} (rows are drawn without replacement), got {num_cond}")
-        gen_device = generator.device if generator is not None else device
-        rows = [torch.randperm(n, generator=generator, device=gen_device)[:num_cond] for _ in range(d)]
+        # no generator=None keyword: it fails torch.compile with dynamic shapes
+        kw = {"device": device} if generator is None else {"device": generator.device, "generator": generator}
+        rows = [torch.randperm(n, **kw)[:num_cond] for _ in range(d)]
         return torch.stack(rows).to(device, non_blocking=True)  # a CPU generator: no host sync
     if not isinstance(cond_index, torch.Tensor):
         raise TypeError(f"cond_index must be a torch.Tensor or None, got {type(cond_index).__name__}")
@@ -213,7 +214,7 @@ def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torc
         raise ValueError(f"cond_index must be (d, M) = ({d}, M >= 1), got shape {tuple(cond_index.shape)}")
     if cond_index.device != device:
         raise ValueError(f"cond_index is on {cond_index.device} but z is on {device}")
-    if value_checks(cond_index) and ((cond_index < 0) | (cond_index >= n)).any():
+    if value_checks(cond_index) and not in_range(cond_index, n):
         raise ValueError(f"cond_index must hold row indices in [0, {n}), got values outside")
     return cond_index.contiguous()
 

@@ -226,6 +226,8 @@ def _uniform(
     """Uniform [0, 1) noise shaped like ``like`` (N, d, K): drawn from ``generator``, or the
     user's ``uniform`` checked against the public shape ``shape`` (..., d, K)."""
     if uniform is None:
+        if generator is None:  # (a generator=None keyword fails torch.compile with dynamic shapes)
+            return torch.rand_like(like)
         return torch.rand(like.shape, generator=generator, device=like.device, dtype=like.dtype)
     check_tensor("uniform", uniform)
     check_same("uniform", uniform, "logits", like)

@@ -101,7 +101,7 @@ def cliff_terms(
 
     # anti-collapse: log p_i(v) by a log-sum-exp over the batch (finite where the KDE underflows)
     uv = (uni_points[None, :, None] - xt[:, None, :]) / sigma  # (d, K_u, n)
-    logp = torch.logsumexp(-0.5 * uv * uv, dim=-1) - math.log(n * sigma) - 0.5 * LOG_2PI
+    logp = torch.logsumexp(-0.5 * uv * uv, dim=-1) - log_count(n, x) - math.log(sigma) - 0.5 * LOG_2PI
     kl = (-math.log(2 * math.sqrt(3.0)) - logp.mean(-1)).sum()
 
     # bivariate: dp(z_i, z_j)/dz_i at (t_k, zeta_m) = 1/n sum_s N'(t_k - x_si) N(zeta_m - x_sj)
@@ -144,6 +144,12 @@ def cliff_loss(
     return lambda_uni * uni + lambda_biv * biv + lambda_kl * kl, uni, biv, kl
 
 
+def log_count(n, like: torch.Tensor) -> torch.Tensor:
+    """log(n) as a 0-d tensor of ``like``'s dtype and device: math.log of a batch size would
+    specialize torch.compile's dynamic batch dimension to one value."""
+    return torch.log(like.new_full((), n))
+
+
 def silverman_factor(n: int, d: int) -> float:
     """Silverman's rule of thumb factor (4 / (d + 2))^(1/(d+4)) n^(-1/(d+4)) (Tripod eq. 12)."""
     return (4.0 / (d + 2)) ** (1.0 / (d + 4)) * n ** (-1.0 / (d + 4))
@@ -169,6 +175,7 @@ def klm(z: torch.Tensor, std: torch.Tensor):
         marg.append(torch.logsumexp(-0.5 * diff2, dim=1))
     lse_joint = torch.logsumexp(-0.5 * joint / (f * f), dim=1)
     lse_marg = torch.stack(marg, 1)  # (n, d)
-    const = (d - 1) * math.log(n) - d * math.log(f)
+    # (d - 1) log n - d log f with log f = log(4 / (d + 2)) / (d + 4) - log(n) / (d + 4)
+    const = (d - 1 + d / (d + 4)) * log_count(n, z) - d * math.log(4.0 / (d + 2)) / (d + 4)
     loss = (lse_joint - lse_marg.sum(1)).mean() + const
     return loss, torch.cat([lse_joint[:, None], lse_marg], 1)

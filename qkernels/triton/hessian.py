@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from qkernels._backend import register
-from qkernels.triton import _checks as check
 from qkernels.ops.hessian import wire_finite_difference_curvature
+from qkernels.triton import _checks as check
 
 BLOCK_C = 128  # activation columns per program
 

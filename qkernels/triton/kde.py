@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from qkernels._backend import register
-from qkernels.triton import _checks as check
 from qkernels.ops.kde import wire_cliff_terms, wire_kde_grid, wire_klm
 from qkernels.reference.kde import silverman_factor
+from qkernels.triton import _checks as check
 
 WINDOW = tl.constexpr(10.0)  # kde_grid drops kernel terms beyond WINDOW sigma (as the cpu backend, kde.h)
 SQRT_2PI = math.sqrt(2.0 * math.pi)
@@ -219,7 +219,8 @@ def _kde_check(points: torch.Tensor, samples: torch.Tensor, sigma: float, op: st
     check.matrix(points, "points", op)
     check.matrix(samples, "samples", op)
     if samples.shape[1] != points.shape[0]:
-        check.fail(op, f"points must be (d, K) and samples (n, d), got {tuple(points.shape)} and {tuple(samples.shape)}")
+        check.fail(op, f"points must be (d, K) and samples (n, d), got {tuple(points.shape)} and "
+                   f"{tuple(samples.shape)}")
     check.like(samples, "samples", points, "points", op)
     if not sigma > 0:
         check.fail(op, f"sigma must be > 0, got {sigma}")
@@ -375,6 +376,8 @@ def _cliff_biv_fwd(x_ptr, t_ptr, ci_ptr, out_ptr, N, D, K, M, inv_sigma: tl.floa
     t, kmask, zeta, mmask = _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K, BLOCK_M)
     g, _ = _pair_grid(x_ptr, t, kmask, zeta, mmask, i, j, N, D, inv_sigma, False, BLOCK_K, BLOCK_M, BLOCK_S)
     jsd, _, _, _, _ = _jsd(g, step, M)
+    # an out-of-range conditioning row (NaN zeta) poisons the pair (the normalization would hide it)
+    jsd = tl.where(tl.sum((mmask & (zeta != zeta)).to(tl.int32), 0) > 0, float("nan"), jsd)
     tl.store(out_ptr + pid, jsd)
 
 
@@ -461,12 +464,14 @@ def _cliff_bwd(x_ptr, t_ptr, v_ptr, ci_ptr, gu_ptr, gb_ptr, gk_ptr, gx_ptr, gzet
         tl.store(gx_ptr + ss * D + c, acc, mask=smask)
     # biv: the pairs (c, q) (c is the differentiated latent i) and (q, c) (c conditions)
     gzeta = tl.zeros((BLOCK_M,), t.dtype)
+    bad = tl.zeros((BLOCK_M,), tl.int32)  # out-of-range conditioning rows met (NaN zeta)
     for q in range(0, D):
         if q != c:
             for side in tl.static_range(2):
                 i = c if side == 0 else q
                 j = q if side == 0 else c
                 _, _, zeta, mmask = _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K, BLOCK_M)
+                bad += (mmask & (zeta != zeta)).to(tl.int32)
                 g2, gz = _pair_grid(x_ptr, t, kmask, zeta, mmask, i, j, N, D, inv_sigma, True,
                                     BLOCK_K, BLOCK_M, BLOCK_S)
                 _, p2, mix, cs2, cpos2 = _jsd(g2, step, M)
@@ -489,6 +494,10 @@ def _cliff_bwd(x_ptr, t_ptr, v_ptr, ci_ptr, gu_ptr, gb_ptr, gk_ptr, gx_ptr, gzet
                         contrib = tl.sum(wk * nk * b, 0)
                     prev = tl.load(gx_ptr + ss * D + c, mask=smask, other=0.0)
                     tl.store(gx_ptr + ss * D + c, prev + contrib, mask=smask)
+    if tl.sum(bad, 0) > 0:  # column c of grad x is NaN
+        for s0 in range(0, N, BLOCK_S):
+            ss = s0 + tl.arange(0, BLOCK_S)
+            tl.store(gx_ptr + ss * D + c, tl.full((BLOCK_S,), float("nan"), t.dtype), mask=ss < N)
     ms = tl.arange(0, BLOCK_M)
     tl.store(gzeta_ptr + c * M + ms, gzeta, mask=ms < M)
 

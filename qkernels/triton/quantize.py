@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from qkernels._backend import register
-from qkernels.triton import _checks as check
 from qkernels.ops.quantize import wire_latent_quantize, wire_relaxed_categorical
+from qkernels.triton import _checks as check
 
 BLOCK_N, BLOCK_D = 64, 32  # latent_quantize tile: rows x latents
 BLOCK_R = 32  # relaxed_categorical: rows of K categories per program
@@ -91,7 +91,8 @@ def _codebook_check(x: torch.Tensor, values: torch.Tensor, name: str, op: str) -
     if values.dim() != 2 or values.shape[0] not in (1, d) or values.shape[1] < 1 or (
         x.dim() == 3 and values.shape[1] != x.shape[2]
     ):
-        check.fail(op, f"values must be (1, n_v) or (d, n_v) with d = {d} (n_v = K for logits), got {tuple(values.shape)}")
+        check.fail(op, f"values must be (1, n_v) or (d, n_v) with d = {d} (n_v = K for logits), "
+                   f"got {tuple(values.shape)}")
     check.like(values, "values", x, name, op)
 
 

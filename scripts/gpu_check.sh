@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# One-shot GPU check: build the extension for the local GPU in place, run the whole test suite on
+# the GPU, run `qkernels bench --all` there (GPU peak memory, torch.compile baseline), and write one
+# markdown report to OUT_DIR/gpu_check.md (logs beside it).
+#
+#   bash scripts/gpu_check.sh OUT_DIR
+#
+# Works offline with the torch already installed (no pip install): set PYTHON to its interpreter
+# (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
+# the suite runs in one process), pytest-benchmark, triton. Time limits per step (seconds):
+# SUITE_TIMEOUT (default 330), BENCH_TIMEOUT (default 240); a step that runs over is reported as
+# such and the report is still written. Target: under 8 minutes on an H100/H200 with 16 cores.
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$ROOT"
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+REPORT="$OUT/gpu_check.md"
+T0=$(date +%s)
+step() { echo "[gpu_check $(($(date +%s) - T0))s] $*"; }
+
+# ---------------------------------------------------------------- environment
+{
+    echo "# qkernels GPU check"
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+    echo "- $("$PYTHON" -c 'import torch, triton, sys; print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}")' 2>&1 | tail -1)"
+    echo "- nvcc: $(nvcc --version 2>/dev/null | tail -1); cores: $(nproc)"
+} > "$REPORT"
+
+# ---------------------------------------------------------------- build in place for this GPU
+step "build"
+ARCH=$("$PYTHON" -c 'import torch; c = torch.cuda.get_device_capability(); print(f"{c[0]}.{c[1]}")')
+mv pyproject.toml pyproject.toml.gpu_check  # setup.py alone: no PEP 517 metadata checks, no pip
+trap 'mv -f "$ROOT/pyproject.toml.gpu_check" "$ROOT/pyproject.toml" 2>/dev/null' EXIT
+B0=$(date +%s)
+TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS=$(nproc) "$PYTHON" setup.py build_ext --inplace > "$OUT/build.log" 2>&1
+BUILD_RC=$?
+mv -f pyproject.toml.gpu_check pyproject.toml
+BUILD_S=$(($(date +%s) - B0))
+BACKENDS=$("$PYTHON" -c 'import qkernels; print(qkernels.available_backends("cuda"))' 2>&1 | tail -1)
+{
+    echo
+    echo "## Build"
+    echo
+    echo "\`TORCH_CUDA_ARCH_LIST=$ARCH MAX_JOBS=$(nproc) setup.py build_ext --inplace\`: exit $BUILD_RC in ${BUILD_S} s;"
+    echo "backends on cuda: $BACKENDS"
+} >> "$REPORT"
+[ $BUILD_RC -ne 0 ] && tail -40 "$OUT/build.log" | sed 's/^/    /' >> "$REPORT"
+
+# ---------------------------------------------------------------- bad input must not kill the process
+step "crash probe"
+"$PYTHON" -X faulthandler -c '
+import torch, qkernels
+try:
+    torch.ops.qkernels.finite_difference_curvature(torch.randn(10, 3), 2, 2, 0.1, 2, False, "mean")
+    print("accepted (wrong)")
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0][:150])
+' > "$OUT/crash_probe.log" 2>&1
+PROBE_RC=$?
+if [ $PROBE_RC -gt 128 ] && command -v gdb >/dev/null; then  # killed by a signal: where
+    gdb -batch -ex run -ex bt --args "$PYTHON" -c 'import torch, qkernels
+torch.ops.qkernels.finite_difference_curvature(torch.randn(10, 3), 2, 2, 0.1, 2, False, "mean")' \
+        > "$OUT/crash_probe_gdb.log" 2>&1
+fi
+{
+    echo
+    echo "## Crash probe (shared/gpu/h200-2026-11-26.md: this call killed the process)"
+    echo
+    echo "exit $PROBE_RC: $(tail -1 "$OUT/crash_probe.log")"
+    [ -f "$OUT/crash_probe_gdb.log" ] && { echo; echo '```'; grep -E "^#|signal" "$OUT/crash_probe_gdb.log" | head -30; echo '```'; }
+} >> "$REPORT"
+
+# ---------------------------------------------------------------- the whole suite on the GPU
+step "tests"
+XDIST=""
+"$PYTHON" -c 'import xdist' 2>/dev/null && XDIST="-n 8"
+S0=$(date +%s)
+timeout "${SUITE_TIMEOUT:-330}" "$PYTHON" -m pytest tests $XDIST -q -rfE -p no:cacheprovider > "$OUT/tests.log" 2>&1
+SUITE_RC=$?
+SUITE_S=$(($(date +%s) - S0))
+{
+    echo
+    echo "## Test suite (\`pytest tests $XDIST\`): exit $SUITE_RC in ${SUITE_S} s$([ $SUITE_RC -eq 124 ] && echo ' (TIMED OUT)')"
+    echo
+    echo '```'
+    grep -E "^(FAILED|ERROR)|passed|failed|crashed|Segmentation" "$OUT/tests.log" | tail -60
+    echo '```'
+} >> "$REPORT"
+
+# ---------------------------------------------------------------- benchmarks on the GPU
+step "bench"
+Q0=$(date +%s)
+# the KDE cases first: they decide auto's order on CUDA (qkernels/_backend.py AUTO_ORDER)
+timeout "${BENCH_TIMEOUT:-240}" "$PYTHON" -m qkernels bench --all --hotpath kde --hotpath quantize \
+    --hotpath hessian --hotpath overhead > "$OUT/bench.md" 2>&1
+BENCH_RC=$?
+{
+    echo
+    echo "## \`qkernels bench --all\`: exit $BENCH_RC in $(($(date +%s) - Q0)) s$([ $BENCH_RC -eq 124 ] && echo ' (TIMED OUT: partial table)')"
+    echo
+    echo "Times: interleaved forward + backward runs, torch.cuda.synchronize() around each; ratios of medians"
+    echo "(> 1: faster than the baseline / than torch.compile of the reference); peak MiB: growth of"
+    echo "torch.cuda.max_memory_allocated over one run."
+    echo
+    cat "$OUT/bench.md"
+} >> "$REPORT"
+step "done: $REPORT ($(($(date +%s) - T0)) s)"
+echo "- total: $(($(date +%s) - T0)) s" >> "$REPORT"

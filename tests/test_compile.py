@@ -1,0 +1,210 @@
+"""Every functional op and module under ``torch.compile(fullgraph=True, dynamic=True)`` with inductor,
+on every backend of the test device: the compiled forward and gradients equal eager ones at two batch
+sizes from ONE graph (dynamic batch, no recompilation). On CUDA also: no host-device synchronization
+inside any op or module, CUDA-graph training steps (``mode="reduce-overhead"``) that give the eager
+losses, and deterministic mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo.testing
+from conftest import DEVICE
+
+import qkernels
+from qkernels.nn import (
+    FSQ,
+    CategoricalLatent,
+    CliffLoss,
+    GumbelQuantizer,
+    HessianPenalty,
+    KLMLoss,
+    LatentQuantizer,
+    NormalizedHessianPenalty,
+)
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+D = 3
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _leaf(*shape, seed, positive=False):
+    t = torch.randn(*shape, generator=_gen(seed), dtype=torch.float64)
+    return (t.abs() + 0.5 if positive else t).to(DEVICE).requires_grad_()
+
+
+# ----------------------------------------------------------------------------- one step per hot path
+# make(n) -> (inputs that carry gradients, other inputs); step(*inputs) -> scalar
+
+
+class Quantize(torch.nn.Module):
+    """latent_quantize, fsq, gumbel_quantize, categorical_latent and their modules."""
+
+    def __init__(self):
+        super().__init__()
+        self.lq, self.fsq = LatentQuantizer(D, 6), FSQ(5)
+        self.gumbel, self.cat = GumbelQuantizer(6), CategoricalLatent(D, 5)
+
+    def make(self, n):
+        return [_leaf(n, D, seed=n), _leaf(D, 6, seed=1), _leaf(n, D, 5, seed=2)], []
+
+    def forward(self, z, values, logits):
+        q, qm = qkernels.latent_quantize(z, values), self.lq(z)
+        f, fm = qkernels.fsq(z, 5), self.fsq(z)
+        g, gm = qkernels.gumbel_quantize(z, values[0], 0.7), self.gumbel(z, 0.7)
+        c, cm = qkernels.categorical_latent(logits, tau=0.8), self.cat(logits)
+        return (
+            (q.z_q * z).sum() + q.loss_quantize + q.loss_commit + (qm.z_q * z).sum() + qm.loss_quantize
+            + (f.z_q * z).sum() + (fm.z_q * z).sum() + (g.z_q * z).sum() + g.kl_uniform.sum() + gm.z_q.sum()
+            + (c.z * z).sum() + c.kl.sum() + cm.z.sum()
+        )
+
+
+class KDE(torch.nn.Module):
+    """cliff_loss (given and drawn conditioning rows), klm_loss, kde_grid, CliffLoss, KLMLoss."""
+
+    def __init__(self):
+        super().__init__()
+        self.cliff, self.klm = CliffLoss(grid=(-4.0, 4.0, 16), num_cond=3), KLMLoss()
+
+    def make(self, n):
+        idx = torch.stack([torch.randperm(n, generator=_gen(j))[:4] for j in range(D)]).to(DEVICE)
+        return [_leaf(n, D, seed=n), _leaf(D, 5, seed=3)], [idx]
+
+    def forward(self, z, points, idx):
+        return (
+            qkernels.cliff_loss(z, cond_index=idx, grid=(-4.0, 4.0, 16)) + self.cliff(z)
+            + qkernels.klm_loss(z) + self.klm(z, z.detach().std(0) + 0.1)
+            + qkernels.kde_grid(points, z, 0.3).square().sum()
+        )
+
+
+class Hessian(torch.nn.Module):
+    """normalized_hessian_penalty, hessian_penalty and their modules on a small MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(D, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4), torch.nn.Tanh())
+        self.nhp, self.hp = NormalizedHessianPenalty(), HessianPenalty(reduction="mean")
+
+    def make(self, n):
+        return [_leaf(n, D, seed=n), _leaf(D, seed=4, positive=True)], []
+
+    def forward(self, z, std):
+        fn = lambda u: [self.net[:2](u), self.net(u)]
+        return (
+            qkernels.normalized_hessian_penalty(fn, z, std) + qkernels.hessian_penalty(fn, z)
+            + self.nhp(fn, z, std) + self.hp(self.net, z)
+        )
+
+
+HOTPATHS = {"quantize": Quantize, "kde": KDE, "hessian": Hessian}
+
+
+def _eager_and_grads(model, inputs, extra, seed):
+    torch.manual_seed(seed)
+    out = model(*inputs, *extra)
+    wrt = list(inputs) + [p for p in model.parameters()]
+    return out.detach(), [g.detach() for g in torch.autograd.grad(out, wrt)]
+
+
+def _model(hotpath):
+    torch.manual_seed(0)
+    return HOTPATHS[hotpath]().to(DEVICE, torch.float64)  # float64: Cliff and NHP gradients are ill-conditioned
+
+
+@pytest.mark.parametrize("hotpath", HOTPATHS)
+def test_compiled_matches_eager_with_dynamic_batch(backend, hotpath):
+    """fullgraph + dynamic=True, inductor, two batch sizes from one graph. Random draws (Gumbel
+    noise, directions, conditioning rows) come from the global generator; inductor's
+    ``fallback_random`` makes them the eager ones."""
+    torch._dynamo.reset()
+    model = _model(hotpath)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+    frames = []
+    with torch._inductor.config.patch(fallback_random=True):
+        for n in (8, 11):
+            inputs, extra = model.make(n)
+            want, want_g = _eager_and_grads(model, inputs, extra, seed=n)
+            got, got_g = _eager_and_grads(compiled, inputs, extra, seed=n)
+            torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10)
+            for g, w in zip(got_g, want_g, strict=True):
+                torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10)
+            frames.append(counter.frame_count)
+    assert frames[1] == frames[0], f"a new batch size compiled {frames[1] - frames[0]} more graph(s)"
+
+
+# ----------------------------------------------------------------------------- CUDA only
+
+
+@CUDA
+@pytest.mark.parametrize("hotpath", HOTPATHS)
+def test_no_host_sync_on_cuda(backend, hotpath):
+    """Forward + backward of every op and module with torch.cuda.set_sync_debug_mode("error")."""
+    model = _model(hotpath)
+    inputs, extra = model.make(16)
+    _eager_and_grads(model, inputs, extra, seed=0)  # warm-up: kernel compilation, library handles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _eager_and_grads(model, inputs, extra, seed=0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@CUDA
+@pytest.mark.parametrize("hotpath", HOTPATHS)
+def test_deterministic_mode(backend, hotpath, monkeypatch):
+    """Under torch.use_deterministic_algorithms(True) every op either gives bitwise-identical results
+    run to run or raises as PyTorch's own nondeterministic ops do."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    model = _model(hotpath)
+    inputs, extra = model.make(64)
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [_eager_and_grads(model, inputs, extra, seed=0) for _ in range(2)]
+    except RuntimeError as exc:
+        assert "determinis" in str(exc), exc
+        return
+    finally:
+        torch.use_deterministic_algorithms(False)
+    (a, ga), (b, gb) = runs
+    assert torch.equal(a, b)
+    assert all(torch.equal(x, y) for x, y in zip(ga, gb, strict=True))
+
+
+def _training_losses(name, compiled, steps=4):
+    from qkernels.models import build_model
+
+    torch.manual_seed(0)
+    obs, kw = ((2,), {}) if name == "cliff_ae" else ((3, 32, 32), {"arch": "small"})
+    model = build_model(name, obs, 2 if name == "cliff_ae" else 4, **kw).to(DEVICE)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = (torch.randn(256, 2) if name == "cliff_ae" else torch.rand(16, *obs)).to(DEVICE)
+    loss_fn = lambda x, step: model.loss(x, step)["total"]
+    if compiled:
+        loss_fn = torch.compile(loss_fn, mode="reduce-overhead", fullgraph=True)
+    losses = []
+    for step in range(steps):
+        torch.manual_seed(100 + step)  # the same random draws (directions, conditioning rows) each step
+        loss = loss_fn(x, 0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@CUDA
+@pytest.mark.parametrize("name", ["qlae", "tripod", "cliff_ae"])
+def test_cuda_graph_training_step_gives_eager_losses(name):
+    """QLAE, Tripod and Cliff training steps under torch.compile(mode="reduce-overhead") (CUDA graphs)."""
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fallback_random=True):
+        eager = _training_losses(name, compiled=False)
+        graphed = _training_losses(name, compiled=True)
+    torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=2e-3, atol=1e-4)
