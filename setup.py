@@ -8,6 +8,7 @@ PyTorch reference backend still works). A failing compile fails the install, nev
 import glob
 import os
 import shutil
+import sys
 
 from setuptools import setup
 
@@ -27,6 +28,12 @@ else:
         and os.environ.get("QKERNELS_NO_CUDA", "0") != "1"
     )
     cxx_flags = ["-O3", "-fopenmp"]
+    # Link the C++ runtime as the shared libstdc++.so.6 torch itself uses. A compiler wrapper that
+    # puts a directory holding only libstdc++.a first on the search path (the CUDA image of
+    # shared/gpu/h200-2026-11-26.md: CXX=/opt/gcc/bin/g++ -B...) otherwise links a private static
+    # copy into _C.so whose iostreams use the system library's locale tables: formatting any number
+    # in an error message (every TORCH_CHECK with a size) then segfaults instead of raising.
+    link_flags = ["-fopenmp"] + (["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else [])
     define_macros = []
     if with_cuda:
         sources += sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda/*.cpp"))
@@ -40,6 +47,6 @@ else:
         include_dirs=[os.path.join(here, "csrc", "include")],
         define_macros=define_macros,
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
-        extra_link_args=["-fopenmp"],
+        extra_link_args=link_flags,
     )
     setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension})

@@ -21,28 +21,28 @@ from qkernels import _ext
 BACKENDS = ("reference", "cpu", "triton", "cuda")
 
 # auto's order of preference, per device type and op (first available implementation wins); "*"
-# is the order for ops without a row of their own. Every row is a measurement: the rows of
-# benchmarks/RESULTS.md named in the comment (CPU: 2 cores; CUDA: the H200 table of
-# shared/gpu/h200-2026-11-26.md, reproduced in RESULTS.md "GPU"). A kernel comes first only where
-# it was measured faster than the reference on that device.
+# is the order for ops without a row of their own. Every row is a measurement, cited from
+# benchmarks/RESULTS.md (CPU: section "Quantization", 2 cores; CUDA: section "GPU (NVIDIA H200)",
+# the table of shared/gpu/h200-2026-11-26.md). A kernel comes first only where it was measured
+# faster than the reference on that device.
 AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
     "cpu": {
         "*": ("cpu", "reference"),
-        # RESULTS.md "Quantization": categorical_latent cpu 0.57x the reference (scalar libm exp/log)
+        # categorical_latent n=4096: cpu 0.57x the reference (scalar libm exp/log per category)
         "relaxed_categorical": ("reference",),
     },
     "cuda": {
-        # RESULTS.md "GPU": klm 1024x32 triton 1.47 ms, cuda 3.5, reference 10.4
+        # klm 1024x32: triton 1.47 ms, cuda 3.5, reference 10.4
         "klm": ("triton", "cuda", "reference"),
-        # RESULTS.md "GPU": latent_quantize 65536x64 triton 1.34 ms, cuda 1.58, reference 4.35
+        # latent_quantize 65536x64: triton 1.34 ms, cuda 1.58, reference 4.35
         "latent_quantize": ("triton", "cuda", "reference"),
-        # RESULTS.md "GPU": cliff 1024x12 reference 5.6 ms, triton 20.7, cuda 147 (the kernels lose)
+        # cliff 1024x12: reference 5.6 ms, triton 20.7, cuda 147 (torch.compile of the reference: 2.9)
         "cliff_terms": ("reference",),
-        # RESULTS.md "GPU": categorical_latent 4096x10 reference 1.11 ms, cuda 1.20, triton 1.46
+        # categorical_latent 4096x10: reference 1.11 ms, cuda 1.20, triton 1.46
         "relaxed_categorical": ("reference",),
-        # not measured on a GPU yet (qkernels bench "kde_grid" rows): the reference until it is
+        # not measured on a GPU yet (qkernels bench "kde_grid" case): the reference until it is
         "kde_grid": ("reference",),
-        # RESULTS.md "GPU": nhp mlp cuda 2.35 ms, reference 2.63, triton 2.99 (conv: a tie within 6%)
+        # nhp mlp: cuda 2.35 ms, reference 2.63, triton 2.99 (conv: a tie within 6%)
         "finite_difference_curvature": ("cuda", "reference"),
         "*": ("reference",),
     },

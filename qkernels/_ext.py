@@ -23,6 +23,15 @@ else:
         )
 
 
+def path() -> str | None:
+    """File of the loaded native extension (None when not loaded)."""
+    if not LOADED:
+        return None
+    from qkernels import _C
+
+    return _C.__file__
+
+
 def has_kernel(op: str, dispatch_key: str) -> bool:
     """Whether the C++ op ``qkernels::<op>`` has a kernel for ``dispatch_key`` ("CPU", "CUDA")."""
     if not LOADED:

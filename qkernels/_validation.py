@@ -72,6 +72,7 @@ def all_finite(t: torch.Tensor) -> bool:
     """No NaN or inf in ``t`` (reads one value back: call only where :func:`value_checks` allows).
     Any NaN or inf makes the sum non-finite, so one reduction decides the common case; a
     non-finite sum of finite values (overflow) is re-checked exactly."""
+    t = t.detach()  # no autograd node for the check
     return math.isfinite(t.sum().item()) or bool(torch.isfinite(t).all())
 
 
@@ -79,7 +80,7 @@ def in_range(idx: torch.Tensor, hi: int) -> bool:
     """All integer values of ``idx`` in [0, hi) (reads two values back, as :func:`all_finite`)."""
     if idx.numel() == 0:
         return True
-    lo, top = torch.aminmax(idx)
+    lo, top = torch.aminmax(idx.detach())
     return lo.item() >= 0 and top.item() < hi
 
 

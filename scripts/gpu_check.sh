@@ -8,7 +8,7 @@
 # Works offline with the torch already installed (no pip install): set PYTHON to its interpreter
 # (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
 # the suite runs in one process), pytest-benchmark, triton. Time limits per step (seconds):
-# SUITE_TIMEOUT (default 330), BENCH_TIMEOUT (default 240); a step that runs over is reported as
+# SUITE_TIMEOUT (default 330), BENCH_TIMEOUT (default 150); a step that runs over is reported as
 # such and the report is still written. Target: under 8 minutes on an H100/H200 with 16 cores.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
@@ -83,7 +83,8 @@ step "tests"
 XDIST=""
 "$PYTHON" -c 'import xdist' 2>/dev/null && XDIST="-n 8"
 S0=$(date +%s)
-timeout "${SUITE_TIMEOUT:-330}" "$PYTHON" -m pytest tests $XDIST -q -rfE -p no:cacheprovider > "$OUT/tests.log" 2>&1
+timeout "${SUITE_TIMEOUT:-330}" "$PYTHON" -m pytest tests $XDIST -q -rfE -p no:cacheprovider --durations=25 \
+    > "$OUT/tests.log" 2>&1
 SUITE_RC=$?
 SUITE_S=$(($(date +%s) - S0))
 {
@@ -93,13 +94,19 @@ SUITE_S=$(($(date +%s) - S0))
     echo '```'
     grep -E "^(FAILED|ERROR)|passed|failed|crashed|Segmentation" "$OUT/tests.log" | tail -60
     echo '```'
+    echo
+    echo "Slowest tests:"
+    echo
+    echo '```'
+    sed -n '/slowest 25 durations/,/^$/p' "$OUT/tests.log" | head -28
+    echo '```'
 } >> "$REPORT"
 
 # ---------------------------------------------------------------- benchmarks on the GPU
 step "bench"
 Q0=$(date +%s)
 # the KDE cases first: they decide auto's order on CUDA (qkernels/_backend.py AUTO_ORDER)
-timeout "${BENCH_TIMEOUT:-240}" "$PYTHON" -m qkernels bench --all --hotpath kde --hotpath quantize \
+timeout "${BENCH_TIMEOUT:-150}" "$PYTHON" -m qkernels bench --all --hotpath kde --hotpath quantize \
     --hotpath hessian --hotpath overhead > "$OUT/bench.md" 2>&1
 BENCH_RC=$?
 {

@@ -61,3 +61,17 @@ def test_cuda_glue_compiles(path, tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.skipif(not _ext.LOADED or shutil.which("readelf") is None or shutil.which("nm") is None,
+                    reason="needs the built extension and binutils")
+def test_extension_uses_the_shared_cpp_runtime():
+    """_C links libstdc++.so.6 dynamically and carries no private copy of its iostreams: a static
+    copy (what the CUDA image's compiler wrapper produced) formats numbers with the system
+    library's locale tables and crashed every TORCH_CHECK message with a size in it."""
+    so = _ext.path()
+    needed = subprocess.run(["readelf", "-d", so], capture_output=True, text=True, check=True).stdout
+    assert "libstdc++.so.6" in needed, needed
+    defined = subprocess.run(["nm", "-C", "--defined-only", so], capture_output=True, text=True, check=True).stdout
+    embedded = [line for line in defined.splitlines() if "std::basic_ostream<char" in line and "_M_insert" in line]
+    assert not embedded, embedded[:5]

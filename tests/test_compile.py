@@ -116,26 +116,75 @@ def _model(hotpath):
     return HOTPATHS[hotpath]().to(DEVICE, torch.float64)  # float64: Cliff and NHP gradients are ill-conditioned
 
 
-@pytest.mark.parametrize("hotpath", HOTPATHS)
-def test_compiled_matches_eager_with_dynamic_batch(backend, hotpath):
-    """fullgraph + dynamic=True, inductor, two batch sizes from one graph. Random draws (Gumbel
-    noise, directions, conditioning rows) come from the global generator; inductor's
-    ``fallback_random`` makes them the eager ones."""
+@pytest.fixture
+def fixed_draws(monkeypatch):
+    """The ops' random draws (Gumbel noise, NHP/HP directions, Cliff conditioning rows) replaced by
+    fixed patterns: inductor may reorder independent random ops, so a compiled graph and eager code
+    draw different numbers from the same seed (seen on CUDA). Everything else must agree exactly."""
+    from qkernels.ops import hessian, kde, quantize
+
+    uniform, cond_index = quantize._uniform, kde._cond_index
+
+    def fixed_uniform(u, shape, like, generator):
+        if u is not None:
+            return uniform(u, shape, like, generator)
+        i = torch.arange(like.numel(), device=like.device, dtype=like.dtype).reshape(like.shape)
+        return 0.5 + 0.45 * torch.sin(1.3 * i)
+
+    def fixed_directions(kind, k, z, generator):
+        i = torch.arange(k * z.numel(), device=z.device, dtype=z.dtype).reshape(k, *z.shape)
+        s = torch.sin(0.7 * i + (0.0 if kind == "rademacher" else 1.1))
+        return torch.where(s >= 0, 1.0, -1.0).to(z.dtype) if kind == "rademacher" else 1.5 * s
+
+    def fixed_rows(ci, num_cond, generator, n, d, device):
+        if ci is not None:
+            return cond_index(ci, num_cond, generator, n, d, device)
+        return (2 * torch.arange(num_cond, device=device)[None] + torch.arange(d, device=device)[:, None]) % n
+
+    monkeypatch.setattr(quantize, "_uniform", fixed_uniform)
+    monkeypatch.setattr(hessian, "_directions", fixed_directions)
+    monkeypatch.setattr(kde, "_cond_index", fixed_rows)
+
+
+def _at_two_batch_sizes(model, check):
+    """Compile ``model`` (inductor, fullgraph, dynamic) and run ``check(compiled, inputs, extra, n)``
+    at batch sizes 8 and 11: the second must compile nothing new."""
     torch._dynamo.reset()
-    model = _model(hotpath)
     counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
     frames = []
-    with torch._inductor.config.patch(fallback_random=True):
-        for n in (8, 11):
-            inputs, extra = model.make(n)
-            want, want_g = _eager_and_grads(model, inputs, extra, seed=n)
-            got, got_g = _eager_and_grads(compiled, inputs, extra, seed=n)
-            torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10)
-            for g, w in zip(got_g, want_g, strict=True):
-                torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10)
-            frames.append(counter.frame_count)
+    for n in (8, 11):
+        inputs, extra = model.make(n)
+        check(compiled, inputs, extra, n)
+        frames.append(counter.frame_count)
     assert frames[1] == frames[0], f"a new batch size compiled {frames[1] - frames[0]} more graph(s)"
+
+
+@pytest.mark.parametrize("hotpath", HOTPATHS)
+def test_compiled_matches_eager_with_dynamic_batch(backend, hotpath, fixed_draws):
+    """Values and gradients of the compiled graph equal eager ones at two batch sizes."""
+    model = _model(hotpath)
+
+    def check(compiled, inputs, extra, n):
+        want, want_g = _eager_and_grads(model, inputs, extra, seed=n)
+        got, got_g = _eager_and_grads(compiled, inputs, extra, seed=n)
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10)
+        for g, w in zip(got_g, want_g, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10)
+
+    _at_two_batch_sizes(model, check)
+
+
+@pytest.mark.parametrize("hotpath", HOTPATHS)
+def test_random_draws_compile(hotpath):
+    """The real random draws (torch.rand / randint / randn / randperm) trace into the graph:
+    finite values and gradients at two batch sizes."""
+
+    def check(compiled, inputs, extra, n):
+        out, grads = _eager_and_grads(compiled, inputs, extra, seed=n)
+        assert torch.isfinite(out) and all(torch.isfinite(g).all() for g in grads)
+
+    _at_two_batch_sizes(_model(hotpath), check)
 
 
 # ----------------------------------------------------------------------------- CUDA only
@@ -207,4 +256,8 @@ def test_cuda_graph_training_step_gives_eager_losses(name):
     with torch._inductor.config.patch(fallback_random=True):
         eager = _training_losses(name, compiled=False)
         graphed = _training_losses(name, compiled=True)
-    torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=2e-3, atol=1e-4)
+    # the first step sees the same parameters and draws: equal to fp32 rounding; later steps start
+    # from parameters that differ by the rounding of the fused graph, which Adam compounds (the
+    # Cliff loss at sigma 0.1 amplifies it most: 0.4% at step 4 on an H200)
+    assert abs(graphed[0] - eager[0]) <= 1e-5 * abs(eager[0]) + 1e-6, (graphed, eager)
+    torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=1e-2, atol=1e-4)

@@ -38,7 +38,8 @@ def _stacked(n, k, m, groups, center, dtype, seed=0):
 def test_backends_present():
     assert "reference" in BACKENDS
     if _ext.LOADED:
-        assert "cpu" in BACKENDS
+        assert unavailable_reason("cpu", "cpu") is None
+        assert ("cuda" in BACKENDS) == (DEVICE == "cuda" and unavailable_reason("cuda") is None)
 
 
 # ----------------------------------------------------------------------------- the fused op

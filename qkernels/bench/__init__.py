@@ -93,11 +93,12 @@ def _on_cuda(inputs: tuple) -> bool:
 
 
 def time_variants(
-    case: Case, names: list[str], *, min_time: float = 0.5, max_rounds: int = 20
+    case: Case, names: list[str], *, min_time: float = 0.5, max_rounds: int = 20, max_seconds: float = 20.0
 ) -> dict[str, list[float] | BaseException]:
     """Wall seconds of forward + backward runs of each variant, interleaved (round r runs every
     variant once, so drift in machine load hits all alike), after one warm-up run each; at least 3
-    rounds, more while under ``min_time`` per variant. A variant that raises is reported as the
+    rounds, more while under ``min_time`` per variant; only 2 when the rounds already took
+    ``max_seconds`` (variants of seconds per run). A variant that raises is reported as the
     exception instead of times."""
     inputs = case.make(1)
     cuda = _on_cuda(inputs)
@@ -112,7 +113,8 @@ def time_variants(
             out[name] = exc
     start = time.perf_counter()
     for r in range(max_rounds):
-        if r >= 3 and time.perf_counter() - start >= min_time * max(1, len(live)):
+        elapsed = time.perf_counter() - start
+        if (r >= 3 and elapsed >= min_time * max(1, len(live))) or (r >= 2 and elapsed >= max_seconds):
             break
         for name in live:
             if cuda:

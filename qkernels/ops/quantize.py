@@ -172,6 +172,8 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
     vals = _codebook("values", values, z.shape[-1])
     check_same("z", z, "values", values)
     _, impl = select("latent_quantize", z.device, z.dtype)
+    if z.dim() == 2:  # no reshape: each one is an autograd node, and the per-call cost counts at small n
+        return Quantized(*impl(z, vals))
     z_q, indices, loss_q, loss_c = impl(z.reshape(-1, z.shape[-1]), vals)
     return Quantized(z_q.reshape(z.shape), indices.reshape(z.shape), loss_q, loss_c)
 
@@ -181,7 +183,7 @@ def _levels(levels: int | Sequence[int] | torch.Tensor, d: int, device) -> torch
     if isinstance(levels, torch.Tensor):
         if levels.is_floating_point() or levels.dtype == torch.bool:
             raise TypeError(f"levels must hold integers, got dtype {levels.dtype}")
-        lv = levels.to(device=device, dtype=torch.long).reshape(-1)
+        lv = levels.to(device=device, dtype=torch.long, non_blocking=True).reshape(-1)
         if lv.numel() not in (1, d):
             raise ValueError(f"levels must give 1 or d = {d} values, got {lv.numel()}")
         if value_checks(lv) and (lv < 2).any():
@@ -268,11 +270,13 @@ def gumbel_quantize(
     vals = _codebook("values", values, z.shape[-1])
     check_same("z", z, "values", values)
     check_positive("tau", tau)
-    z2 = z.reshape(-1, z.shape[-1])
+    z2 = z if z.dim() == 2 else z.reshape(-1, z.shape[-1])
     logits = -((z2[:, :, None] - vals[None]) ** 2)
     k = vals.shape[-1]
     u = _uniform(uniform, (*z.shape, k), logits, generator)
     z_q, y, kl = _relaxed(logits, vals, u, tau, 1.0, hard)
+    if z.dim() == 2:
+        return GumbelQuantized(z_q, y, logits, kl)
     return GumbelQuantized(
         z_q.reshape(z.shape), y.reshape(*z.shape, k), logits.reshape(*z.shape, k), kl.reshape(z.shape)
     )
@@ -310,11 +314,13 @@ def categorical_latent(
         raise ValueError(f"values must have K = {k} entries (logits' last dim), got {tuple(values.shape)}")
     check_positive("tau", tau)
     check_positive("noise_scale", noise_scale, minimum=0)
-    lg = logits.reshape(-1, logits.shape[-2], k)
+    lg = logits if logits.dim() == 3 else logits.reshape(-1, logits.shape[-2], k)
     u = None
     if noise_scale > 0:
         u = _uniform(uniform, tuple(logits.shape), lg, generator)
     z, y, kl = _relaxed(lg, vals, u, tau, noise_scale, hard)
+    if logits.dim() == 3:
+        return CategoricalSample(z, y, kl)
     lead = logits.shape[:-1]
     return CategoricalSample(z.reshape(lead), y.reshape(logits.shape), kl.reshape(lead))
 

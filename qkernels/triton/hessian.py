@@ -49,7 +49,7 @@ def _fdc_fwd(
     i, cb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cols < M
-    stride = N.to(tl.int64) * M
+    stride = tl.cast(N, tl.int64) * M  # (N == 1 arrives as a constexpr int: no .to)
     offs = (row_offset + g * 2 * K * N + i).to(tl.int64) * M + cols
     mean = _fd_mean(x_ptr, offs, stride, mask, K, inv_eps2)
     m2 = tl.zeros(mean.shape, mean.dtype)
@@ -86,7 +86,7 @@ def _fdc_bwd(
     i, cb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = cols < M
-    stride = N.to(tl.int64) * M
+    stride = tl.cast(N, tl.int64) * M  # (N == 1 arrives as a constexpr int: no .to)
     offs = (row_offset + g * 2 * K * N + i).to(tl.int64) * M + cols
     mean = _fd_mean(x_ptr, offs, stride, mask, K, inv_eps2)
     gout = tl.load(grad_ptr + g * N + i)

@@ -1,0 +1,19 @@
+"""Per-call overhead of the functional API at tiny shapes (cases in qkernels/bench/overhead.py):
+forward + backward of every op through its public function (``<backend>``) and through the backend
+implementation called directly (``<backend> raw``); the difference is what validation, backend
+selection and autograd wiring add per call. ``add``: one bare torch.add forward + backward.
+
+    pytest benchmarks/test_overhead.py --benchmark-only --benchmark-group-by=param:case
+"""
+
+import pytest
+
+from qkernels.bench import cases
+
+PARAMS = [(c, v) for c in cases("overhead") for v in c.variants]
+
+
+@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
+def test_overhead(benchmark, case, variant):
+    benchmark.group = case.name
+    benchmark.pedantic(case.variants[variant], args=case.make(1), rounds=200, iterations=5, warmup_rounds=20)
