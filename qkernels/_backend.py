@@ -107,7 +107,7 @@ def _probe(backend: str, dev: str | None) -> str | None:
     if backend == "cuda":
         if not _ext.LOADED:
             return f"the cuda backend needs the native extension: {_ext.REASON}"
-        if not cuda_built():
+        if not _ext.cuda_built():
             return "qkernels._C was built without CUDA kernels (torch without CUDA or no nvcc)"
         if not torch.cuda.is_available():
             return "no CUDA device is available"
@@ -123,17 +123,6 @@ def _probe(backend: str, dev: str | None) -> str | None:
     if dev not in (None, "cpu", "cuda"):
         return f"the triton backend does not support {dev} tensors"
     return None
-
-
-def cuda_built() -> bool:
-    """Whether qkernels._C contains the CUDA kernels."""
-    return _ext.LOADED and any(_ext.has_kernel(op, "CUDA") for op in _native_ops())
-
-
-def _native_ops() -> list[str]:
-    from qkernels.ops import NATIVE_OPS
-
-    return list(NATIVE_OPS)
 
 
 def available_backends(device: torch.device | str | None = None) -> list[str]:
@@ -169,29 +158,18 @@ def register(op: str, backend: str) -> Callable[[Callable], Callable]:
 
 
 def implementations(op: str) -> dict[str, Callable]:
-    """``{backend: implementation}`` registered for ``op``."""
-    _load_triton_impls()
+    """``{backend: implementation}`` registered for ``op`` (by its module in :mod:`qkernels.ops`)."""
     return dict(_REGISTRY.get(op, {}))
 
 
-_TRITON_LOADED = False
-
-
-def _load_triton_impls() -> None:
-    # Triton modules are imported only when triton can run, so importing qkernels never
-    # requires triton.
-    global _TRITON_LOADED
-    if _TRITON_LOADED:
-        return
-    _TRITON_LOADED = True
-    if _triton_reason() is None:
-        importlib.import_module("qkernels.triton")
+def kernels(op: str, device: torch.device | str | None = None) -> list[str]:
+    """Backends that have an implementation of ``op`` registered and can run on ``device``."""
+    return [b for b in implementations(op) if unavailable_reason(b, device) is None]
 
 
 def warm() -> None:
-    """Probe every backend and load the Triton kernels now (called once by ``import qkernels``),
-    so that backend selection is a table lookup, also while torch.compile traces."""
-    _load_triton_impls()
+    """Probe every backend now (called once by ``import qkernels``), so that backend selection is
+    a table lookup, also while torch.compile traces."""
     for backend in BACKENDS:
         for dev in (None, "cpu", "cuda"):
             unavailable_reason(backend, dev)

@@ -101,3 +101,28 @@ def check_positive(name: str, value: object, *, integer: bool = False, minimum=N
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
     elif not value > 0:
         raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def check_sigma(sigma) -> float:
+    """A finite bandwidth > 0, as a float."""
+    check_positive("sigma", sigma)
+    if not is_finite_number(sigma):
+        raise ValueError(f"sigma must be finite, got {sigma}")
+    return float(sigma)
+
+
+def check_grid(grid) -> tuple[float, float, int]:
+    """An integration grid (a, b, K): finite a < b, integer K >= 2."""
+    if not (isinstance(grid, (tuple, list)) and len(grid) == 3):
+        raise TypeError(f"grid must be a tuple (a, b, K), got {grid!r}")
+    a, b, k = grid
+    for name, val in (("grid[0] (a)", a), ("grid[1] (b)", b)):
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not is_finite_number(val):
+            raise TypeError(f"{name} must be a finite number, got {val!r}")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"grid[2] (K) must be an int, got {k!r}")
+    if k < 2:
+        raise ValueError(f"grid[2] (K) must be >= 2, got {k}")
+    if not a < b:
+        raise ValueError(f"grid must have a < b, got a = {a}, b = {b}")
+    return float(a), float(b), k

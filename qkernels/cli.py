@@ -23,7 +23,7 @@ def _train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from qkernels.train import TrainConfig, train
-    from qkernels.train.loop import CONFIG
+    from qkernels.train.run import CONFIG
 
     out = args.out or f"runs/{args.model or 'tripod'}"
     if args.resume and (Path(out) / CONFIG).is_file():

@@ -10,7 +10,7 @@ import torch
 from conftest import DEVICE
 
 from qkernels import _ext
-from qkernels._backend import implementations, unavailable_reason, use_backend
+from qkernels._backend import implementations, kernels, unavailable_reason, use_backend
 from qkernels.nn.hessian import HessianPenalty, NormalizedHessianPenalty
 from qkernels.ops.hessian import (
     finite_difference_curvature,
@@ -20,7 +20,7 @@ from qkernels.ops.hessian import (
 from qkernels.reference import hessian as ref
 
 OP = "finite_difference_curvature"
-BACKENDS = [b for b in implementations(OP) if unavailable_reason(b, DEVICE) is None]
+BACKENDS = kernels(OP, DEVICE)
 KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
 TOL = {torch.float32: dict(rtol=2e-5, atol=1e-6), torch.float64: dict(rtol=1e-11, atol=1e-12)}
 

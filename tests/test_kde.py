@@ -3,22 +3,15 @@ written from the papers' equations (numpy), every backend against the reference 
 gradients), gradcheck, opcheck, the papers' properties and bad input."""
 
 import math
-import os
 
 import numpy as np
 import pytest
 import torch
 
 import qkernels
-from qkernels._backend import implementations, unavailable_reason
+from qkernels._backend import implementations, kernels
 from qkernels.ops.kde import CliffTerms, cliff_loss, kde_grid, klm_loss
 from qkernels.reference import kde as ref
-
-if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
-    try:
-        import qkernels.triton.kde  # noqa: F401  (registers the triton backend of the KDE ops)
-    except ImportError:  # triton missing: the backend is simply not registered
-        pass
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float64]
@@ -26,8 +19,7 @@ S3 = math.sqrt(3.0)
 
 
 def backends_of(op, *, triton=True):
-    names = [b for b in implementations(op) if unavailable_reason(b, DEVICE) is None]
-    return [b for b in names if triton or b != "triton"]
+    return [b for b in kernels(op, DEVICE) if triton or b != "triton"]
 
 
 def kernel_backends(op):

@@ -1,5 +1,5 @@
-// CPU (OpenMP via at::parallel_for) kernels of the Hessian hot path and the schemas of its
-// qkernels:: ops. Math lives in csrc/include/qkernels/hessian.h, shared with csrc/cuda.
+// CPU (OpenMP via at::parallel_for) kernels of the Hessian hot path (schemas: csrc/schemas.cpp).
+// Math lives in csrc/include/qkernels/hessian.h, shared with csrc/cuda.
 //
 // finite_difference_curvature reduces the stacked activations (R, M) of the finite-difference
 // batch to per-sample statistics (groups, n): the mean (or max, with its first argmax) over the M
@@ -117,12 +117,7 @@ Tensor finite_difference_curvature_backward_cpu(const Tensor& grad_, const Tenso
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(qkernels, m) {
-  m.def("finite_difference_curvature(Tensor stacked, SymInt n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> (Tensor values, Tensor argmax)");
-  m.def("finite_difference_curvature_backward(Tensor grad, Tensor stacked, Tensor argmax, SymInt n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(qkernels, CPU, m) {
+TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
   m.impl("finite_difference_curvature", &finite_difference_curvature_cpu);
   m.impl("finite_difference_curvature_backward", &finite_difference_curvature_backward_cpu);
 }

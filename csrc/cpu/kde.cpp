@@ -1,5 +1,5 @@
-// CPU (OpenMP via at::parallel_for) kernels of the KDE hot path and the schemas of its qkernels::
-// ops. Math lives in csrc/include/qkernels/kde.h, shared with csrc/cuda.
+// CPU (OpenMP via at::parallel_for) kernels of the KDE hot path (schemas: csrc/schemas.cpp). Math
+// lives in csrc/include/qkernels/kde.h, shared with csrc/cuda.
 //
 // Memory: no (d, K, n), (d, M, n), (d, d, M, K) or (n, n) tensor is formed. Cliff keeps one
 // K x M accumulator per running pair task, a table of the windowed derivative-kernel values of
@@ -526,16 +526,7 @@ std::tuple<Tensor, Tensor> klm_backward_cpu(const Tensor& grad_loss, const Tenso
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(qkernels, m) {
-  m.def("kde_grid(Tensor points, Tensor samples, float sigma, bool derivative) -> Tensor");
-  m.def("kde_grid_backward(Tensor grad, Tensor points, Tensor samples, float sigma, bool derivative) -> (Tensor grad_points, Tensor grad_samples)");
-  m.def("cliff_terms(Tensor x, Tensor grid, Tensor uni_points, Tensor cond_index, float sigma, float step) -> (Tensor uni, Tensor biv, Tensor kl)");
-  m.def("cliff_terms_backward(Tensor grad_uni, Tensor grad_biv, Tensor grad_kl, Tensor x, Tensor grid, Tensor uni_points, Tensor cond_index, float sigma, float step) -> Tensor grad_x");
-  m.def("klm(Tensor z, Tensor std) -> (Tensor loss, Tensor lse)");
-  m.def("klm_backward(Tensor grad_loss, Tensor z, Tensor std, Tensor lse) -> (Tensor grad_z, Tensor grad_std)");
-}
-
-TORCH_LIBRARY_IMPL(qkernels, CPU, m) {
+TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
   m.impl("kde_grid", &kde_grid_cpu);
   m.impl("kde_grid_backward", &kde_grid_backward_cpu);
   m.impl("cliff_terms", &cliff_terms_cpu);

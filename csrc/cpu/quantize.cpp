@@ -1,5 +1,5 @@
-// CPU (OpenMP via at::parallel_for) kernels of the quantization hot path, and the schemas of its
-// qkernels:: ops. Math lives in csrc/include/qkernels/quantize.h, shared with csrc/cuda.
+// CPU (OpenMP via at::parallel_for) kernels of the quantization hot path (schemas:
+// csrc/schemas.cpp). Math lives in csrc/include/qkernels/quantize.h, shared with csrc/cuda.
 //
 // Reductions (losses, codebook gradients) use a fixed row chunking whose partial sums are added in
 // chunk order, so results do not depend on the number of threads.
@@ -192,14 +192,7 @@ std::tuple<Tensor, Tensor> relaxed_categorical_backward_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(qkernels, m) {
-  m.def("latent_quantize(Tensor z, Tensor values) -> (Tensor z_q, Tensor indices, Tensor loss_quantize, Tensor loss_commit)");
-  m.def("latent_quantize_backward(Tensor grad_zq, Tensor grad_loss_quantize, Tensor grad_loss_commit, Tensor z, Tensor values, Tensor indices) -> (Tensor grad_z, Tensor grad_values)");
-  m.def("relaxed_categorical(Tensor logits, Tensor values, Tensor? uniform, float tau, float noise_scale, bool hard) -> (Tensor z, Tensor y, Tensor kl)");
-  m.def("relaxed_categorical_backward(Tensor grad_z, Tensor grad_y, Tensor grad_kl, Tensor logits, Tensor values, Tensor? uniform, Tensor y, float tau, float noise_scale) -> (Tensor grad_logits, Tensor grad_values)");
-}
-
-TORCH_LIBRARY_IMPL(qkernels, CPU, m) {
+TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
   m.impl("latent_quantize", &latent_quantize_cpu);
   m.impl("latent_quantize_backward", &latent_quantize_backward_cpu);
   m.impl("relaxed_categorical", &relaxed_categorical_cpu);

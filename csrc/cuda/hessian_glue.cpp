@@ -1,6 +1,6 @@
 // TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the Hessian-path kernels: checks, allocation,
 // stream, then the raw-pointer launchers of csrc/cuda/hessian.cu. Built only with CUDA torch.
-// The op schemas are defined in csrc/cpu/hessian.cpp.
+// Schemas: csrc/schemas.cpp.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -9,16 +9,13 @@
 #include <string>
 
 #include "hessian.cuh"
+#include "glue.h"
 #include "qkernels/hessian_checks.h"
 
 namespace qkernels {
 namespace {
 
 using at::Tensor;
-
-void check_cuda(cudaError_t err, const char* op) {
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
-}
 
 std::tuple<Tensor, Tensor> finite_difference_curvature_cuda(const Tensor& stacked_, int64_t n, int64_t k,
                                                             double eps, int64_t groups, bool unbiased,

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "kde.cuh"
+#include "glue.h"
 #include "qkernels/kde.h"
 #include "qkernels/kde_checks.h"
 
@@ -16,11 +17,6 @@ namespace qkernels {
 namespace {
 
 using at::Tensor;
-
-void check_cuda(cudaError_t err, const char* op) {
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
-}
-
 
 std::tuple<Tensor, Tensor> klm_cuda(const Tensor& z_, const Tensor& std_) {
   check_klm(z_, std_, "klm");

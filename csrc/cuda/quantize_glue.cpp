@@ -6,16 +6,13 @@
 #include <torch/library.h>
 
 #include "quantize.cuh"
+#include "glue.h"
 #include "qkernels/quantize_checks.h"
 
 namespace qkernels {
 namespace {
 
 using at::Tensor;
-
-void check_cuda(cudaError_t err, const char* op) {
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
-}
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cuda(const Tensor& z_, const Tensor& values_) {
   check_codebook(z_, values_, "latent_quantize");

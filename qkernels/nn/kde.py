@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qkernels.ops.kde import _check_grid, _check_sigma, cliff_loss, klm_loss
+from qkernels._validation import check_grid, check_sigma
+from qkernels.ops.kde import cliff_loss, klm_loss
 
 
 class CliffLoss(nn.Module):
@@ -28,8 +29,8 @@ class CliffLoss(nn.Module):
         return_terms: bool = False,
     ) -> None:
         super().__init__()
-        self.sigma = _check_sigma(sigma)
-        self.grid = _check_grid(grid)
+        self.sigma = check_sigma(sigma)
+        self.grid = check_grid(grid)
         self.num_cond = num_cond
         self.lambda_uni, self.lambda_biv, self.lambda_kl = lambda_uni, lambda_biv, lambda_kl
         self.return_terms = return_terms

@@ -1,11 +1,2 @@
-"""``torch.library`` op registration, autograd wiring and backend dispatch, one module per hot path."""
-
-# C++ ops (qkernels::<name>) with CPU and, when built, CUDA kernels.
-NATIVE_OPS = (
-    "latent_quantize",
-    "relaxed_categorical",
-    "finite_difference_curvature",
-    "kde_grid",
-    "cliff_terms",
-    "klm",
-)
+"""Op definition (schema, fake, autograd, every backend: :mod:`qkernels.ops._library`) and the
+functional API, one module per hot path."""

@@ -1,6 +1,7 @@
 """Hessian hot path: op registration (fake + autograd), dispatch and the functional API.
 
-Ops (``torch.ops.qkernels``; the ``*_triton`` twins come from :mod:`qkernels.triton.hessian`):
+Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of
+:mod:`qkernels.triton.hessian`; how an op is put together: :mod:`qkernels.ops._library`):
 
 - ``finite_difference_curvature(stacked (R, M), n, num_perturbations, eps, groups, unbiased, reduce)
   -> (values (groups, n), argmax (groups, n) int64)``
@@ -27,15 +28,20 @@ from typing import Any
 
 import torch
 
-from qkernels import _ext
-from qkernels._backend import register, select
+from qkernels._backend import select
 from qkernels._validation import check_positive, check_same, check_tensor, is_finite_number, value_checks
+from qkernels.ops import _library as lib
 from qkernels.reference import hessian as ref
 
 NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
 
-# ----------------------------------------------------------------------------- op wiring
+# ----------------------------------------------------------------------------- op definitions
+# One block per op: fake + autograd (wire_*), raw-argument checks of its Triton ops, backends.
 
+_tk = lib.triton_kernels("hessian")
+
+
+# finite_difference_curvature
 
 def wire_finite_difference_curvature(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a finite_difference_curvature op pair."""
@@ -65,16 +71,32 @@ def wire_finite_difference_curvature(fwd: str, bwd: str) -> None:
     torch.library.register_autograd(fwd, backward, setup_context=setup_context)
 
 
-register("finite_difference_curvature", "reference")(ref.finite_difference_curvature)
+def check_finite_difference_curvature(stacked, n, k, eps, groups, unbiased, reduce,
+                                      op="finite_difference_curvature_triton"):
+    lib.matrix(stacked, "stacked", op)
+    if n < 1 or k < 2 or groups not in (1, 2) or not eps > 0 or reduce not in ("mean", "max"):
+        lib.fail(op, f"need n >= 1, num_perturbations >= 2, groups in (1, 2), eps > 0, reduce 'mean' or "
+                 f"'max'; got n={n}, k={k}, groups={groups}, eps={eps}, reduce={reduce!r}")
+    if stacked.shape[0] - n * 2 * k * groups not in (0, n):
+        lib.fail(op, f"stacked {tuple(stacked.shape)} does not hold n={n}, k={k}, groups={groups} perturbed blocks")
 
-if _ext.LOADED and hasattr(torch.ops.qkernels, "finite_difference_curvature"):
-    wire_finite_difference_curvature(
-        "qkernels::finite_difference_curvature", "qkernels::finite_difference_curvature_backward"
-    )
-    for _backend in ("cpu", "cuda"):  # one C++ op, CPU and CUDA dispatch keys
-        register("finite_difference_curvature", _backend)(
-            torch.ops.qkernels.finite_difference_curvature
-        )
+
+def check_finite_difference_curvature_backward(grad, stacked, argmax, n, k, eps, groups, unbiased, reduce):
+    op = "finite_difference_curvature_backward_triton"
+    check_finite_difference_curvature(stacked, n, k, eps, groups, unbiased, reduce, op)
+    if grad.shape != (groups, n) or argmax.shape != (groups, n):
+        lib.fail(op, f"grad and argmax must be (groups, n) = ({groups}, {n}), got {tuple(grad.shape)} and "
+                 f"{tuple(argmax.shape)}")
+    lib.index(argmax, "argmax", stacked, op)
+    if grad.device != stacked.device:
+        lib.fail(op, f"grad is on {grad.device} but stacked is on {stacked.device}")
+
+
+lib.define_backends(
+    "finite_difference_curvature", reference=ref.finite_difference_curvature,
+    wire=wire_finite_difference_curvature,
+    triton=_tk, checks=(check_finite_difference_curvature, check_finite_difference_curvature_backward),
+)
 
 
 # ----------------------------------------------------------------------------- validation helpers

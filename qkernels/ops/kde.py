@@ -1,6 +1,7 @@
 """KDE hot path: op registration (fake + autograd), dispatch and the functional API.
 
-Ops (``torch.ops.qkernels``; ``*_triton`` twins are registered by :mod:`qkernels.triton.kde`):
+Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of :mod:`qkernels.triton.kde`;
+how an op is put together: :mod:`qkernels.ops._library`):
 
 - ``kde_grid(points (d, K), samples (n, d), sigma, derivative) -> (d, K)``
 - ``cliff_terms(x (n, d), grid (K,), uni_points (K_u,), cond_index (d, M), sigma, step)
@@ -19,9 +20,18 @@ from typing import NamedTuple
 
 import torch
 
-from qkernels import _ext
-from qkernels._backend import register, select
-from qkernels._validation import check_positive, check_same, check_tensor, in_range, is_finite_number, value_checks
+from qkernels._backend import select
+from qkernels._validation import (
+    check_grid,
+    check_positive,
+    check_same,
+    check_sigma,
+    check_tensor,
+    in_range,
+    value_checks,
+)
+from qkernels.ops import _library as lib
+from qkernels.ops._library import zeros_if_none
 from qkernels.reference import kde as ref
 
 
@@ -34,12 +44,13 @@ class CliffTerms(NamedTuple):
     kl: torch.Tensor
 
 
-# ----------------------------------------------------------------------------- op wiring
+# ----------------------------------------------------------------------------- op definitions
+# One block per op: fake + autograd (wire_*), raw-argument checks of its Triton ops, backends.
+
+_tk = lib.triton_kernels("kde")
 
 
-def _zeros_if_none(g, like):
-    return torch.zeros_like(like) if g is None else g
-
+# kde_grid
 
 def wire_kde_grid(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a kde_grid op pair."""
@@ -67,6 +78,34 @@ def wire_kde_grid(fwd: str, bwd: str) -> None:
     torch.library.register_autograd(fwd, backward, setup_context=setup_context)
 
 
+def check_kde_grid(points, samples, sigma, derivative, op="kde_grid_triton"):
+    lib.matrix(points, "points", op)
+    lib.matrix(samples, "samples", op)
+    if samples.shape[1] != points.shape[0]:
+        lib.fail(op, f"points must be (d, K) and samples (n, d), got {tuple(points.shape)} and {tuple(samples.shape)}")
+    lib.like(samples, "samples", points, "points", op)
+    if not sigma > 0:
+        lib.fail(op, f"sigma must be > 0, got {sigma}")
+
+
+def check_kde_grid_backward(grad, points, samples, sigma, derivative):
+    op = "kde_grid_backward_triton"
+    check_kde_grid(points, samples, sigma, derivative, op)
+    if grad.shape != points.shape:
+        lib.fail(op, f"grad must be {tuple(points.shape)}, got {tuple(grad.shape)}")
+    if grad.device != points.device:
+        lib.fail(op, f"grad is on {grad.device} but points is on {points.device}")
+
+
+lib.define_backends(
+    "kde_grid", reference=ref.kde_grid, wire=wire_kde_grid,
+    triton=_tk, checks=(check_kde_grid, check_kde_grid_backward),
+)
+
+
+
+# cliff_terms
+
 def wire_cliff_terms(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a cliff_terms op pair (gradient to x only)."""
 
@@ -89,9 +128,9 @@ def wire_cliff_terms(fwd: str, bwd: str) -> None:
         x, grid, uni_points, cond_index = ctx.saved_tensors
         scalar = x.new_zeros(())
         gx = backward_op(
-            _zeros_if_none(g_uni, scalar),
-            _zeros_if_none(g_biv, scalar),
-            _zeros_if_none(g_kl, scalar),
+            zeros_if_none(g_uni, scalar),
+            zeros_if_none(g_biv, scalar),
+            zeros_if_none(g_kl, scalar),
             x,
             grid,
             uni_points,
@@ -103,6 +142,36 @@ def wire_cliff_terms(fwd: str, bwd: str) -> None:
 
     torch.library.register_autograd(fwd, backward, setup_context=setup_context)
 
+
+def check_cliff_terms(x, grid, uni_points, cond_index, sigma, step, op="cliff_terms_triton"):
+    lib.matrix(x, "x", op)
+    if grid.dim() != 1 or grid.shape[0] < 2 or uni_points.dim() != 1 or uni_points.shape[0] < 1:
+        lib.fail(op, f"grid must be (K,), K >= 2, and uni_points (K_u,), got {tuple(grid.shape)} and "
+                 f"{tuple(uni_points.shape)}")
+    if cond_index.dim() != 2 or cond_index.shape[0] != x.shape[1] or cond_index.shape[1] < 1:
+        lib.fail(op, f"cond_index must be (d, M) = ({x.shape[1]}, M >= 1), got {tuple(cond_index.shape)}")
+    lib.like(grid, "grid", x, "x", op)
+    lib.like(uni_points, "uni_points", x, "x", op)
+    lib.index(cond_index, "cond_index", x, op)
+    if not (sigma > 0 and step > 0):
+        lib.fail(op, f"sigma and step must be > 0, got {sigma} and {step}")
+
+
+def check_cliff_terms_backward(grad_uni, grad_biv, grad_kl, x, grid, uni_points, cond_index, sigma, step):
+    op = "cliff_terms_backward_triton"
+    check_cliff_terms(x, grid, uni_points, cond_index, sigma, step, op)
+    for name, g in (("grad_uni", grad_uni), ("grad_biv", grad_biv), ("grad_kl", grad_kl)):
+        lib.scalar_grad(g, name, x, op)
+
+
+lib.define_backends(
+    "cliff_terms", reference=ref.cliff_terms, wire=wire_cliff_terms,
+    triton=_tk, checks=(check_cliff_terms, check_cliff_terms_backward),
+)
+
+
+
+# klm
 
 def wire_klm(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a klm op pair (gradients to z and std)."""
@@ -124,37 +193,34 @@ def wire_klm(fwd: str, bwd: str) -> None:
 
     def backward(ctx, grad_loss, _grad_lse):
         z, std, lse = ctx.saved_tensors
-        return backward_op(_zeros_if_none(grad_loss, z.new_zeros(())), z, std, lse)
+        return backward_op(zeros_if_none(grad_loss, z.new_zeros(())), z, std, lse)
 
     torch.library.register_autograd(fwd, backward, setup_context=setup_context)
 
 
-def _has_native(op: str) -> bool:
-    return _ext.LOADED and hasattr(torch.ops.qkernels, op)
+def check_klm(z, std, op="klm_triton"):
+    lib.matrix(z, "z", op)
+    if std.dim() != 1 or std.shape[0] != z.shape[1]:
+        lib.fail(op, f"std must be (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
+    lib.like(std, "std", z, "z", op)
 
 
-register("kde_grid", "reference")(ref.kde_grid)
-register("cliff_terms", "reference")(ref.cliff_terms)
-register("klm", "reference")(ref.klm)
+def check_klm_backward(grad_loss, z, std, lse):
+    op = "klm_backward_triton"
+    check_klm(z, std, op)
+    if tuple(lse.shape) != (z.shape[0], z.shape[1] + 1):
+        lib.fail(op, f"lse must be (n, d + 1) = ({z.shape[0]}, {z.shape[1] + 1}), got {tuple(lse.shape)}")
+    lib.like(lse, "lse", z, "z", op)
+    lib.scalar_grad(grad_loss, "grad_loss", z, op)
 
-if _has_native("cliff_terms"):
-    wire_kde_grid("qkernels::kde_grid", "qkernels::kde_grid_backward")
-    wire_cliff_terms("qkernels::cliff_terms", "qkernels::cliff_terms_backward")
-    wire_klm("qkernels::klm", "qkernels::klm_backward")
-    # one C++ op per function, CPU and (CUDA builds) CUDA dispatch keys
-    for _op in ("kde_grid", "cliff_terms", "klm"):
-        for _backend in ("cpu", "cuda") if _ext.has_kernel(_op, "CUDA") else ("cpu",):
-            register(_op, _backend)(getattr(torch.ops.qkernels, _op))
+
+lib.define_backends(
+    "klm", reference=ref.klm, wire=wire_klm,
+    triton=_tk, checks=(check_klm, check_klm_backward),
+)
 
 
 # ----------------------------------------------------------------------------- functional API
-
-
-def _check_sigma(sigma) -> float:
-    check_positive("sigma", sigma)
-    if not is_finite_number(sigma):
-        raise ValueError(f"sigma must be finite, got {sigma}")
-    return float(sigma)
 
 
 def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, derivative: bool = False) -> torch.Tensor:
@@ -176,25 +242,9 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
             f"samples must be (n, d) with d = {points.shape[0]} (points' first dimension), "
             f"got shape {tuple(samples.shape)}"
         )
-    sigma = _check_sigma(sigma)
+    sigma = check_sigma(sigma)
     _, impl = select("kde_grid", points.device, points.dtype)
     return impl(points, samples, sigma, bool(derivative))
-
-
-def _check_grid(grid) -> tuple[float, float, int]:
-    if not (isinstance(grid, (tuple, list)) and len(grid) == 3):
-        raise TypeError(f"grid must be a tuple (a, b, K), got {grid!r}")
-    a, b, k = grid
-    for name, val in (("grid[0] (a)", a), ("grid[1] (b)", b)):
-        if isinstance(val, bool) or not isinstance(val, (int, float)) or not is_finite_number(val):
-            raise TypeError(f"{name} must be a finite number, got {val!r}")
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"grid[2] (K) must be an int, got {k!r}")
-    if k < 2:
-        raise ValueError(f"grid[2] (K) must be >= 2, got {k}")
-    if not a < b:
-        raise ValueError(f"grid must have a < b, got a = {a}, b = {b}")
-    return float(a), float(b), k
 
 
 def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torch.Tensor:
@@ -261,8 +311,8 @@ def cliff_loss(
     """
     _check_latents(z)
     n, d = z.shape
-    sigma = _check_sigma(sigma)
-    a, b, k = _check_grid(grid)
+    sigma = check_sigma(sigma)
+    a, b, k = check_grid(grid)
     for name, lam in (("lambda_uni", lambda_uni), ("lambda_biv", lambda_biv), ("lambda_kl", lambda_kl)):
         if isinstance(lam, bool) or not isinstance(lam, (int, float)):
             raise TypeError(f"{name} must be a number, got {type(lam).__name__}")

@@ -1,6 +1,7 @@
 """Quantization hot path: op registration (fake + autograd), dispatch and the functional API.
 
-Ops (``torch.ops.qkernels``; ``*_triton`` twins are registered by :mod:`qkernels.triton.quantize`):
+Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of
+:mod:`qkernels.triton.quantize`; how an op is put together: :mod:`qkernels.ops._library`):
 
 - ``latent_quantize(z (N, d), values (G, n_v)) -> (z_q, indices, loss_quantize, loss_commit)``
 - ``relaxed_categorical(logits (N, d, K), values (G, K), uniform?, tau, noise_scale, hard)
@@ -17,9 +18,10 @@ from typing import NamedTuple
 
 import torch
 
-from qkernels import _ext
-from qkernels._backend import register, select
+from qkernels._backend import select
 from qkernels._validation import check_positive, check_same, check_tensor, value_checks
+from qkernels.ops import _library as lib
+from qkernels.ops._library import zeros_if_none
 from qkernels.reference import quantize as ref
 
 
@@ -52,12 +54,27 @@ class CategoricalSample(NamedTuple):
     kl: torch.Tensor
 
 
-# ----------------------------------------------------------------------------- op wiring
+# ----------------------------------------------------------------------------- op definitions
+# One block per op: fake + autograd (wire_*), raw-argument checks of its Triton ops, backends.
+
+_tk = lib.triton_kernels("quantize")
 
 
-def _zeros_if_none(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(like) if g is None else g
+def _check_codebook(x: torch.Tensor, values: torch.Tensor, name: str, op: str) -> None:
+    """x (N, d) (latent_quantize) or (N, d, K) (relaxed_categorical); values (1 or d, n_v)."""
+    if x.dim() not in (2, 3) or x.numel() == 0:
+        lib.fail(op, f"{name} must be a non-empty (N, d{', K' if x.dim() == 3 else ''}), got {tuple(x.shape)}")
+    lib.floating(x, name, op)
+    d = x.shape[1]
+    if values.dim() != 2 or values.shape[0] not in (1, d) or values.shape[1] < 1 or (
+        x.dim() == 3 and values.shape[1] != x.shape[2]
+    ):
+        lib.fail(op, f"values must be (1, n_v) or (d, n_v) with d = {d} (n_v = K for logits), "
+                 f"got {tuple(values.shape)}")
+    lib.like(values, "values", x, name, op)
 
+
+# latent_quantize
 
 def wire_latent_quantize(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a latent_quantize op pair."""
@@ -80,9 +97,9 @@ def wire_latent_quantize(fwd: str, bwd: str) -> None:
         z, values, indices = ctx.saved_tensors
         scalar = z.new_zeros(())
         return backward_op(
-            _zeros_if_none(grad_zq, z),
-            _zeros_if_none(grad_lq, scalar),
-            _zeros_if_none(grad_lc, scalar),
+            zeros_if_none(grad_zq, z),
+            zeros_if_none(grad_lq, scalar),
+            zeros_if_none(grad_lc, scalar),
             z,
             values,
             indices,
@@ -90,6 +107,30 @@ def wire_latent_quantize(fwd: str, bwd: str) -> None:
 
     torch.library.register_autograd(fwd, backward, setup_context=setup_context)
 
+
+def check_latent_quantize(z, values, op="latent_quantize_triton"):
+    _check_codebook(z, values, "z", op)
+
+
+def check_latent_quantize_backward(grad_zq, grad_lq, grad_lc, z, values, indices, op="latent_quantize_backward_triton"):
+    _check_codebook(z, values, "z", op)
+    if grad_zq.shape != z.shape or indices.shape != z.shape:
+        lib.fail(op, f"grad_zq and indices must be shaped like z {tuple(z.shape)}, got "
+                 f"{tuple(grad_zq.shape)} and {tuple(indices.shape)}")
+    lib.like(grad_zq, "grad_zq", z, "z", op)
+    lib.index(indices, "indices", z, op)
+    lib.scalar_grad(grad_lq, "grad_loss_quantize", z, op)
+    lib.scalar_grad(grad_lc, "grad_loss_commit", z, op)
+
+
+lib.define_backends(
+    "latent_quantize", reference=ref.latent_quantize, wire=wire_latent_quantize,
+    triton=_tk, checks=(check_latent_quantize, check_latent_quantize_backward),
+)
+
+
+
+# relaxed_categorical
 
 def wire_relaxed_categorical(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a relaxed_categorical op pair."""
@@ -114,9 +155,9 @@ def wire_relaxed_categorical(fwd: str, bwd: str) -> None:
         logits, values, uniform, y = ctx.saved_tensors
         row = logits[..., 0]
         grads = backward_op(
-            _zeros_if_none(grad_z, row),
-            _zeros_if_none(grad_y, logits),
-            _zeros_if_none(grad_kl, row),
+            zeros_if_none(grad_z, row),
+            zeros_if_none(grad_y, logits),
+            zeros_if_none(grad_kl, row),
             logits,
             values,
             uniform,
@@ -129,15 +170,31 @@ def wire_relaxed_categorical(fwd: str, bwd: str) -> None:
     torch.library.register_autograd(fwd, backward, setup_context=setup_context)
 
 
-register("latent_quantize", "reference")(ref.latent_quantize)
-register("relaxed_categorical", "reference")(ref.relaxed_categorical)
+def check_relaxed_categorical(logits, values, uniform, tau, noise_scale, hard, op="relaxed_categorical_triton"):
+    if logits.dim() != 3:
+        lib.fail(op, f"logits must be (N, d, K), got {tuple(logits.shape)}")
+    _check_codebook(logits, values, "logits", op)
+    if uniform is not None:
+        if uniform.shape != logits.shape:
+            lib.fail(op, f"uniform must be shaped like logits {tuple(logits.shape)}, got {tuple(uniform.shape)}")
+        lib.like(uniform, "uniform", logits, "logits", op)
 
-if _ext.LOADED:
-    wire_latent_quantize("qkernels::latent_quantize", "qkernels::latent_quantize_backward")
-    wire_relaxed_categorical("qkernels::relaxed_categorical", "qkernels::relaxed_categorical_backward")
-    for _backend in ("cpu", "cuda"):  # one C++ op, CPU and CUDA dispatch keys
-        register("latent_quantize", _backend)(torch.ops.qkernels.latent_quantize)
-        register("relaxed_categorical", _backend)(torch.ops.qkernels.relaxed_categorical)
+
+def check_relaxed_categorical_backward(grad_z, grad_y, grad_kl, logits, values, uniform, y, tau, noise_scale):
+    op = "relaxed_categorical_backward_triton"
+    check_relaxed_categorical(logits, values, uniform, tau, noise_scale, False, op)
+    if grad_z.shape != logits.shape[:2] or grad_kl.shape != logits.shape[:2]:
+        lib.fail(op, f"grad_z and grad_kl must be (N, d) = {tuple(logits.shape[:2])}")
+    if grad_y.shape != logits.shape or y.shape != logits.shape:
+        lib.fail(op, f"grad_y and y must be shaped like logits {tuple(logits.shape)}")
+    for name, t in (("grad_z", grad_z), ("grad_y", grad_y), ("grad_kl", grad_kl), ("y", y)):
+        lib.like(t, name, logits, "logits", op)
+
+
+lib.define_backends(
+    "relaxed_categorical", reference=ref.relaxed_categorical, wire=wire_relaxed_categorical,
+    triton=_tk, checks=(check_relaxed_categorical, check_relaxed_categorical_backward),
+)
 
 
 # ----------------------------------------------------------------------------- functional API

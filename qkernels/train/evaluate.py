@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from qkernels.train.data import generator, is_ground_truth
+from qkernels.train.run import CHECKPOINT, CONFIG, METRICS_FILE, build, scalars
 
 RECON_SAMPLES = 256
 
@@ -71,7 +72,6 @@ def evaluate_model(model, ds, cfg, *, num_samples: int) -> dict:
 def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: int | None = None) -> dict:
     """Final evaluation: metrics.json + figures; also an eval line in the log when ``log`` is given."""
     from qkernels.train import figures
-    from qkernels.train.loop import METRICS_FILE, scalars
 
     res = evaluate_model(model, ds, cfg, num_samples=num_samples or cfg.eval_samples)
     res = {"step": step, "model": cfg.model, "dataset": cfg.dataset, **res}
@@ -86,7 +86,6 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     """(model, dataset, config, step) of a saved run, model in eval mode with the checkpoint's weights."""
     from qkernels.train import checkpoint as ckpt
     from qkernels.train.config import TrainConfig
-    from qkernels.train.loop import CHECKPOINT, CONFIG, build
 
     run_dir = Path(run_dir)
     cfg = TrainConfig.load(run_dir / CONFIG)

@@ -19,41 +19,13 @@ from pathlib import Path
 
 import torch
 
-from qkernels.data import load_dataset
 from qkernels.models.base import discriminator_of
-from qkernels.models.registry import METHODS, OptimSpec, build_model, default_num_latents, method_defaults
+from qkernels.models.registry import METHODS, OptimSpec
 from qkernels.train import checkpoint as ckpt
 from qkernels.train.config import TrainConfig
-from qkernels.train.data import derive_seed, get_batch, num_sources, observation_shape
-
-PROCEDURAL_IMAGES = ("sprites", "shapes3d_procedural", "balls")
-CHECKPOINT, CONFIG, LOG, METRICS_FILE = "checkpoint.pt", "config.json", "log.jsonl", "metrics.json"
-
-
-# ----------------------------------------------------------------------------------------------- building
-def load_data(cfg: TrainConfig):
-    kw = dict(cfg.dataset_kwargs)
-    if cfg.dataset != "quantized_grid2d":
-        kw.setdefault("seed", cfg.seed)
-    if cfg.dataset in PROCEDURAL_IMAGES and cfg.image_size is not None:
-        kw.setdefault("image_size", cfg.image_size)
-    return load_dataset(cfg.dataset, **kw)
-
-
-def build(cfg: TrainConfig, ds=None):
-    """(model, dataset) for ``cfg`` (model on cfg.device, in train mode)."""
-    if cfg.model not in METHODS:
-        raise ValueError(f"unknown model {cfg.model!r}; known: {', '.join(METHODS)}")
-    ds = load_data(cfg) if ds is None else ds
-    d = cfg.num_latents or default_num_latents(cfg.model, num_sources(ds))
-    kw = method_defaults(cfg.model, cfg.dataset)
-    if cfg.model != "cliff_ae":
-        kw["arch"] = cfg.arch
-    kw.update(cfg.model_kwargs)
-    torch.manual_seed(derive_seed(cfg.seed, 2**32 - 1))  # parameter initialization
-    model = build_model(cfg.model, observation_shape(ds), d, **kw).to(cfg.device)
-    model.set_total_steps(cfg.steps)
-    return model, ds
+from qkernels.train.data import derive_seed, get_batch
+from qkernels.train.evaluate import evaluate_model, finish_run
+from qkernels.train.run import CHECKPOINT, CONFIG, LOG, build, scalars
 
 
 def batch_size_of(cfg: TrainConfig) -> int:
@@ -188,8 +160,6 @@ class Trainer:
         """Train to ``cfg.steps`` (or stop after ``stop_after`` steps without a final checkpoint: a simulated
         kill, for tests), then evaluate and draw the figures unless ``final_eval`` is False. Returns the final
         metrics (None when stopped early or not evaluated)."""
-        from qkernels.train.evaluate import evaluate_model, finish_run
-
         cfg = self.cfg
         self.model.train()
         bar = Progress(cfg.steps, self.step, enabled=cfg.progress)
@@ -213,10 +183,6 @@ class Trainer:
         if not final_eval:
             return None
         return finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log)
-
-
-def scalars(res: dict) -> dict:
-    return {k: v for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 class Progress:

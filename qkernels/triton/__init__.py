@@ -1,4 +1,3 @@
-"""Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1). Importing this package
-registers the ``*_triton`` ops and the ``triton`` backend of every functional op."""
-
-from qkernels.triton import hessian, kde, quantize  # noqa: F401
+"""Triton kernels and their launch functions (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
+The modules define kernels only: :mod:`qkernels.ops` registers them as ``qkernels::*_triton`` ops
+where Triton can run, so importing qkernels never requires triton."""

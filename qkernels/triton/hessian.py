@@ -1,4 +1,6 @@
-"""Triton kernels of the Hessian hot path (ops ``qkernels::finite_difference_curvature*_triton``).
+"""Triton kernels of the Hessian hot path and their launch functions (registered as the ops
+``qkernels::finite_difference_curvature*_triton`` by :mod:`qkernels.ops.hessian`, which also checks
+their arguments).
 
 Same math as csrc/include/qkernels/hessian.h: one program per (sample, column block, group)
 streams the 2k perturbed rows of its columns twice (mean, then squared deviations; the second read
@@ -12,10 +14,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from qkernels._backend import register
-from qkernels.ops.hessian import wire_finite_difference_curvature
-from qkernels.triton import _checks as check
 
 BLOCK_C = 128  # activation columns per program
 
@@ -102,20 +100,13 @@ def _fdc_bwd(
         tl.store(gx_ptr + offs + (2 * l + 1) * stride, v, mask=mask)
 
 
-def _launch_shape(stacked, n, k, groups, eps, reduce, op):
-    check.matrix(stacked, "stacked", op)
-    if n < 1 or k < 2 or groups not in (1, 2) or not eps > 0 or reduce not in ("mean", "max"):
-        check.fail(op, f"need n >= 1, num_perturbations >= 2, groups in (1, 2), eps > 0, reduce 'mean' or "
-                   f"'max'; got n={n}, k={k}, groups={groups}, eps={eps}, reduce={reduce!r}")
+def _launch_shape(stacked, n, k, groups):
+    """(M columns, center rows before the perturbed blocks, launch grid)."""
     rows, m = stacked.shape
-    offset = rows - n * 2 * k * groups
-    if offset not in (0, n):
-        check.fail(op, f"stacked {tuple(stacked.shape)} does not hold n={n}, k={k}, groups={groups} perturbed blocks")
-    return m, offset, (n, triton.cdiv(m, BLOCK_C), groups)
+    return m, rows - n * 2 * k * groups, (n, triton.cdiv(m, BLOCK_C), groups)
 
 
-@torch.library.custom_op("qkernels::finite_difference_curvature_triton", mutates_args=())
-def finite_difference_curvature_triton(
+def finite_difference_curvature(
     stacked: torch.Tensor,
     n: int,
     num_perturbations: int,
@@ -126,7 +117,7 @@ def finite_difference_curvature_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     stacked = stacked.contiguous()
     k = num_perturbations
-    m, offset, grid = _launch_shape(stacked, n, k, groups, eps, reduce, "finite_difference_curvature_triton")
+    m, offset, grid = _launch_shape(stacked, n, k, groups)
     acc = torch.float64 if stacked.dtype == torch.float64 else torch.float32
     part_sum = torch.empty(grid[2], n, grid[1], dtype=acc, device=stacked.device)
     part_max = torch.empty_like(part_sum)
@@ -150,8 +141,7 @@ def finite_difference_curvature_triton(
     return values.to(stacked.dtype), argmax
 
 
-@torch.library.custom_op("qkernels::finite_difference_curvature_backward_triton", mutates_args=())
-def finite_difference_curvature_backward_triton(
+def finite_difference_curvature_backward(
     grad: torch.Tensor,
     stacked: torch.Tensor,
     argmax: torch.Tensor,
@@ -162,15 +152,8 @@ def finite_difference_curvature_backward_triton(
     unbiased: bool,
     reduce: str,
 ) -> torch.Tensor:
-    op = "finite_difference_curvature_backward_triton"
     k = num_perturbations
-    m, offset, grid = _launch_shape(stacked, n, k, groups, eps, reduce, op)
-    if grad.shape != (groups, n) or argmax.shape != (groups, n):
-        check.fail(op, f"grad and argmax must be (groups, n) = ({groups}, {n}), got {tuple(grad.shape)} and "
-                   f"{tuple(argmax.shape)}")
-    check.index(argmax, "argmax", stacked, op)
-    if grad.device != stacked.device:
-        check.fail(op, f"grad is on {grad.device} but stacked is on {stacked.device}")
+    m, offset, grid = _launch_shape(stacked, n, k, groups)
     stacked = stacked.contiguous()
     grad, argmax = grad.to(stacked.dtype).contiguous(), argmax.contiguous()
     grad_stacked = torch.empty_like(stacked)
@@ -194,10 +177,3 @@ def finite_difference_curvature_backward_triton(
         BLOCK_C=BLOCK_C,
     )
     return grad_stacked
-
-
-wire_finite_difference_curvature(
-    "qkernels::finite_difference_curvature_triton",
-    "qkernels::finite_difference_curvature_backward_triton",
-)
-register("finite_difference_curvature", "triton")(finite_difference_curvature_triton)

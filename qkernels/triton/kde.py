@@ -1,5 +1,6 @@
-"""Triton kernels of the KDE hot path (ops ``qkernels::klm_triton``, ``kde_grid_triton`` and their
-``*_backward_triton``).
+"""Triton kernels of the KDE hot path and their launch functions (registered as the ops
+``qkernels::klm_triton``, ``kde_grid_triton``, ``cliff_terms_triton`` and their ``*_backward_triton``
+by :mod:`qkernels.ops.kde`, which also checks their arguments).
 
 Same math as csrc/include/qkernels/kde.h and csrc/cpu/kde.cpp; semantics:
 :mod:`qkernels.reference.kde`. No (n, n, d) or (n, n) tensor is written to memory: KLM streams
@@ -16,10 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qkernels._backend import register
-from qkernels.ops.kde import wire_cliff_terms, wire_kde_grid, wire_klm
 from qkernels.reference.kde import silverman_factor
-from qkernels.triton import _checks as check
 
 WINDOW = tl.constexpr(10.0)  # kde_grid drops kernel terms beyond WINDOW sigma (as the cpu backend, kde.h)
 SQRT_2PI = math.sqrt(2.0 * math.pi)
@@ -103,16 +101,7 @@ def _klm_bwd(
     tl.store(gy_ptr + rows_b[:, None] * D + cols[None, :], acc * scale, mask=mb)
 
 
-def _klm_check(z: torch.Tensor, std: torch.Tensor, op: str) -> None:
-    check.matrix(z, "z", op)
-    if std.dim() != 1 or std.shape[0] != z.shape[1]:
-        check.fail(op, f"std must be (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
-    check.like(std, "std", z, "z", op)
-
-
-@torch.library.custom_op("qkernels::klm_triton", mutates_args=())
-def klm_triton(z: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    _klm_check(z, std, "klm_triton")
+def klm(z: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n, d = z.shape
     y = (z / std).contiguous()
     f = silverman_factor(n, d)
@@ -124,17 +113,10 @@ def klm_triton(z: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, torch.
     return loss, lse
 
 
-@torch.library.custom_op("qkernels::klm_backward_triton", mutates_args=())
-def klm_backward_triton(
+def klm_backward(
     grad_loss: torch.Tensor, z: torch.Tensor, std: torch.Tensor, lse: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    op = "klm_backward_triton"
-    _klm_check(z, std, op)
     n, d = z.shape
-    if tuple(lse.shape) != (n, d + 1):
-        check.fail(op, f"lse must be (n, d + 1) = ({n}, {d + 1}), got {tuple(lse.shape)}")
-    check.like(lse, "lse", z, "z", op)
-    check.scalar_grad(grad_loss, "grad_loss", z, op)
     y = (z / std).contiguous()
     f = silverman_factor(n, d)
     gy = torch.empty_like(y)
@@ -215,24 +197,11 @@ def _kde_grid_samples_grad(
 BLOCK_K_GRID, BLOCK_S_GRID = 32, 32
 
 
-def _kde_check(points: torch.Tensor, samples: torch.Tensor, sigma: float, op: str) -> None:
-    check.matrix(points, "points", op)
-    check.matrix(samples, "samples", op)
-    if samples.shape[1] != points.shape[0]:
-        check.fail(op, f"points must be (d, K) and samples (n, d), got {tuple(points.shape)} and "
-                   f"{tuple(samples.shape)}")
-    check.like(samples, "samples", points, "points", op)
-    if not sigma > 0:
-        check.fail(op, f"sigma must be > 0, got {sigma}")
-
-
 def _kde_scale(n: int, sigma: float, derivative: bool) -> float:
     return 1.0 / (n * sigma * SQRT_2PI * (sigma if derivative else 1.0))
 
 
-@torch.library.custom_op("qkernels::kde_grid_triton", mutates_args=())
-def kde_grid_triton(points: torch.Tensor, samples: torch.Tensor, sigma: float, derivative: bool) -> torch.Tensor:
-    _kde_check(points, samples, sigma, "kde_grid_triton")
+def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, derivative: bool) -> torch.Tensor:
     points, samples = points.contiguous(), samples.contiguous()
     (d, k), n = points.shape, samples.shape[0]
     out = torch.empty_like(points)
@@ -243,14 +212,9 @@ def kde_grid_triton(points: torch.Tensor, samples: torch.Tensor, sigma: float, d
     return out
 
 
-@torch.library.custom_op("qkernels::kde_grid_backward_triton", mutates_args=())
-def kde_grid_backward_triton(
+def kde_grid_backward(
     grad: torch.Tensor, points: torch.Tensor, samples: torch.Tensor, sigma: float, derivative: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _kde_check(points, samples, sigma, "kde_grid_backward_triton")
-    if grad.shape != points.shape:
-        check.fail("kde_grid_backward_triton", f"grad must be {tuple(points.shape)}, got {tuple(grad.shape)}")
-    check.like(grad.to(points.dtype), "grad", points, "points", "kde_grid_backward_triton")
     grad, points, samples = grad.to(points.dtype).contiguous(), points.contiguous(), samples.contiguous()
     (d, k), n = points.shape, samples.shape[0]
     scale = _kde_scale(n, sigma, derivative)
@@ -507,25 +471,9 @@ def _cliff_blocks(k: int, ku: int, m: int) -> tuple[int, int, int, int]:
     return (max(16, triton.next_power_of_2(k)), triton.next_power_of_2(ku), max(16, triton.next_power_of_2(m)), 16)
 
 
-def _cliff_check(x, grid, uni_points, cond_index, sigma, op):
-    check.matrix(x, "x", op)
-    if grid.dim() != 1 or grid.shape[0] < 2 or uni_points.dim() != 1 or uni_points.shape[0] < 1:
-        check.fail(op, f"grid must be (K,), K >= 2, and uni_points (K_u,), got {tuple(grid.shape)} and "
-                   f"{tuple(uni_points.shape)}")
-    if cond_index.dim() != 2 or cond_index.shape[0] != x.shape[1] or cond_index.shape[1] < 1:
-        check.fail(op, f"cond_index must be (d, M) = ({x.shape[1]}, M >= 1), got {tuple(cond_index.shape)}")
-    check.like(grid, "grid", x, "x", op)
-    check.like(uni_points, "uni_points", x, "x", op)
-    check.index(cond_index, "cond_index", x, op)
-    if not sigma > 0:
-        check.fail(op, f"sigma must be > 0, got {sigma}")
-
-
-@torch.library.custom_op("qkernels::cliff_terms_triton", mutates_args=())
-def cliff_terms_triton(
+def cliff_terms(
     x: torch.Tensor, grid: torch.Tensor, uni_points: torch.Tensor, cond_index: torch.Tensor, sigma: float, step: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _cliff_check(x, grid, uni_points, cond_index, sigma, "cliff_terms_triton")
     x, grid, uni_points, ci = x.contiguous(), grid.contiguous(), uni_points.contiguous(), cond_index.contiguous()
     (n, d), k, ku, m = x.shape, grid.shape[0], uni_points.shape[0], ci.shape[1]
     bk, bku, bm, bs = _cliff_blocks(k, ku, m)
@@ -543,8 +491,7 @@ def cliff_terms_triton(
     return uni.sum(), jsd.sum(), kl.sum()
 
 
-@torch.library.custom_op("qkernels::cliff_terms_backward_triton", mutates_args=())
-def cliff_terms_backward_triton(
+def cliff_terms_backward(
     grad_uni: torch.Tensor,
     grad_biv: torch.Tensor,
     grad_kl: torch.Tensor,
@@ -555,10 +502,6 @@ def cliff_terms_backward_triton(
     sigma: float,
     step: float,
 ) -> torch.Tensor:
-    op = "cliff_terms_backward_triton"
-    _cliff_check(x, grid, uni_points, cond_index, sigma, op)
-    for name, g in (("grad_uni", grad_uni), ("grad_biv", grad_biv), ("grad_kl", grad_kl)):
-        check.scalar_grad(g, name, x, op)
     x, grid, uni_points, ci = x.contiguous(), grid.contiguous(), uni_points.contiguous(), cond_index.contiguous()
     (n, d), k, ku, m = x.shape, grid.shape[0], uni_points.shape[0], ci.shape[1]
     bk, bku, bm, bs = _cliff_blocks(k, ku, m)
@@ -572,11 +515,3 @@ def cliff_terms_backward_triton(
     # out-of-range row made zeta NaN in the kernels; clamping keeps the scatter in bounds.
     cols = torch.arange(d, device=x.device)[:, None].expand(d, m)
     return gx.index_put((ci.clamp(0, n - 1), cols), gzeta, accumulate=True)
-
-
-wire_klm("qkernels::klm_triton", "qkernels::klm_backward_triton")
-wire_kde_grid("qkernels::kde_grid_triton", "qkernels::kde_grid_backward_triton")
-wire_cliff_terms("qkernels::cliff_terms_triton", "qkernels::cliff_terms_backward_triton")
-register("klm", "triton")(klm_triton)
-register("kde_grid", "triton")(kde_grid_triton)
-register("cliff_terms", "triton")(cliff_terms_triton)

@@ -1,4 +1,5 @@
-"""Triton kernels of the quantization hot path (ops ``qkernels::*_triton``).
+"""Triton kernels of the quantization hot path and their launch functions (registered as the ops
+``qkernels::*_triton`` by :mod:`qkernels.ops.quantize`, which also checks their arguments).
 
 Same math as csrc/include/qkernels/quantize.h. Reductions over samples (losses, codebook
 gradients) write per-program partial sums that are added by torch in a fixed order, so results are
@@ -12,10 +13,6 @@ import math
 import torch
 import triton
 import triton.language as tl
-
-from qkernels._backend import register
-from qkernels.ops.quantize import wire_latent_quantize, wire_relaxed_categorical
-from qkernels.triton import _checks as check
 
 BLOCK_N, BLOCK_D = 64, 32  # latent_quantize tile: rows x latents
 BLOCK_R = 32  # relaxed_categorical: rows of K categories per program
@@ -82,29 +79,13 @@ def _latent_quantize_bwd(
             tl.store(part_ptr + (pid_n * D + cols) * NV + k, contrib, mask=cmask)
 
 
-def _codebook_check(x: torch.Tensor, values: torch.Tensor, name: str, op: str) -> None:
-    """x (N, d) (latent_quantize) or (N, d, K) (relaxed_categorical); values (1 or d, n_v)."""
-    if x.dim() not in (2, 3) or x.numel() == 0:
-        check.fail(op, f"{name} must be a non-empty (N, d{', K' if x.dim() == 3 else ''}), got {tuple(x.shape)}")
-    check.floating(x, name, op)
-    d = x.shape[1]
-    if values.dim() != 2 or values.shape[0] not in (1, d) or values.shape[1] < 1 or (
-        x.dim() == 3 and values.shape[1] != x.shape[2]
-    ):
-        check.fail(op, f"values must be (1, n_v) or (d, n_v) with d = {d} (n_v = K for logits), "
-                   f"got {tuple(values.shape)}")
-    check.like(values, "values", x, name, op)
-
-
 def _grid(n: int, d: int) -> tuple[int, int]:
     return triton.cdiv(n, BLOCK_N), triton.cdiv(d, BLOCK_D)
 
 
-@torch.library.custom_op("qkernels::latent_quantize_triton", mutates_args=())
-def latent_quantize_triton(
+def latent_quantize(
     z: torch.Tensor, values: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _codebook_check(z, values, "z", "latent_quantize_triton")
     z, values = z.contiguous(), values.contiguous()
     n, d = z.shape
     grid = _grid(n, d)
@@ -119,8 +100,7 @@ def latent_quantize_triton(
     return z_q, idx, loss, loss.clone()
 
 
-@torch.library.custom_op("qkernels::latent_quantize_backward_triton", mutates_args=())
-def latent_quantize_backward_triton(
+def latent_quantize_backward(
     grad_zq: torch.Tensor,
     grad_loss_quantize: torch.Tensor,
     grad_loss_commit: torch.Tensor,
@@ -128,15 +108,6 @@ def latent_quantize_backward_triton(
     values: torch.Tensor,
     indices: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    op = "latent_quantize_backward_triton"
-    _codebook_check(z, values, "z", op)
-    if grad_zq.shape != z.shape or indices.shape != z.shape:
-        check.fail(op, f"grad_zq and indices must be shaped like z {tuple(z.shape)}, got "
-                   f"{tuple(grad_zq.shape)} and {tuple(indices.shape)}")
-    check.like(grad_zq, "grad_zq", z, "z", op)
-    check.index(indices, "indices", z, op)
-    check.scalar_grad(grad_loss_quantize, "grad_loss_quantize", z, op)
-    check.scalar_grad(grad_loss_commit, "grad_loss_commit", z, op)
     z, values, indices, grad_zq = z.contiguous(), values.contiguous(), indices.contiguous(), grad_zq.contiguous()
     n, d = z.shape
     g, nv = values.shape
@@ -232,23 +203,12 @@ def _relaxed_categorical_bwd(
     tl.store(gl_ptr + offs, gl, mask=mask)
 
 
-def _categorical_check(logits, values, uniform, op):
-    if logits.dim() != 3:
-        check.fail(op, f"logits must be (N, d, K), got {tuple(logits.shape)}")
-    _codebook_check(logits, values, "logits", op)
-    if uniform is not None:
-        if uniform.shape != logits.shape:
-            check.fail(op, f"uniform must be shaped like logits {tuple(logits.shape)}, got {tuple(uniform.shape)}")
-        check.like(uniform, "uniform", logits, "logits", op)
-
-
 def _rc_launch_args(logits, values):
     r = logits.shape[0] * logits.shape[1]
     return (triton.cdiv(r, BLOCK_R),), r, triton.next_power_of_2(logits.shape[2])
 
 
-@torch.library.custom_op("qkernels::relaxed_categorical_triton", mutates_args=())
-def relaxed_categorical_triton(
+def relaxed_categorical(
     logits: torch.Tensor,
     values: torch.Tensor,
     uniform: torch.Tensor | None,
@@ -256,7 +216,6 @@ def relaxed_categorical_triton(
     noise_scale: float,
     hard: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _categorical_check(logits, values, uniform, "relaxed_categorical_triton")
     logits, values = logits.contiguous(), values.contiguous()
     u = logits if uniform is None else uniform.contiguous()
     n, d, k = logits.shape
@@ -272,8 +231,7 @@ def relaxed_categorical_triton(
     return z, y, kl
 
 
-@torch.library.custom_op("qkernels::relaxed_categorical_backward_triton", mutates_args=())
-def relaxed_categorical_backward_triton(
+def relaxed_categorical_backward(
     grad_z: torch.Tensor,
     grad_y: torch.Tensor,
     grad_kl: torch.Tensor,
@@ -284,14 +242,6 @@ def relaxed_categorical_backward_triton(
     tau: float,
     noise_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    op = "relaxed_categorical_backward_triton"
-    _categorical_check(logits, values, uniform, op)
-    if grad_z.shape != logits.shape[:2] or grad_kl.shape != logits.shape[:2]:
-        check.fail(op, f"grad_z and grad_kl must be (N, d) = {tuple(logits.shape[:2])}")
-    if grad_y.shape != logits.shape or y.shape != logits.shape:
-        check.fail(op, f"grad_y and y must be shaped like logits {tuple(logits.shape)}")
-    for name, t in (("grad_z", grad_z), ("grad_y", grad_y), ("grad_kl", grad_kl), ("y", y)):
-        check.like(t, name, logits, "logits", op)
     logits, values = logits.contiguous(), values.contiguous()
     grad_z, grad_y, grad_kl = grad_z.contiguous(), grad_y.contiguous(), grad_kl.contiguous()
     u = logits if uniform is None else uniform.contiguous()
@@ -309,11 +259,3 @@ def relaxed_categorical_backward_triton(
     else:
         grad_values = torch.einsum("nd,ndk->dk", grad_z, y)
     return grad_logits, grad_values
-
-
-wire_latent_quantize("qkernels::latent_quantize_triton", "qkernels::latent_quantize_backward_triton")
-wire_relaxed_categorical(
-    "qkernels::relaxed_categorical_triton", "qkernels::relaxed_categorical_backward_triton"
-)
-register("latent_quantize", "triton")(latent_quantize_triton)
-register("relaxed_categorical", "triton")(relaxed_categorical_triton)

@@ -1,0 +1,133 @@
+"""How an op is put together — the one way, used by every block of :mod:`qkernels.ops`.
+
+A functional op ``<name>`` (e.g. ``klm``) has up to four implementations, all with the signature
+and semantics of its reference:
+
+- ``reference``: pure PyTorch (``qkernels/reference/<hotpath>.py``);
+- ``cpu`` / ``cuda``: the C++ ops ``qkernels::<name>`` and ``qkernels::<name>_backward`` (schemas in
+  ``csrc/schemas.cpp``; CPU and CUDA dispatch keys, present when ``qkernels._C`` has them);
+- ``triton``: launch functions of ``qkernels/triton/<hotpath>.py``, registered here as the custom ops
+  ``qkernels::<name>_triton`` and ``qkernels::<name>_backward_triton`` (schemas from their
+  annotations), behind the op's raw-argument check.
+
+Every pair (forward, backward) of a family gets the op's one fake implementation and one autograd
+formula from its ``wire`` function. :func:`define_backends` registers whatever exists; which backends
+an op has on a device is then read from that registry (:func:`qkernels._backend.kernels`).
+
+Raw-argument checks: the functional API validates user input once; the raw ``torch.ops`` entry
+points, which users can call too, must still never read out of bounds. C++ ops check in
+``csrc/include/qkernels/*_checks.h``; the Triton custom ops run the Python check given to
+:func:`define_backends`, written with the helpers below (the launchers themselves check nothing).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+
+from qkernels import _ext
+from qkernels._backend import register, unavailable_reason
+
+
+def zeros_if_none(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """An upstream gradient autograd left out (None) as zeros shaped like ``like``."""
+    return torch.zeros_like(like) if g is None else g
+
+
+def triton_kernels(hotpath: str) -> ModuleType | None:
+    """``qkernels.triton.<hotpath>`` where Triton can run (installed, and a GPU or
+    ``TRITON_INTERPRET=1``); None elsewhere, so importing qkernels never requires triton."""
+    if unavailable_reason("triton") is not None:
+        return None
+    return importlib.import_module(f"qkernels.triton.{hotpath}")
+
+
+def _checked(check: Callable[..., None], launch: Callable) -> Callable:
+    @functools.wraps(launch)  # keeps the annotations the custom op's schema is inferred from
+    def run(*args):
+        check(*args)
+        return launch(*args)
+
+    return run
+
+
+def define_backends(
+    op: str,
+    *,
+    reference: Callable,
+    wire: Callable[[str, str], None],
+    checks: tuple[Callable[..., None], Callable[..., None]],
+    triton: ModuleType | None,
+) -> None:
+    """Register every implementation of functional op ``op`` that exists on this install.
+
+    Args:
+        reference: the reference implementation (always registered).
+        wire: ``wire(forward_op, backward_op)`` registers the fake implementations and the
+            autograd of one (forward, backward) op pair given by qualified name.
+        checks: the raw-argument checks of the Triton (forward, backward) ops (the launchers'
+            arguments; raise ValueError / TypeError).
+        triton: the hot path's Triton module (:func:`triton_kernels`), whose launch functions are
+            named ``<op>`` and ``<op>_backward``; None where Triton cannot run.
+    """
+    register(op, "reference")(reference)
+    if _ext.has_kernel(op, "CPU"):
+        wire(f"qkernels::{op}", f"qkernels::{op}_backward")
+        native = getattr(torch.ops.qkernels, op)
+        register(op, "cpu")(native)
+        if _ext.has_kernel(op, "CUDA"):
+            register(op, "cuda")(native)
+    if triton is not None:
+        fwd, bwd = f"qkernels::{op}_triton", f"qkernels::{op}_backward_triton"
+        forward = torch.library.custom_op(fwd, _checked(checks[0], getattr(triton, op)), mutates_args=())
+        torch.library.custom_op(bwd, _checked(checks[1], getattr(triton, f"{op}_backward")), mutates_args=())
+        wire(fwd, bwd)
+        register(op, "triton")(forward)
+
+
+# ----------------------------------------------------------------------------- raw-argument checks
+
+
+def fail(op: str, msg: str) -> None:
+    raise ValueError(f"{op}: {msg}")
+
+
+def floating(t: torch.Tensor, name: str, op: str) -> None:
+    """float32 or float64 (the kernels' dtypes)."""
+    if t.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{op}: {name} must be float32 or float64, got {t.dtype}")
+
+
+def like(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str, op: str) -> None:
+    """``t`` on ``ref``'s device with ``ref``'s dtype (a kernel must never get a host pointer)."""
+    if t.device != ref.device:
+        fail(op, f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{op}: {name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}")
+
+
+def index(t: torch.Tensor, name: str, ref: torch.Tensor, op: str) -> None:
+    """An int64 index tensor on ``ref``'s device (its values are guarded in the kernels)."""
+    if t.dtype != torch.long:
+        raise TypeError(f"{op}: {name} must be int64, got {t.dtype}")
+    if t.device != ref.device:
+        fail(op, f"{name} is on {t.device} but the data is on {ref.device}")
+
+
+def scalar_grad(g: torch.Tensor, name: str, ref: torch.Tensor, op: str) -> None:
+    """A one-element upstream gradient on ``ref``'s device."""
+    if g.numel() != 1:
+        fail(op, f"{name} must hold one element, got shape {tuple(g.shape)}")
+    if g.device != ref.device:
+        fail(op, f"{name} is on {g.device} but the data is on {ref.device}")
+
+
+def matrix(t: torch.Tensor, name: str, op: str) -> None:
+    """A non-empty 2-D floating tensor."""
+    if t.dim() != 2 or t.shape[0] < 1 or t.shape[1] < 1:
+        fail(op, f"{name} must be a non-empty 2-D tensor, got shape {tuple(t.shape)}")
+    floating(t, name, op)
