@@ -32,16 +32,17 @@ def path() -> str | None:
     return _C.__file__
 
 
+# the C++ ops qkernels._C defined (csrc/schemas.cpp), read from the dispatcher once it is loaded
+NATIVE: frozenset[str] = frozenset(
+    n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if LOADED and n.startswith("qkernels::")
+)
+
+
 def has_kernel(op: str, dispatch_key: str) -> bool:
     """Whether the C++ op ``qkernels::<op>`` has a kernel for ``dispatch_key`` ("CPU", "CUDA")."""
-    if not LOADED or f"qkernels::{op}" not in torch._C._dispatch_get_all_op_names():
-        return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"qkernels::{op}", dispatch_key)
+    return op in NATIVE and torch._C._dispatch_has_kernel_for_dispatch_key(f"qkernels::{op}", dispatch_key)
 
 
 def cuda_built() -> bool:
-    """Whether qkernels._C contains CUDA kernels (read from the dispatcher, not a hand-kept list)."""
-    if not LOADED:
-        return False
-    names = [n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("qkernels::")]
-    return any(has_kernel(n, "CUDA") for n in names)
+    """Whether qkernels._C contains CUDA kernels."""
+    return any(has_kernel(op, "CUDA") for op in NATIVE)

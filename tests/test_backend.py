@@ -108,3 +108,29 @@ def test_pure_python_mode_falls_back_to_reference():
     assert lines[0] == "['reference']"
     assert lines[1] == "[[0, 1]]"
     assert lines[2].startswith("raised") and "QKERNELS_NO_EXT" in lines[2]
+
+
+def test_value_checks_by_device_and_switch(monkeypatch):
+    """Value checks run on CPU tensors by default, never on other devices (a read-back would
+    synchronize a GPU; a meta tensor stands in for one here), everywhere with
+    QKERNELS_CHECK_FINITE=1, nowhere with 0."""
+    from qkernels import _validation
+
+    cpu, other = torch.zeros(3), torch.empty(3, device="meta")
+    assert _validation.value_checks(cpu) and not _validation.value_checks(other)
+    monkeypatch.setattr(_validation, "CHECK_VALUES", "1")
+    assert _validation.value_checks(other)
+    monkeypatch.setattr(_validation, "CHECK_VALUES", "0")
+    assert not _validation.value_checks(cpu)
+    with pytest.raises(ValueError, match="z contains NaN"):
+        monkeypatch.setattr(_validation, "CHECK_VALUES", "auto")
+        qkernels.klm_loss(torch.tensor([[0.0, 1.0], [float("nan"), 2.0], [1.0, 0.5]]))
+
+
+def test_all_finite_one_reduction_and_its_overflow_fallback():
+    from qkernels._validation import all_finite
+
+    assert all_finite(torch.tensor([3e38, 3e38]))  # the float32 sum overflows: re-checked exactly
+    assert not all_finite(torch.tensor([1.0, float("inf")]))
+    assert not all_finite(torch.tensor([float("inf"), float("-inf")]))  # sum NaN
+    assert not all_finite(torch.tensor([0.0, float("nan")]))

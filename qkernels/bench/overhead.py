@@ -69,6 +69,9 @@ def _ops(device: str) -> dict[str, tuple]:
     }
 
 
+_RAW_OF = {"categorical_latent": "relaxed_categorical", "cliff_loss": "cliff_terms", "klm_loss": "klm"}
+
+
 def cases(device: str | None = None) -> list[Case]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     backends = [b for b in available_backends(device) if not (b == "triton" and device == "cpu")]
@@ -81,6 +84,3 @@ def cases(device: str | None = None) -> list[Case]:
                 variants[f"{b} raw"] = variant(raw(b), b)
         out.append(Case("overhead", f"{op} n={N} d={D}", _inputs(device), variants, baseline="add"))
     return out
-
-
-_RAW_OF = {"categorical_latent": "relaxed_categorical", "cliff_loss": "cliff_terms", "klm_loss": "klm"}

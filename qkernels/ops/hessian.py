@@ -41,7 +41,8 @@ NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
 _tk = lib.triton_kernels("hessian")
 
 
-# finite_difference_curvature
+# ------------------------------ finite_difference_curvature
+
 
 def wire_finite_difference_curvature(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a finite_difference_curvature op pair."""

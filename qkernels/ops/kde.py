@@ -50,7 +50,8 @@ class CliffTerms(NamedTuple):
 _tk = lib.triton_kernels("kde")
 
 
-# kde_grid
+# ------------------------------ kde_grid
+
 
 def wire_kde_grid(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a kde_grid op pair."""
@@ -103,8 +104,8 @@ lib.define_backends(
 )
 
 
+# ------------------------------ cliff_terms
 
-# cliff_terms
 
 def wire_cliff_terms(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a cliff_terms op pair (gradient to x only)."""
@@ -170,8 +171,8 @@ lib.define_backends(
 )
 
 
+# ------------------------------ klm
 
-# klm
 
 def wire_klm(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a klm op pair (gradients to z and std)."""

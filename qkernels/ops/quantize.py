@@ -74,7 +74,8 @@ def _check_codebook(x: torch.Tensor, values: torch.Tensor, name: str, op: str) -
     lib.like(values, "values", x, name, op)
 
 
-# latent_quantize
+# ------------------------------ latent_quantize
+
 
 def wire_latent_quantize(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a latent_quantize op pair."""
@@ -129,8 +130,8 @@ lib.define_backends(
 )
 
 
+# ------------------------------ relaxed_categorical
 
-# relaxed_categorical
 
 def wire_relaxed_categorical(fwd: str, bwd: str) -> None:
     """Register fake implementations and autograd for a relaxed_categorical op pair."""
