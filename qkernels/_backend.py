@@ -22,7 +22,7 @@ BACKENDS = ("reference", "cpu", "triton", "cuda")
 
 # auto's order of preference, per device type and op (first available implementation wins); "*"
 # is the order for ops without a row of their own. Every row is a measurement, cited from
-# benchmarks/RESULTS.md (CPU: section "Quantization", 2 cores; CUDA: section "GPU (NVIDIA H200)",
+# benchmarks/RESULTS.md (CPU: sections "Quantization" and "KDE", 2 cores; CUDA: section "GPU (NVIDIA H200)",
 # the table of shared/gpu/h200-2026-11-26.md). A kernel comes first only where it was measured
 # faster than the reference on that device.
 AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
@@ -32,12 +32,16 @@ AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
         "relaxed_categorical": ("reference",),
     },
     "cuda": {
-        # klm 1024x32: triton 1.47 ms, cuda 3.5, reference 10.4
+        # klm 1024x32: triton 1.47 ms, cuda 3.5, reference 10.4 (the CUDA KLM, 2-5x slower than the
+        # triton one, only runs where triton is not installed)
         "klm": ("triton", "cuda", "reference"),
         # latent_quantize 65536x64: triton 1.34 ms, cuda 1.58, reference 4.35 (the order issue 10 asked
         # for; at 4096x64 triton 1.16 ms is slower than the reference's 0.95: issue 18 revisits it)
         "latent_quantize": ("triton", "cuda", "reference"),
-        # cliff 1024x12: reference 5.6 ms, triton 20.7, cuda 147 (torch.compile of the reference: 2.9)
+        # cliff 1024x12: reference 5.6 ms, triton 20.7, cuda 147 (torch.compile of the reference: 2.9).
+        # The GEMM-shaped triton rewrite (issue 12, RESULTS.md "KDE on a GPU: design") is not
+        # measured on a GPU yet: the reference stays first until it is; the CUDA C++ Cliff (one
+        # block per latent) is not competitive and stays out
         "cliff_terms": ("reference",),
         # categorical_latent 4096x10: reference 1.11 ms, cuda 1.20, triton 1.46
         "relaxed_categorical": ("reference",),

@@ -158,7 +158,8 @@ def test_reference_kde_grid_matches_equations():
 
 # ------------------------------------------------------------------ every backend vs reference
 
-CLIFF_SHAPES = [(7, 3, 11, 5), (123, 5, 37, 9), (64, 1, 20, 4), (301, 2, 100, 10)]  # (n, d, K, M)
+# (n, d, K, M): M = 9 and 1 pad the cpu kernel's vectors of conditioning values (8 floats / 4 doubles)
+CLIFF_SHAPES = [(7, 3, 11, 5), (123, 5, 37, 9), (64, 1, 20, 4), (301, 2, 100, 10), (50, 3, 30, 1)]
 
 
 def _cliff_all(z, idx, k, dtype):
@@ -217,7 +218,9 @@ def test_cliff_collapsed_latent_is_finite():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(7, 3), (123, 5), (64, 1), (200, 9)])
+# the cpu kernel's symmetric tiles: n = 2 (one partial tile), 200 (4 tiles of 64, the last partial),
+# 1100 (16 tiles of 72)
+@pytest.mark.parametrize("shape", [(7, 3), (123, 5), (64, 1), (200, 9), (2, 3), (1100, 2)])
 def test_klm_backends_match_reference(shape, dtype):
     n, d = shape
     z0 = latents(n, d, dtype)
@@ -239,6 +242,53 @@ def test_klm_backends_match_reference(shape, dtype):
         with qkernels.use_backend(name):
             klm_loss(z).backward()
         assert torch.isfinite(z.grad).all()
+
+
+@pytest.mark.skipif(DEVICE != "cpu" or "cpu" not in backends_of("klm"), reason="the cpu kernels")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_kernels_same_on_baseline_isa(monkeypatch, dtype):
+    # the cpu KDE kernels are compiled twice (baseline x86-64 and AVX+FMA, csrc/cpu/isa.h) and picked
+    # at run time: both copies match the reference (QKERNELS_CPU_ISA=baseline forces the first)
+    z0, idx = latents(150, 3, dtype), cond_rows(150, 3, 9)
+    results = {}
+    for isa in ("baseline", "auto"):
+        monkeypatch.setenv("QKERNELS_CPU_ISA", isa)
+        z = z0.clone().requires_grad_()
+        with qkernels.use_backend("cpu"):
+            out = torch.stack(list(cliff_loss(z, cond_index=idx, grid=(-5.0, 5.0, 40), return_terms=True)))
+            (out.sum() + klm_loss(z)).backward()
+        results[isa] = (out.detach(), z.grad)
+    zr = z0.clone().requires_grad_()
+    out = torch.stack(list(cliff_loss(zr, cond_index=idx, grid=(-5.0, 5.0, 40), return_terms=True)))
+    (out.sum() + klm_loss(zr)).backward()
+    for isa, (got, grad) in results.items():
+        torch.testing.assert_close(got, out.detach(), **tols(dtype), msg=f"{isa} values")
+        torch.testing.assert_close(grad / zr.grad.abs().max(), zr.grad / zr.grad.abs().max(), **tols(dtype),
+                                   msg=f"{isa} grad")
+
+
+@pytest.mark.skipif(DEVICE != "cpu" or "cpu" not in backends_of("klm"), reason="the cpu kernels")
+def test_cpu_kernels_bitwise_independent_of_thread_count():
+    # fixed task partitions (Cliff's groups of conditioning latents, KLM's tiles) summed in a fixed
+    # order: the same bits with 1 thread as with several
+    z0, idx = latents(300, 5, torch.float32), cond_rows(300, 5, 12)
+
+    def run():
+        z = z0.clone().requires_grad_()
+        with qkernels.use_backend("cpu"):
+            out = cliff_loss(z, cond_index=idx) + klm_loss(z)
+        out.backward()
+        return out.detach(), z.grad
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(max(2, before))
+        many = run()
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -358,6 +408,46 @@ def test_triton_cliff_matches_reference(shape, dtype):
     assert res["reference"][1][0].abs().max() > 0 and res["reference"][1][2].abs().max() > 0
     if d > 1:
         assert res["reference"][0][1] > 0 and res["reference"][1][1].abs().max() > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_cliff_chunks_and_k_tiles(monkeypatch, dtype):
+    tk = _triton_kde()
+    # one differentiated latent per chunk of the GEMM (3 chunks), and M = 70 conditioning values:
+    # the epilogue's k tiles are 8192 / 128 = 64 wide, so K = 100 takes two, the last partial
+    monkeypatch.setattr(tk, "CHUNK_ELEMS", 1)
+    n, d, k, m = 80, 3, 100, 70
+    z0, idx = latents(n, d, dtype), cond_rows(n, d, m)
+    res = _grads_vs_reference(
+        lambda z: torch.stack(list(cliff_loss(z, cond_index=idx, sigma=0.3, grid=(-3.0, 3.0, k), return_terms=True))),
+        (z0,), torch.tensor([0.0, 0.3, 1.1, 0.7], dtype=dtype, device=DEVICE),
+    )
+    for a, b, what in zip(res["triton"], res["reference"], ("terms", "grad"), strict=True):
+        torch.testing.assert_close(a, b, **tols(dtype), msg=what)
+    assert res["reference"][0][2] > 0
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the matmul precision modes act on a GPU")
+@pytest.mark.parametrize(("mode", "bound"), [("highest", 1e-5), ("high", 2e-4), ("medium", 5e-4)])
+def test_triton_cliff_precision_modes(mode, bound):
+    # the GEMM of the bivariate term follows torch.get_float32_matmul_precision(); bounds: 10x the
+    # relative errors of TF32 / bf16 input rounding emulated on the CPU (benchmarks/RESULTS.md)
+    if "triton" not in backends_of("cliff_terms"):
+        pytest.skip("triton not available")
+    n, d, k, m = 1024, 12, 100, 64
+    z, idx = latents(n, d, torch.float32), cond_rows(n, d, m)
+    with qkernels.use_backend("reference"):
+        want = cliff_loss(z.double(), cond_index=idx, grid=(-5.0, 5.0, k), return_terms=True)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(mode)
+        with qkernels.use_backend("triton"):
+            got = cliff_loss(z, cond_index=idx, grid=(-5.0, 5.0, k), return_terms=True)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert abs(got.biv.double() - want.biv) / abs(want.biv) <= bound
+    for a, b in ((got.uni, want.uni), (got.kl, want.kl)):
+        assert abs(a.double() - b) / abs(b) <= 1e-5
 
 
 def test_triton_cliff_fp32_underflow_finite():

@@ -299,4 +299,4 @@ def test_triton_float_scalars_are_declared_float64(monkeypatch):
     monkeypatch.setattr(interpreter.GridExecutor, "__call__", spy)
     for op, (make, _) in SPECS.items():
         _call(op, "triton", [a.value for a in make("cpu", "_triton")])
-    assert {"_cliff_bwd", "_klm_fwd", "_latent_quantize_bwd", "_fdc_fwd"} <= set(seen), sorted(seen)
+    assert {"_jsd_epilogue", "_kz_grad", "_klm_fwd", "_latent_quantize_bwd", "_fdc_fwd"} <= set(seen), sorted(seen)

@@ -224,7 +224,7 @@ __device__ void cliff_uni_grid(const T* x, const T* t, int64_t n, int64_t d, int
 }
 
 // All threads, ends with a barrier: zeta[m] = x[cond[j, m], j]; G[m K + k] = sum_s D(t_k - x_si)
-// N(zeta_m - x_sj) (row m = conditioning value m, k contiguous: the layout of jsd_columns); cm[m] =
+// N(zeta_m - x_sj) (row m = conditioning value m, k contiguous); cm[m] =
 // column normalizer; mix[k] = mean_m |G[m, k]| / cm[m] (columns with cm = 0 contribute 0).
 template <typename T>
 __device__ void cliff_pair_grid(const T* x, const T* t, const int64_t* cond, int64_t n, int64_t d, int64_t K,

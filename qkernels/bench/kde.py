@@ -1,6 +1,6 @@
 """Benchmark cases of the KDE hot path, forward + backward (float32): the Cliff loss at (n, d, M, K),
 KLM at (n, d) and kde_grid at (n, d, K), on every backend for the device, the reference (dense GEMM
-form), ``compiled`` (torch.compile of the reference) and the fully materialized formulation where
+form), ``reference_compiled`` (torch.compile of the reference) and the fully materialized formulation where
 it fits (<= 2e8 elements). Cases whose reference takes minutes are marked ``slow`` (``qkernels
 bench`` skips them unless ``--all``).
 """

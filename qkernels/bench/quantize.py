@@ -1,10 +1,10 @@
 """Benchmark cases of the quantization hot path, forward + backward.
 
-latent_quantize: every backend available for the device, ``compiled`` (torch.compile of the
+latent_quantize: every backend available for the device, ``reference_compiled`` (torch.compile of the
 reference), ``materialized`` — the formulation popular quantizer libraries use,
 ``(z[..., None] - values).abs().argmin(-1)`` over an (n, d, n_v) tensor — and ``materialized
 compiled`` (what torch.compile makes of it). categorical_latent (D-VAE; also FactorQVAE's Gumbel
-path): every backend and ``compiled``.
+path): every backend and ``reference_compiled``.
 """
 
 from __future__ import annotations

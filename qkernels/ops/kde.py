@@ -309,6 +309,13 @@ def cliff_loss(
         return_terms: return :class:`CliffTerms` instead of the total.
     Returns:
         The scalar total, or ``CliffTerms(total, uni, biv, kl)``.
+
+    Backends: ``cpu`` drops Gaussian terms beyond 7.5 sigma in float32 / 10 sigma in float64 (below
+    5e-12 / 2e-21 of a term's peak; csrc/include/qkernels/kde.h). ``triton`` computes the
+    bivariate term as a matrix product (torch.matmul) whose precision follows
+    ``torch.get_float32_matmul_precision()``: "highest" is exact float32; "high" (TF32) and
+    "medium" (bf16) round the product's inputs, which moves ``biv`` by up to 2e-5 / 5e-5 relative
+    at the benchmark shapes (emulated on a CPU; benchmarks/RESULTS.md). float64 stays float64.
     """
     _check_latents(z)
     n, d = z.shape

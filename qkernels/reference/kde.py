@@ -29,18 +29,16 @@ def standardize(z: torch.Tensor, min_std: float = 1e-6) -> torch.Tensor:
     The clamp is applied to the variance before the square root, so a collapsed (constant)
     column gives a finite value and a zero (not NaN) gradient through its std.
     """
-    mean = z.mean(0)
-    var = ((z - mean) ** 2).mean(0)
-    floor = min_std * min_std
-    std = torch.where(var > floor, var, torch.full_like(var, floor)).sqrt()
+    var, mean = torch.var_mean(z, 0, correction=0)  # one op (and one in backward): few launches
+    std = var.clamp_min(min_std * min_std).sqrt()
     return (z - mean) / std
 
 
 def population_std(z: torch.Tensor) -> torch.Tensor:
     """z.std(0, unbiased=False) with a zero (not NaN) gradient where a column is constant."""
-    var = ((z - z.mean(0)) ** 2).mean(0)
+    var = torch.var(z, 0, correction=0)
     pos = var > 0
-    return torch.where(pos, torch.where(pos, var, torch.ones_like(var)).sqrt(), torch.zeros_like(var))
+    return torch.where(pos, var, 1.0).sqrt() * pos
 
 
 def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, derivative: bool = False) -> torch.Tensor:

@@ -232,13 +232,23 @@ def kde_grid_backward(
 
 # ----------------------------------------------------------------------------- cliff_terms
 #
-# Memory: no (d, K, n), (d, M, n) or (d, d, M, K) tensor. Forward: one program per latent (uni and
-# KL-uni) and one per ordered pair (i != j) whose K x M derivative grid G[k, m] = sum_s D(t_k - x_si)
-# N(zeta_m - x_sj) is built by streaming the samples (tl.dot of kernel tiles), then normalized and
-# reduced to the JSD in registers. Backward: one program per latent c owns column c of grad x: it
-# recomputes the grids of every pair (c, q) and (q, c) and streams the samples again. Normalizing
-# constants cancel in the normalized grids (also p_j(zeta_m), constant over k), so D(u) = -u e^{-u^2/2}
-# and N(w) = e^{-w^2/2} are accumulated unnormalized.
+# GEMM-shaped (issue 12). For every ordered pair (i, j) the bivariate grid is a matrix product,
+# J[i, j] = Kz[j] (M x n) @ Dt[i] (n x K) with Dt[i][s, k] = D(t_k - x_si), Kz[j][m, s] =
+# N(zeta_jm - x_sj); for a chunk of CI differentiated latents at once it is ONE product
+# Kz (d M x n) @ Dt[chunk] (n x CI K) on the tensor cores (torch.matmul: cuBLAS, precision per
+# torch.get_float32_matmul_precision()). The tables are built once per latent (d n (K + M) exps,
+# not d^2 n K M), and a fused epilogue (one program per pair of the chunk) normalizes each column
+# over k and reduces to the pair's JSD (forward) or writes dLoss/dJ (backward). The backward is
+# the two transposed products gDt = Kz^T @ dJ and gKz += dJ @ Dt^T plus one fused pass each that
+# multiplies by dD/dx (with the uni term's gradient added to gDt) and dN/dx and reduces. Memory:
+# Kz and its gradient (d M n each) plus one chunk of Dt, J, dJ, gDt (n CI K and d M CI K each):
+# CI is chosen so that a chunk of J holds <= CHUNK_ELEMS values. Normalizing constants cancel in
+# the normalized grids (also p_j(zeta_m), constant over k), so D(u) = -u e^{-u^2/2} and
+# N(w) = e^{-w^2/2} are used unnormalized. Uni and KL-uni: one program per latent (n (K + K_u)
+# exps each, a small share of the work).
+
+CHUNK_ELEMS = 1 << 22  # values of J per chunk of differentiated latents (16 MiB in fp32)
+BLOCK_T = 32  # (rows, columns) tile of the table kernels
 
 
 @triton.jit
@@ -280,69 +290,157 @@ def _dker_tile(t, kmask, xs, smask, inv_sigma):
 
 
 @triton.jit
-def _ker_tile(zeta, mmask, xs, smask, inv_sigma):
-    """N(w), w = (zeta_m - x_s) / sigma, and w / sigma (dN/dx_s = w / sigma N = -dN/dzeta_m)."""
-    w = (zeta[:, None] - xs[None, :]) * inv_sigma
-    m = mmask[:, None] & smask[None, :]
-    return tl.where(m, tl.exp(-0.5 * w * w), 0.0), w * inv_sigma
+def _zeta(x_ptr, ci_ptr, j, ms, mmask, N, D):
+    """Conditioning values x[ci[m], j] (ci: row j of cond_index); NaN for an out-of-range row (never
+    read)."""
+    rows = tl.load(ci_ptr + ms, mask=mmask, other=0)
+    ok = (rows >= 0) & (rows < N)
+    z = tl.load(x_ptr + rows * D + j, mask=mmask & ok, other=0.0)
+    return tl.where(ok | ~mmask, z, float("nan"))
 
 
 @triton.jit
-def _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
-    ks = tl.arange(0, BLOCK_K)
-    kmask = ks < K
-    t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
+def _dt_table(x_ptr, t_ptr, out_ptr, i0, N, D, K, CI, inv_sigma: tl.float64, BLOCK: tl.constexpr):
+    """out (n, CI K): out[s, c K + k] = D(t_k - x_s,i0+c). Grid (n / BLOCK, CI K / BLOCK)."""
+    inv_sigma = tl.full((), inv_sigma, x_ptr.dtype.element_ty)
+    ss = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    smask, cmask = ss < N, cols < CI * K
+    lat, ks = i0 + cols // K, cols % K
+    x = tl.load(x_ptr + ss[:, None] * D + lat[None, :], mask=smask[:, None] & cmask[None, :], other=0.0)
+    t = tl.load(t_ptr + ks, mask=cmask, other=0.0)
+    u = (t[None, :] - x) * inv_sigma
+    tl.store(out_ptr + ss[:, None] * (CI * K) + cols[None, :], -u * tl.exp(-0.5 * u * u),
+             mask=smask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _kz_table(x_ptr, ci_ptr, out_ptr, N, D, M, inv_sigma: tl.float64, BLOCK: tl.constexpr):
+    """out (d M, n): out[j M + m, s] = N(zeta_jm - x_sj). Grid (d M / BLOCK, n / BLOCK)."""
+    inv_sigma = tl.full((), inv_sigma, x_ptr.dtype.element_ty)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ss = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    rmask, smask = rows < D * M, ss < N
+    js = rows // M
+    ci = tl.load(ci_ptr + rows, mask=rmask, other=0)  # cond_index is (d, M) row-major: row j M + m
+    ok = (ci >= 0) & (ci < N)
+    zeta = tl.load(x_ptr + ci * D + js, mask=rmask & ok, other=0.0)
+    zeta = tl.where(ok | ~rmask, zeta, float("nan"))
+    x = tl.load(x_ptr + ss[None, :] * D + js[:, None], mask=rmask[:, None] & smask[None, :], other=0.0)
+    w = (zeta[:, None] - x) * inv_sigma
+    tl.store(out_ptr + rows[:, None] * N + ss[None, :], tl.exp(-0.5 * w * w), mask=rmask[:, None] & smask[None, :])
+
+
+@triton.jit
+def _jsd_epilogue(j_ptr, g_ptr, out_ptr, gb_ptr, i0, CI, D, M, K, step: tl.float64,
+                  BACKWARD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Pair (j = program_id(0), i = i0 + program_id(1)) of a chunk of J (d M, CI K): the (M, K)
+    block's columns m normalized over k, JSD = H(mean_m p_m) - mean_m H(p_m) to out[j, i]
+    (forward) or dLoss/dJ of the block for dLoss/dJSD = gb_ptr[0] to g (backward; 0 for i == j;
+    g may be j itself: every element is read before its tile is written). NaN in the block (an
+    out-of-range conditioning row) gives a NaN JSD / gradient. Two (forward) or three passes over
+    k tiles; every m of the block in one tile (BLOCK_M >= M)."""
+    dt = j_ptr.dtype.element_ty
+    step = tl.full((), step, dt)
+    j = tl.program_id(0)
+    il = tl.program_id(1)
+    i = i0 + il
+    ld = CI * K
     ms = tl.arange(0, BLOCK_M)
     mmask = ms < M
-    rows = tl.load(ci_ptr + j * M + ms, mask=mmask, other=0)
-    ok = (rows >= 0) & (rows < N)  # an out-of-range row gives a NaN zeta, never an out-of-bounds read
-    zeta = tl.load(x_ptr + rows * D + j, mask=mmask & ok, other=0.0)
-    zeta = tl.where(ok | ~mmask, zeta, float("nan"))
-    return t, kmask, zeta, mmask
+    base = (j * M + ms)[:, None] * ld + il * K
+    c = tl.zeros((BLOCK_M,), dt)
+    bad = tl.zeros((BLOCK_M,), tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        msk = mmask[:, None] & (ks < K)[None, :]
+        g = tl.load(j_ptr + base + ks[None, :], mask=msk, other=0.0)
+        c += tl.sum(tl.abs(g), 1)
+        bad += tl.sum((g != g).to(tl.int32), 1)
+    c = step * c
+    cpos = c > 0
+    cs = tl.where(cpos, c, 1.0)
+    nan = tl.sum(bad, 0) > 0
+    h_each = tl.zeros((BLOCK_M,), dt)
+    h_mix = tl.zeros((BLOCK_K,), dt)
+    dot = tl.zeros((BLOCK_M,), dt)
+    s = step / M
+    if BACKWARD:
+        s = s * tl.load(gb_ptr)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        msk = mmask[:, None] & (ks < K)[None, :]
+        g = tl.load(j_ptr + base + ks[None, :], mask=msk, other=0.0)
+        p = tl.where(cpos[:, None], tl.abs(g) / cs[:, None], 0.0)
+        mix = tl.sum(p, 0) / M
+        if BACKWARD:
+            dot += tl.sum(s * (_dxlogx(p) - _dxlogx(mix)[None, :]) * p, 1)
+        else:
+            h_each += tl.sum(_xlogx(p), 1)
+            h_mix += _xlogx(mix)
+    if BACKWARD:
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            msk = mmask[:, None] & (ks < K)[None, :]
+            g = tl.load(j_ptr + base + ks[None, :], mask=msk, other=0.0)
+            p = tl.where(cpos[:, None], tl.abs(g) / cs[:, None], 0.0)
+            mix = tl.sum(p, 0) / M
+            gp = s * (_dxlogx(p) - _dxlogx(mix)[None, :])
+            sgn = tl.where(g > 0, 1.0, tl.where(g < 0, -1.0, 0.0))
+            dg = tl.where(cpos[:, None], sgn * (gp - step * dot[:, None]) / cs[:, None], 0.0)
+            dg = tl.where(i == j, 0.0, tl.where(nan, float("nan"), dg))
+            tl.store(g_ptr + base + ks[None, :], dg, mask=msk)
+    else:
+        jsd = -step * tl.sum(h_mix, 0) + step * tl.sum(h_each, 0) / M
+        jsd = tl.where(i == j, 0.0, tl.where(nan, float("nan"), jsd))
+        tl.store(out_ptr + j * D + i, jsd)
 
 
 @triton.jit
-def _pair_grid(x_ptr, t, kmask, zeta, mmask, i, j, N, D, inv_sigma, ZGRAD: tl.constexpr,
-               BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
-    """G (BK, BM) of the pair (i, j) and, with ZGRAD, dG/dzeta_m."""
-    g = tl.zeros((BLOCK_K, BLOCK_M), t.dtype)
-    gz = tl.zeros((BLOCK_K, BLOCK_M), t.dtype)
-    for s0 in range(0, N, BLOCK_S):
-        ss = s0 + tl.arange(0, BLOCK_S)
-        smask = ss < N
-        xi = tl.load(x_ptr + ss * D + i, mask=smask, other=0.0)
-        xj = tl.load(x_ptr + ss * D + j, mask=smask, other=0.0)
-        dk, _ = _dker_tile(t, kmask, xi, smask, inv_sigma)
-        nk, wk = _ker_tile(zeta, mmask, xj, smask, inv_sigma)
-        g += tl.dot(dk, tl.trans(nk), input_precision="ieee")
-        if ZGRAD:
-            gz += tl.dot(dk, tl.trans(-wk * nk), input_precision="ieee")
-    return g, gz
+def _dt_grad(x_ptr, t_ptr, gdt_ptr, gu_ptr, gx_ptr, i0, N, D, K, CI, inv_sigma: tl.float64,
+             BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+    """gx[s, i0 + c] = sum_k (gDt[s, c K + k] + gu[i0 + c, k]) dD(t_k - x_s,i0+c)/dx: the chain
+    through the derivative-kernel table, with the uni term's dLoss/dG added. Grid (n / BLOCK_S, CI)."""
+    inv_sigma = tl.full((), inv_sigma, x_ptr.dtype.element_ty)
+    ss = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    cl = tl.program_id(1)
+    i = i0 + cl
+    smask = ss < N
+    x = tl.load(x_ptr + ss * D + i, mask=smask, other=0.0)
+    acc = tl.zeros((BLOCK_S,), x.dtype)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < K
+        t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
+        _, ddx = _dker_tile(t, kmask, x, smask, inv_sigma)  # (BK, BS)
+        gd = tl.load(gdt_ptr + ss[None, :] * (CI * K) + cl * K + ks[:, None], mask=kmask[:, None] & smask[None, :],
+                     other=0.0)
+        gu = tl.load(gu_ptr + i * K + ks, mask=kmask, other=0.0)
+        acc += tl.sum((gd + gu[:, None]) * ddx, 0)
+    tl.store(gx_ptr + ss * D + i, acc, mask=smask)
 
 
 @triton.jit
-def _jsd(g, step, M):
-    p, cs, cpos = _normalized(g, step)
-    mix = tl.sum(p, 1) / M
-    h_each = -step * tl.sum(tl.sum(_xlogx(p), 1), 0)
-    h_mix = -step * tl.sum(_xlogx(mix), 0)
-    return h_mix - h_each / M, p, mix, cs, cpos
-
-
-@triton.jit
-def _cliff_biv_fwd(x_ptr, t_ptr, ci_ptr, out_ptr, N, D, K, M, inv_sigma: tl.float64, step: tl.float64,
-                   BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
-    inv_sigma, step = tl.full((), inv_sigma, x_ptr.dtype.element_ty), tl.full((), step, x_ptr.dtype.element_ty)
-    pid = tl.program_id(0)  # ordered pair (i, j), i != j
-    i = pid // (D - 1)
-    r = pid % (D - 1)
-    j = r + (r >= i).to(tl.int32)
-    t, kmask, zeta, mmask = _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K, BLOCK_M)
-    g, _ = _pair_grid(x_ptr, t, kmask, zeta, mmask, i, j, N, D, inv_sigma, False, BLOCK_K, BLOCK_M, BLOCK_S)
-    jsd, _, _, _, _ = _jsd(g, step, M)
-    # an out-of-range conditioning row (NaN zeta) poisons the pair (the normalization would hide it)
-    jsd = tl.where(tl.sum((mmask & (zeta != zeta)).to(tl.int32), 0) > 0, float("nan"), jsd)
-    tl.store(out_ptr + pid, jsd)
+def _kz_grad(x_ptr, ci_ptr, gkz_ptr, gx_ptr, gzeta_ptr, N, D, M, inv_sigma: tl.float64,
+             BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Chain through the kernel table: gx[s, j] = sum_m gKz[j M + m, s] dN/dx_sj and the partial
+    sums over this block of samples of gzeta[j, m] = -sum_s gKz dN/dx_sj, written to
+    gzeta[program_id(0), j, m] (summed over blocks afterwards). Grid (n / BLOCK_S, d)."""
+    inv_sigma = tl.full((), inv_sigma, x_ptr.dtype.element_ty)
+    sb = tl.program_id(0)
+    j = tl.program_id(1)
+    ss = sb * BLOCK_S + tl.arange(0, BLOCK_S)
+    ms = tl.arange(0, BLOCK_M)
+    smask, mmask = ss < N, ms < M
+    zeta = _zeta(x_ptr, ci_ptr + j * M, j, ms, mmask, N, D)
+    x = tl.load(x_ptr + ss * D + j, mask=smask, other=0.0)
+    w = (zeta[:, None] - x[None, :]) * inv_sigma
+    msk = mmask[:, None] & smask[None, :]
+    dn = tl.where(msk, w * inv_sigma * tl.exp(-0.5 * w * w), 0.0)  # dN/dx_sj
+    gk = tl.load(gkz_ptr + (j * M + ms)[:, None] * N + ss[None, :], mask=msk, other=0.0)
+    prod = gk * dn
+    tl.store(gx_ptr + ss * D + j, tl.sum(prod, 0), mask=smask)
+    tl.store(gzeta_ptr + (sb * D + j) * M + ms, -tl.sum(prod, 1), mask=mmask)
 
 
 @triton.jit
@@ -375,119 +473,97 @@ def _kl_lse(x_ptr, v, i, N, D, inv_sigma, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
-def _cliff_uni_kl_fwd(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, N, D, K, KU, inv_sigma: tl.float64, step: tl.float64,
-                      log_const: tl.float64,
-                      BLOCK_K: tl.constexpr, BLOCK_KU: tl.constexpr, BLOCK_S: tl.constexpr):
+def _cliff_uni_kl(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, guni_ptr, lse_ptr, gu_ptr, N, D, K, KU,
+                  inv_sigma: tl.float64, step: tl.float64, log_const: tl.float64, BACKWARD: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BLOCK_KU: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Latent i = program_id(0): forward, its uni entropy and KL-uni term; BACKWARD, dLoss/dG of
+    its uni grid (to gu[i, :], for _dt_grad) and its KL log-sum-exps (to lse[i, :])."""
     dt = x_ptr.dtype.element_ty
     inv_sigma, step, log_const = tl.full((), inv_sigma, dt), tl.full((), step, dt), tl.full((), log_const, dt)
     i = tl.program_id(0)
     ks = tl.arange(0, BLOCK_K)
     kmask = ks < K
     t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
-    g = _uni_grid(x_ptr, t, kmask, i, N, D, inv_sigma, BLOCK_K, BLOCK_S)
-    p, _, _ = _normalized(g[:, None], step)
-    tl.store(uni_ptr + i, -step * tl.sum(tl.sum(_xlogx(p), 1), 0))
+    g = _uni_grid(x_ptr, t, kmask, i, N, D, inv_sigma, BLOCK_K, BLOCK_S)[:, None]
+    p, cs, cpos = _normalized(g, step)
     vs = tl.arange(0, BLOCK_KU)
     vmask = vs < KU
     v = tl.load(v_ptr + vs, mask=vmask, other=0.0)
     lse = _kl_lse(x_ptr, v, i, N, D, inv_sigma, BLOCK_S)
-    # kl_i = -log(2 sqrt 3) - mean_v log p_i(v), log p_i(v) = lse_v - log(n sigma sqrt(2 pi))
-    tl.store(kl_ptr + i, log_const - tl.sum(tl.where(vmask, lse, 0.0), 0) / KU)
+    if BACKWARD:
+        g_uni = tl.load(guni_ptr)
+        dg = tl.sum(_column_backward(g, p, -g_uni * step * _dxlogx(p), cs, cpos, step), 1)
+        tl.store(gu_ptr + i * K + ks, dg, mask=kmask)
+        tl.store(lse_ptr + i * KU + vs, lse, mask=vmask)
+    else:
+        tl.store(uni_ptr + i, -step * tl.sum(tl.sum(_xlogx(p), 1), 0))
+        # kl_i = -log(2 sqrt 3) - mean_v log p_i(v), log p_i(v) = lse_v - log(n sigma sqrt(2 pi))
+        tl.store(kl_ptr + i, log_const - tl.sum(tl.where(vmask, lse, 0.0), 0) / KU)
 
 
 @triton.jit
-def _cliff_bwd(x_ptr, t_ptr, v_ptr, ci_ptr, gu_ptr, gb_ptr, gk_ptr, gx_ptr, gzeta_ptr, N, D, K, KU, M,
-               inv_sigma: tl.float64, step: tl.float64,
-               BLOCK_K: tl.constexpr, BLOCK_KU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
-    inv_sigma, step = tl.full((), inv_sigma, x_ptr.dtype.element_ty), tl.full((), step, x_ptr.dtype.element_ty)
-    c = tl.program_id(0)  # owns column c of grad x and row c of grad zeta
-    g_uni = tl.load(gu_ptr)
-    g_biv = tl.load(gb_ptr)
-    g_kl = tl.load(gk_ptr)
-    ks = tl.arange(0, BLOCK_K)
-    kmask = ks < K
-    t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
-    # uni: dLoss/dg of the column's derivative grid
-    g = _uni_grid(x_ptr, t, kmask, c, N, D, inv_sigma, BLOCK_K, BLOCK_S)[:, None]
-    p, cs, cpos = _normalized(g, step)
-    dg = tl.sum(_column_backward(g, p, -g_uni * step * _dxlogx(p), cs, cpos, step), 1)  # (BK,)
-    # kl: softmax weights over the samples
+def _kl_grad(x_ptr, v_ptr, lse_ptr, gk_ptr, gx_ptr, N, D, KU, inv_sigma: tl.float64,
+             BLOCK_KU: tl.constexpr, BLOCK_S: tl.constexpr):
+    """gx[s, i] += -g_kl / K_u sum_v softmax_s(v) (v - x_si) / sigma^2. Grid (n / BLOCK_S, d)."""
+    inv_sigma = tl.full((), inv_sigma, x_ptr.dtype.element_ty)
+    ss = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    i = tl.program_id(1)
+    smask = ss < N
     vs = tl.arange(0, BLOCK_KU)
     vmask = vs < KU
     v = tl.load(v_ptr + vs, mask=vmask, other=0.0)
-    lse = _kl_lse(x_ptr, v, c, N, D, inv_sigma, BLOCK_S)
-    for s0 in range(0, N, BLOCK_S):
-        ss = s0 + tl.arange(0, BLOCK_S)
-        smask = ss < N
-        xc = tl.load(x_ptr + ss * D + c, mask=smask, other=0.0)
-        _, ddx = _dker_tile(t, kmask, xc, smask, inv_sigma)
-        acc = tl.sum(dg[:, None] * ddx, 0)
-        u = (v[:, None] - xc[None, :]) * inv_sigma
-        sm = tl.where(vmask[:, None] & smask[None, :], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
-        acc += -g_kl / KU * tl.sum(sm * u * inv_sigma, 0)
-        tl.store(gx_ptr + ss * D + c, acc, mask=smask)
-    # biv: the pairs (c, q) (c is the differentiated latent i) and (q, c) (c conditions)
-    gzeta = tl.zeros((BLOCK_M,), t.dtype)
-    bad = tl.zeros((BLOCK_M,), tl.int32)  # out-of-range conditioning rows met (NaN zeta)
-    for q in range(0, D):
-        if q != c:
-            for side in tl.static_range(2):
-                i = c if side == 0 else q
-                j = q if side == 0 else c
-                _, _, zeta, mmask = _pair_setup(x_ptr, t_ptr, ci_ptr, j, N, D, K, M, BLOCK_K, BLOCK_M)
-                bad += (mmask & (zeta != zeta)).to(tl.int32)
-                g2, gz = _pair_grid(x_ptr, t, kmask, zeta, mmask, i, j, N, D, inv_sigma, True,
-                                    BLOCK_K, BLOCK_M, BLOCK_S)
-                _, p2, mix, cs2, cpos2 = _jsd(g2, step, M)
-                gp = g_biv * step / M * (_dxlogx(p2) - _dxlogx(mix)[:, None])
-                dG = _column_backward(g2, p2, gp, cs2, cpos2, step)  # (BK, BM)
-                if side == 1:
-                    gzeta += tl.sum(dG * gz, 0)
-                for s0 in range(0, N, BLOCK_S):
-                    ss = s0 + tl.arange(0, BLOCK_S)
-                    smask = ss < N
-                    xi = tl.load(x_ptr + ss * D + i, mask=smask, other=0.0)
-                    xj = tl.load(x_ptr + ss * D + j, mask=smask, other=0.0)
-                    dk, ddx = _dker_tile(t, kmask, xi, smask, inv_sigma)
-                    nk, wk = _ker_tile(zeta, mmask, xj, smask, inv_sigma)
-                    if side == 0:  # through D(t_k - x_sc)
-                        a = tl.dot(dG, nk, input_precision="ieee")  # (BK, BS)
-                        contrib = tl.sum(ddx * a, 0)
-                    else:  # through N(zeta_m - x_sc)
-                        b = tl.dot(tl.trans(dG), dk, input_precision="ieee")  # (BM, BS)
-                        contrib = tl.sum(wk * nk * b, 0)
-                    prev = tl.load(gx_ptr + ss * D + c, mask=smask, other=0.0)
-                    tl.store(gx_ptr + ss * D + c, prev + contrib, mask=smask)
-    if tl.sum(bad, 0) > 0:  # column c of grad x is NaN
-        for s0 in range(0, N, BLOCK_S):
-            ss = s0 + tl.arange(0, BLOCK_S)
-            tl.store(gx_ptr + ss * D + c, tl.full((BLOCK_S,), float("nan"), t.dtype), mask=ss < N)
-    ms = tl.arange(0, BLOCK_M)
-    tl.store(gzeta_ptr + c * M + ms, gzeta, mask=ms < M)
+    lse = tl.load(lse_ptr + i * KU + vs, mask=vmask, other=0.0)
+    x = tl.load(x_ptr + ss * D + i, mask=smask, other=0.0)
+    u = (v[:, None] - x[None, :]) * inv_sigma
+    sm = tl.where(vmask[:, None] & smask[None, :], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
+    g_kl = tl.load(gk_ptr)
+    prev = tl.load(gx_ptr + ss * D + i, mask=smask, other=0.0)
+    tl.store(gx_ptr + ss * D + i, prev - g_kl / KU * tl.sum(sm * u * inv_sigma, 0), mask=smask)
 
 
-def _cliff_blocks(k: int, ku: int, m: int) -> tuple[int, int, int, int]:
-    """(BLOCK_K, BLOCK_KU, BLOCK_M, BLOCK_S); tl.dot needs every dimension >= 16."""
-    return (max(16, triton.next_power_of_2(k)), triton.next_power_of_2(ku), max(16, triton.next_power_of_2(m)), 16)
+def _cliff_setup(x, grid, uni_points, cond_index):
+    x, grid, uni_points, ci = x.contiguous(), grid.contiguous(), uni_points.contiguous(), cond_index.contiguous()
+    (n, d), k, ku, m = x.shape, grid.shape[0], uni_points.shape[0], ci.shape[1]
+    block_m = max(16, triton.next_power_of_2(m))
+    blocks = {
+        "k": max(16, triton.next_power_of_2(k)), "ku": triton.next_power_of_2(ku), "m": block_m,
+        "ke": max(16, min(triton.next_power_of_2(k), 8192 // block_m)), "s": 16,
+    }
+    ci_lat = max(1, min(d, CHUNK_ELEMS // max(1, d * m * k)))  # differentiated latents per chunk
+    return x, grid, uni_points, ci, (n, d, k, ku, m), blocks, ci_lat
+
+
+def _dt_chunk(x, grid, i0, c, n, d, k, sigma):
+    dt = x.new_empty(n, c * k)
+    _dt_table[(triton.cdiv(n, BLOCK_T), triton.cdiv(c * k, BLOCK_T))](x, grid, dt, i0, n, d, k, c, 1.0 / sigma,
+                                                                     BLOCK=BLOCK_T)
+    return dt
+
+
+def _kz(x, ci, n, d, m, sigma):
+    kz = x.new_empty(d * m, n)
+    _kz_table[(triton.cdiv(d * m, BLOCK_T), triton.cdiv(n, BLOCK_T))](x, ci, kz, n, d, m, 1.0 / sigma, BLOCK=BLOCK_T)
+    return kz
 
 
 def cliff_terms(
     x: torch.Tensor, grid: torch.Tensor, uni_points: torch.Tensor, cond_index: torch.Tensor, sigma: float, step: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x, grid, uni_points, ci = x.contiguous(), grid.contiguous(), uni_points.contiguous(), cond_index.contiguous()
-    (n, d), k, ku, m = x.shape, grid.shape[0], uni_points.shape[0], ci.shape[1]
-    bk, bku, bm, bs = _cliff_blocks(k, ku, m)
+    x, grid, uni_points, ci, (n, d, k, ku, m), bl, chunk = _cliff_setup(x, grid, uni_points, cond_index)
     uni, kl = x.new_empty(d), x.new_empty(d)
     log_const = -math.log(2 * math.sqrt(3.0)) + math.log(n * sigma) + 0.5 * math.log(2 * math.pi)
-    _cliff_uni_kl_fwd[(d,)](
-        x, grid, uni_points, uni, kl, n, d, k, ku, 1.0 / sigma, step, log_const,
-        BLOCK_K=bk, BLOCK_KU=bku, BLOCK_S=bs,
+    _cliff_uni_kl[(d,)](
+        x, grid, uni_points, uni, kl, x, x, x, n, d, k, ku, 1.0 / sigma, step, log_const, BACKWARD=False,
+        BLOCK_K=bl["k"], BLOCK_KU=bl["ku"], BLOCK_S=bl["s"],
     )
-    jsd = x.new_zeros(max(1, d * (d - 1)))
+    jsd = x.new_zeros(d, d)
     if d > 1:
-        _cliff_biv_fwd[(d * (d - 1),)](
-            x, grid, ci, jsd, n, d, k, m, 1.0 / sigma, step, BLOCK_K=bk, BLOCK_M=bm, BLOCK_S=bs
-        )
+        kz = _kz(x, ci, n, d, m, sigma)
+        for i0 in range(0, d, chunk):
+            c = min(chunk, d - i0)
+            prod = kz @ _dt_chunk(x, grid, i0, c, n, d, k, sigma)  # (d M, c K)
+            _jsd_epilogue[(d, c)](prod, prod, jsd, x, i0, c, d, m, k, step, BACKWARD=False,
+                                  BLOCK_M=bl["m"], BLOCK_K=bl["ke"])
     return uni.sum(), jsd.sum(), kl.sum()
 
 
@@ -502,16 +578,39 @@ def cliff_terms_backward(
     sigma: float,
     step: float,
 ) -> torch.Tensor:
-    x, grid, uni_points, ci = x.contiguous(), grid.contiguous(), uni_points.contiguous(), cond_index.contiguous()
-    (n, d), k, ku, m = x.shape, grid.shape[0], uni_points.shape[0], ci.shape[1]
-    bk, bku, bm, bs = _cliff_blocks(k, ku, m)
-    gx, gzeta = torch.empty_like(x), x.new_empty(d, m)
+    x, grid, uni_points, ci, (n, d, k, ku, m), bl, chunk = _cliff_setup(x, grid, uni_points, cond_index)
     g_u, g_b, g_k = (g.to(x.dtype).reshape(1) for g in (grad_uni, grad_biv, grad_kl))
-    _cliff_bwd[(d,)](
-        x, grid, uni_points, ci, g_u, g_b, g_k, gx, gzeta, n, d, k, ku, m, 1.0 / sigma, step,
-        BLOCK_K=bk, BLOCK_KU=bku, BLOCK_M=bm, BLOCK_S=bs,
+    gu, lse = x.new_empty(d, k), x.new_empty(d, ku)
+    _cliff_uni_kl[(d,)](
+        x, grid, uni_points, x, x, g_u, lse, gu, n, d, k, ku, 1.0 / sigma, step, 0.0, BACKWARD=True,
+        BLOCK_K=bl["k"], BLOCK_KU=bl["ku"], BLOCK_S=bl["s"],
     )
-    # zeta[j, m] = x[cond_index[j, m], j]: scatter its gradient back to the rows (O(d M)). An
-    # out-of-range row made zeta NaN in the kernels; clamping keeps the scatter in bounds.
-    cols = torch.arange(d, device=x.device)[:, None].expand(d, m)
-    return gx.index_put((ci.clamp(0, n - 1), cols), gzeta, accumulate=True)
+    gx = torch.empty_like(x)  # through the derivative-kernel tables (uni and biv)
+    if d > 1:
+        kz = _kz(x, ci, n, d, m, sigma)
+        gkz = torch.zeros_like(kz)
+        for i0 in range(0, d, chunk):
+            c = min(chunk, d - i0)
+            dtc = _dt_chunk(x, grid, i0, c, n, d, k, sigma)
+            prod = kz @ dtc
+            _jsd_epilogue[(d, c)](prod, prod, prod, g_b, i0, c, d, m, k, step, BACKWARD=True,
+                                  BLOCK_M=bl["m"], BLOCK_K=bl["ke"])  # prod now holds dLoss/dJ
+            gkz.addmm_(prod, dtc.t())
+            _dt_grad[(triton.cdiv(n, bl["s"]), c)](
+                x, grid, kz.t().mm(prod), gu, gx, i0, n, d, k, c, 1.0 / sigma, BLOCK_S=bl["s"], BLOCK_K=bl["ke"]
+            )
+        gxz = torch.empty_like(x)
+        nb = triton.cdiv(n, bl["s"])
+        gzeta = x.new_empty(nb, d, m)
+        _kz_grad[(nb, d)](x, ci, gkz, gxz, gzeta, n, d, m, 1.0 / sigma, BLOCK_M=bl["m"], BLOCK_S=bl["s"])
+        # zeta[j, m] = x[cond_index[j, m], j]: scatter its gradient back to the rows (O(d M)). An
+        # out-of-range row made zeta NaN in the kernels; clamping keeps the scatter in bounds.
+        cols = torch.arange(d, device=x.device)[:, None].expand(d, m)
+        gx = (gx + gxz).index_put((ci.clamp(0, n - 1), cols), gzeta.sum(0), accumulate=True)
+    else:
+        _dt_grad[(triton.cdiv(n, bl["s"]), 1)](
+            x, grid, x.new_zeros(n, k), gu, gx, 0, n, d, k, 1, 1.0 / sigma, BLOCK_S=bl["s"], BLOCK_K=bl["ke"]
+        )
+    _kl_grad[(triton.cdiv(n, bl["s"]), d)](x, uni_points, lse, g_k, gx, n, d, ku, 1.0 / sigma,
+                                           BLOCK_KU=bl["ku"], BLOCK_S=bl["s"])
+    return gx

@@ -2,14 +2,19 @@
 // kernels.
 //
 // Windowing (truncation) of Gaussian sums. A kernel term exp(-u^2 / 2), u = (t - x) / sigma, is
-// dropped when |u| > kWindow = 10: such a term is below exp(-50) = 1.9e-22 of its peak (the
-// derivative term u exp(-u^2/2) below 2e-21 of its peak 0.61), so every truncated sum differs from
-// the full sum by less than 4e-21 (relative to the largest term) per dropped sample; in fp32 the
-// terms beyond |u| ~ 13.2 underflow to exactly 0 anyway. Cliff's entropies and JSDs are sums of
-// p log p over normalized grids whose normalizer is at least one full term, so the losses move
-// by < 1e-18 relative (far below the 1e-12 fp64 test tolerance). Log-densities (KL-uni) are
-// computed as log-sum-exps around the nearest sample and keep every term within kLseWindow = 46
-// of the largest exponent (dropped terms < 1e-20 of the sum): they never underflow.
+// dropped when |u| exceeds a window of window_sigmas<A>() sigmas:
+// - fp64: kWindow = 10. A dropped term is below exp(-50) = 1.9e-22 of its peak (the derivative
+//   term u exp(-u^2/2) below 2e-21 of its peak 0.61), so every truncated sum differs from the full
+//   sum by less than 4e-21 (relative to the largest term) per dropped sample. Cliff's entropies and
+//   JSDs are sums of p log p over normalized grids whose normalizer is at least one full term, so
+//   the losses move by < 1e-18 relative (far below the 1e-12 fp64 test tolerance).
+// - fp32: kWindowF32 = 7.5. A dropped term is below exp(-28.1) * 7.5 = 4.8e-12 of its peak: even n
+//   = 4096 samples all at the window's edge would move a normalized grid by 2e-8 relative, under
+//   fp32 rounding (6e-8); in fp32 the terms beyond |u| ~ 13.2 underflow to exactly 0 anyway. The
+//   narrower window halves the work of the fp32 Cliff kernels (the windows are in k and in m).
+// Log-densities (KL-uni) are computed as log-sum-exps around the nearest sample and keep every term
+// within kLseWindow = 46 of the largest exponent (dropped terms < 1e-20 of the sum): they never
+// underflow.
 //
 // Normalizing constants cancel in Cliff's normalized densities, so the kernels accumulate the
 // unnormalized terms D(u) = -u exp(-u^2/2) (derivative kernel at t of a sample x) and
@@ -20,8 +25,13 @@
 
 namespace qkernels {
 
-constexpr double kWindow = 10.0;      // sigma units: Gaussian terms beyond are dropped
+constexpr double kWindow = 10.0;      // sigma units: fp64 Gaussian terms beyond are dropped
+constexpr double kWindowF32 = 7.5;    // sigma units: fp32 Gaussian terms beyond are dropped
 constexpr double kLseWindow = 46.0;   // exponent units kept below the largest log-sum-exp term
+
+// Truncation window of Gaussian sums accumulated in A, in sigmas (see the top of this file).
+template <typename A>
+QK_HOST_DEVICE constexpr double window_sigmas() { return sizeof(A) == sizeof(float) ? kWindowF32 : kWindow; }
 
 // Branch-free exp that compilers vectorize (round-to-nearest by a magic constant, Cody-Waite
 // reduction, Taylor polynomial; a few ulp for the arguments <= 0 used here). Arguments below
@@ -44,10 +54,10 @@ QK_HOST_DEVICE float vexp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  union { float f; int i; } tb, mb, sc;
-  tb.f = t;
-  mb.f = magic;
-  sc.i = (tb.i - mb.i + 127) << 23;  // 2^n
+  // 2^n by a float -> int conversion of (n + 127) 2^23 (exact): one vector instruction with AVX,
+  // which has no 256-bit integer shifts
+  union { float f; int i; } sc;
+  sc.i = static_cast<int>((n + 127.0f) * 8388608.0f);
   return p * sc.f;
 #endif
 }
@@ -94,11 +104,11 @@ QK_HOST_DEVICE int lower_index(const T* sorted, int n, T v) {
 }
 
 // Grid window [*k0, *k1) of a uniform grid t_k = t0 + k * dt (k < K) that covers every point
-// within kWindow * sigma of x (one extra point each side absorbs rounding).
+// within window * sigma of x (one extra point each side absorbs rounding).
 template <typename A>
-QK_HOST_DEVICE void grid_window(A x, A t0, A dt, int K, A sigma, int* k0, int* k1) {
-  const double lo = (double(x) - kWindow * double(sigma) - double(t0)) / double(dt);
-  const double hi = (double(x) + kWindow * double(sigma) - double(t0)) / double(dt);
+QK_HOST_DEVICE void grid_window(A x, A t0, A dt, int K, A sigma, int* k0, int* k1, double window = kWindow) {
+  const double lo = (double(x) - window * double(sigma) - double(t0)) / double(dt);
+  const double hi = (double(x) + window * double(sigma) - double(t0)) / double(dt);
   const double a = ceil(lo) - 1.0, b = floor(hi) + 2.0;
   *k0 = a < 0.0 ? 0 : (a > double(K) ? K : int(a));
   *k1 = b < 0.0 ? 0 : (b > double(K) ? K : int(b));
@@ -156,40 +166,6 @@ QK_HOST_DEVICE A uni_entropy(const A* g, int K, A step, A g_loss, A* grad) {
     column_backward(g, grad, K, 1, step, c);
   }
   return h;
-}
-
-// JSD of the M normalized columns of G (M x K, row m = conditioning value m, k contiguous):
-// H(mean_m p_m) - mean_m H(p_m). mix: workspace of K. Backward (grad != nullptr): writes
-// dLoss/dG (M x K) for dLoss/dJSD = g_loss.
-template <typename A>
-QK_HOST_DEVICE A jsd_columns(const A* G, int M, int K, A step, A* mix, A g_loss, A* grad) {
-  for (int k = 0; k < K; ++k) mix[k] = A(0);
-  A h_each = 0;
-  const A invM = A(1) / A(M);
-  for (int m = 0; m < M; ++m) {
-    const A* g = G + m * K;
-    const A c = column_norm(g, K, 1, step);
-    h_each += column_entropy(g, K, 1, step, c);
-    if (c > A(0))
-      for (int k = 0; k < K; ++k) mix[k] += qk_abs(g[k]) / c * invM;
-  }
-  A h_mix = 0;
-  for (int k = 0; k < K; ++k) h_mix += xlogx(mix[k]);
-  h_mix *= -step;
-  if (grad != nullptr) {
-    const A s = g_loss * step * invM;
-    for (int m = 0; m < M; ++m) {
-      const A* g = G + m * K;
-      A* gr = grad + m * K;
-      const A c = column_norm(g, K, 1, step);
-      for (int k = 0; k < K; ++k) {
-        const A p = c > A(0) ? qk_abs(g[k]) / c : A(0);
-        gr[k] = s * (dxlogx(p) - dxlogx(mix[k]));
-      }
-      column_backward(g, gr, K, 1, step, c);
-    }
-  }
-  return h_mix - h_each * invM;
 }
 
 // Silverman's factor (4 / (d + 2))^(1/(d+4)) n^(-1/(d+4)) (Tripod eq. 12).
