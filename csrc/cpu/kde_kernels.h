@@ -523,6 +523,22 @@ Tiles klm_tiles(int64_t n) {
   return t;
 }
 
+// Runs body(I, J) for every tile pair, one task each.
+template <typename F>
+void for_each_tile(const Tiles& tl, F&& body) {
+  at::parallel_for(0, int64_t(tl.pairs.size()), 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) body(tl.pairs[p].first, tl.pairs[p].second);
+  });
+}
+
+// Column sums col[e * B + aa] of a tile (I, J) to the partials of rows a0 + aa: part[(I * Np + a0 +
+// aa) * w + e].
+template <typename A>
+void store_columns(const std::vector<A>& col, int64_t I, int64_t a0, int64_t B, int64_t Np, int64_t w, A* part) {
+  for (int64_t aa = 0; aa < B; ++aa)
+    for (int64_t e = 0; e < w; ++e) part[(I * Np + a0 + aa) * w + e] = col[e * B + aa];
+}
+
 // y^T (d, Np) = (z / std)^T, Np = n rounded up to whole tiles (padding 0), and valid[a] = 1
 // for real samples, 0 for padding.
 template <typename T, typename A>
@@ -551,42 +567,37 @@ double klm_forward_kernel(const T* z, const T* std, int64_t n, int64_t d, T* lse
   const double f = silverman_factor(double(n), double(d));
   const A c_joint = A(-0.5 / (f * f));
   std::vector<A> part(tl.T * Np * w, A(0));  // part[(K * Np + row) * w + e]: block K's sums of row
-  at::parallel_for(0, int64_t(tl.pairs.size()), 1, [&](int64_t p0, int64_t p1) {
-    std::vector<A> sq(B), col(B * w);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t I = tl.pairs[p].first, J = tl.pairs[p].second, b0 = I * B, a0 = J * B;
-      const bool mirror = I != J;
-      std::fill(col.begin(), col.end(), A(0));
-      for (int64_t b = b0; b < b0 + B; ++b) {
-        std::fill(sq.begin(), sq.end(), A(0));
-        A* row = part.data() + (J * Np + b) * w;
-        for (int64_t j = 0; j < d; ++j) {
-          const A yb = yt[j * Np + b];
-          const A* ya = yt.data() + j * Np + a0;
-          A* cj = col.data() + (1 + j) * B;
-          V acc = {};
-          for (int64_t aa = 0; aa < B; aa += L) {
-            const V dd = yb - S::load(ya + aa);
-            const V q = dd * dd;
-            S::store(sq.data() + aa, S::load(sq.data() + aa) + q);
-            const V e = S::exp(A(-0.5) * q) * S::load(valid.data() + a0 + aa);
-            acc += e;
-            if (mirror) S::store(cj + aa, S::load(cj + aa) + e);
-          }
-          row[1 + j] = S::sum(acc);
-        }
+  for_each_tile(tl, [&](int64_t I, int64_t J) {
+    std::vector<A> sq(B), col(B * w, A(0));
+    const int64_t b0 = I * B, a0 = J * B;
+    const bool mirror = I != J;
+    for (int64_t b = b0; b < b0 + B; ++b) {
+      std::fill(sq.begin(), sq.end(), A(0));
+      A* row = part.data() + (J * Np + b) * w;
+      for (int64_t j = 0; j < d; ++j) {
+        const A yb = yt[j * Np + b];
+        const A* ya = yt.data() + j * Np + a0;
+        A* cj = col.data() + (1 + j) * B;
         V acc = {};
         for (int64_t aa = 0; aa < B; aa += L) {
-          const V e = S::exp(c_joint * S::load(sq.data() + aa)) * S::load(valid.data() + a0 + aa);
+          const V dd = yb - S::load(ya + aa);
+          const V q = dd * dd;
+          S::store(sq.data() + aa, S::load(sq.data() + aa) + q);
+          const V e = S::exp(A(-0.5) * q) * S::load(valid.data() + a0 + aa);
           acc += e;
-          if (mirror) S::store(col.data() + aa, S::load(col.data() + aa) + e);
+          if (mirror) S::store(cj + aa, S::load(cj + aa) + e);
         }
-        row[0] = S::sum(acc);
+        row[1 + j] = S::sum(acc);
       }
-      if (mirror)
-        for (int64_t aa = 0; aa < B; ++aa)
-          for (int64_t e = 0; e < w; ++e) part[(I * Np + a0 + aa) * w + e] = col[e * B + aa];
+      V acc = {};
+      for (int64_t aa = 0; aa < B; aa += L) {
+        const V e = S::exp(c_joint * S::load(sq.data() + aa)) * S::load(valid.data() + a0 + aa);
+        acc += e;
+        if (mirror) S::store(col.data() + aa, S::load(col.data() + aa) + e);
+      }
+      row[0] = S::sum(acc);
     }
+    if (mirror) store_columns(col, I, a0, B, Np, w, part.data());
   });
   std::vector<double> rows(n);
   at::parallel_for(0, n, 64, [&](int64_t s0, int64_t s1) {
@@ -629,48 +640,43 @@ void klm_backward_kernel(double g, const T* z, const T* std, const T* lse, int64
     for (int64_t j = 0; j < d; ++j) elt[j * Np + b] = qk_exp(-A(lse[b * (d + 1) + 1 + j]));
   }
   std::vector<A> part(tl.T * Np * d, A(0));  // part[(K * Np + row) * d + j]
-  at::parallel_for(0, int64_t(tl.pairs.size()), 1, [&](int64_t p0, int64_t p1) {
-    std::vector<A> sq(B), wj(B), col(B * d);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t I = tl.pairs[p].first, J = tl.pairs[p].second, b0 = I * B, a0 = J * B;
-      const bool mirror = I != J;
-      std::fill(col.begin(), col.end(), A(0));
-      for (int64_t b = b0; b < b0 + B; ++b) {
-        std::fill(sq.begin(), sq.end(), A(0));
-        for (int64_t j = 0; j < d; ++j) {
-          const A yb = yt[j * Np + b];
-          const A* ya = yt.data() + j * Np + a0;
-          for (int64_t aa = 0; aa < B; aa += L) {
-            const V dd = yb - S::load(ya + aa);
-            S::store(sq.data() + aa, S::load(sq.data() + aa) + dd * dd);
-          }
-        }
-        const A elb = el[b];
+  for_each_tile(tl, [&](int64_t I, int64_t J) {
+    std::vector<A> sq(B), wj(B), col(B * d, A(0));
+    const int64_t b0 = I * B, a0 = J * B;
+    const bool mirror = I != J;
+    for (int64_t b = b0; b < b0 + B; ++b) {
+      std::fill(sq.begin(), sq.end(), A(0));
+      for (int64_t j = 0; j < d; ++j) {
+        const A yb = yt[j * Np + b];
+        const A* ya = yt.data() + j * Np + a0;
         for (int64_t aa = 0; aa < B; aa += L) {
-          const V e = S::exp(c_joint * S::load(sq.data() + aa)) * S::load(valid.data() + a0 + aa);
-          S::store(wj.data() + aa, -e * (elb + S::load(el.data() + a0 + aa)) * inv_f2);
-        }
-        A* row = part.data() + (J * Np + b) * d;
-        for (int64_t j = 0; j < d; ++j) {
-          const A yb = yt[j * Np + b], eb = elt[j * Np + b];
-          const A* ya = yt.data() + j * Np + a0;
-          const A* ea = elt.data() + j * Np + a0;
-          A* cj = col.data() + j * B;
-          V acc = {};
-          for (int64_t aa = 0; aa < B; aa += L) {
-            const V dd = yb - S::load(ya + aa);
-            const V e = S::exp(A(-0.5) * dd * dd) * S::load(valid.data() + a0 + aa);
-            const V t = (S::load(wj.data() + aa) + e * (eb + S::load(ea + aa))) * dd;
-            acc += t;
-            if (mirror) S::store(cj + aa, S::load(cj + aa) - t);
-          }
-          row[j] = S::sum(acc);
+          const V dd = yb - S::load(ya + aa);
+          S::store(sq.data() + aa, S::load(sq.data() + aa) + dd * dd);
         }
       }
-      if (mirror)
-        for (int64_t aa = 0; aa < B; ++aa)
-          for (int64_t j = 0; j < d; ++j) part[(I * Np + a0 + aa) * d + j] = col[j * B + aa];
+      const A elb = el[b];
+      for (int64_t aa = 0; aa < B; aa += L) {
+        const V e = S::exp(c_joint * S::load(sq.data() + aa)) * S::load(valid.data() + a0 + aa);
+        S::store(wj.data() + aa, -e * (elb + S::load(el.data() + a0 + aa)) * inv_f2);
+      }
+      A* row = part.data() + (J * Np + b) * d;
+      for (int64_t j = 0; j < d; ++j) {
+        const A yb = yt[j * Np + b], eb = elt[j * Np + b];
+        const A* ya = yt.data() + j * Np + a0;
+        const A* ea = elt.data() + j * Np + a0;
+        A* cj = col.data() + j * B;
+        V acc = {};
+        for (int64_t aa = 0; aa < B; aa += L) {
+          const V dd = yb - S::load(ya + aa);
+          const V e = S::exp(A(-0.5) * dd * dd) * S::load(valid.data() + a0 + aa);
+          const V t = (S::load(wj.data() + aa) + e * (eb + S::load(ea + aa))) * dd;
+          acc += t;
+          if (mirror) S::store(cj + aa, S::load(cj + aa) - t);
+        }
+        row[j] = S::sum(acc);
+      }
     }
+    if (mirror) store_columns(col, I, a0, B, Np, d, part.data());
   });
   const A scale = A(g / double(n));
   std::vector<A> gy(n * d);  // (n, d)

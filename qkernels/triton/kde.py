@@ -332,6 +332,16 @@ def _kz_table(x_ptr, ci_ptr, out_ptr, N, D, M, inv_sigma: tl.float64, BLOCK: tl.
 
 
 @triton.jit
+def _epilogue_tile(j_ptr, base, k0, mmask, cpos, cs, K, M, BLOCK_K: tl.constexpr):
+    """Columns k0 .. k0 + BLOCK_K of a pair's (M, K) block: values g, normalized p (columns over k,
+    normalizers cs), the mixture over m and the k indices."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    g = tl.load(j_ptr + base + ks[None, :], mask=mmask[:, None] & (ks < K)[None, :], other=0.0)
+    p = tl.where(cpos[:, None], tl.abs(g) / cs[:, None], 0.0)
+    return g, p, tl.sum(p, 0) / M, ks
+
+
+@triton.jit
 def _jsd_epilogue(j_ptr, g_ptr, out_ptr, gb_ptr, i0, CI, D, M, K, step: tl.float64,
                   BACKWARD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """Pair (j = program_id(0), i = i0 + program_id(1)) of a chunk of J (d M, CI K): the (M, K)
@@ -368,11 +378,7 @@ def _jsd_epilogue(j_ptr, g_ptr, out_ptr, gb_ptr, i0, CI, D, M, K, step: tl.float
     if BACKWARD:
         s = s * tl.load(gb_ptr)
     for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        msk = mmask[:, None] & (ks < K)[None, :]
-        g = tl.load(j_ptr + base + ks[None, :], mask=msk, other=0.0)
-        p = tl.where(cpos[:, None], tl.abs(g) / cs[:, None], 0.0)
-        mix = tl.sum(p, 0) / M
+        g, p, mix, _ = _epilogue_tile(j_ptr, base, k0, mmask, cpos, cs, K, M, BLOCK_K)
         if BACKWARD:
             dot += tl.sum(s * (_dxlogx(p) - _dxlogx(mix)[None, :]) * p, 1)
         else:
@@ -380,11 +386,8 @@ def _jsd_epilogue(j_ptr, g_ptr, out_ptr, gb_ptr, i0, CI, D, M, K, step: tl.float
             h_mix += _xlogx(mix)
     if BACKWARD:
         for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
+            g, p, mix, ks = _epilogue_tile(j_ptr, base, k0, mmask, cpos, cs, K, M, BLOCK_K)
             msk = mmask[:, None] & (ks < K)[None, :]
-            g = tl.load(j_ptr + base + ks[None, :], mask=msk, other=0.0)
-            p = tl.where(cpos[:, None], tl.abs(g) / cs[:, None], 0.0)
-            mix = tl.sum(p, 0) / M
             gp = s * (_dxlogx(p) - _dxlogx(mix)[None, :])
             sgn = tl.where(g > 0, 1.0, tl.where(g < 0, -1.0, 0.0))
             dg = tl.where(cpos[:, None], sgn * (gp - step * dot[:, None]) / cs[:, None], 0.0)
