@@ -101,6 +101,57 @@ def test_every_factor_step_changes_the_image(shapes3d):
                 assert changed.all(), (type(ds).__name__, ds.factor_names[k], v, base[~changed])
 
 
+def test_shapes3d_factors_drive_their_regions(shapes3d):
+    """Each hue factor recolours exactly its region (floor: the bottom rows, wall: the top rows,
+    object: the bottom centre) in its hue; scale grows the object; orientation moves the corner."""
+    base = torch.tensor([2, 5, 8, 3, 0, 7])  # orientation 7: yaw 0
+
+    def render(**changes):
+        f = base.clone()
+        for name, v in changes.items():
+            f[shapes3d.factor_names.index(name)] = v
+        return shapes3d.observations_from_factors(f[None])[0]
+
+    def changed(a, b):
+        return (a - b).abs().amax(0) > 1e-3  # (S, S)
+
+    img = render()
+    floor, wall = changed(img, render(floor_hue=6)), changed(img, render(wall_hue=0))
+    obj = changed(img, render(object_hue=1))
+    rows, centre = (slice(60, 64), slice(None)), (slice(40, 50), slice(28, 36))
+    assert floor[rows].all() and not floor[:4].any() and not floor[centre].any()
+    assert wall[:4].all() and not wall[rows].any() and not wall[centre].any()
+    assert obj[centre].all() and not obj[:4].any() and not obj[rows].any()
+    # hue k / 10 with saturation 1: hue 0 is red, 1/3 green-ish, 2/3 blue-ish, in the right region
+    red_floor = render(floor_hue=0)[:, 62].mean(1)
+    assert red_floor[0] > 2 * red_floor[1] and red_floor[0] > 2 * red_floor[2]
+    blue_wall = render(wall_hue=7)[:, 1].mean(1)  # hue 0.7: blue dominant
+    assert blue_wall[2] > 2 * blue_wall[0] and blue_wall[2] > 2 * blue_wall[1]
+    green_object = render(object_hue=3)[:, 45, 32]
+    assert green_object[1] > 2 * green_object[0] and green_object[1] > 2 * green_object[2]
+    # scale: more object pixels
+    small = changed(render(scale=0), render(scale=0, object_hue=1)).sum()
+    large = changed(render(scale=7), render(scale=7, object_hue=1)).sum()
+    assert large > 1.3 * small
+
+    # orientation (the camera's yaw) moves the wall corner, where the floor line is highest, from
+    # the left half (yaw -30) to the right half (yaw +30)
+    def floor_line_left_minus_right(o):
+        wall_o = changed(render(orientation=o), render(orientation=o, wall_hue=0))
+        lowest = (wall_o * torch.arange(64)[:, None]).amax(0).float()  # lowest wall row per column
+        return float(lowest[:20].mean() - lowest[44:].mean())  # columns clear of the object
+
+    assert floor_line_left_minus_right(0) < -1.0 and floor_line_left_minus_right(14) > 1.0
+    # and the cube's faces meet without a seam: inside the object (one pixel in from its edge) the
+    # floor and wall colours show at most faintly (antialiasing near the silhouette's corners, < 0.15;
+    # a seam between two faces showed 0.28-0.31 of the floor)
+    cube = changed(img, render(object_hue=1))
+    inner = cube & torch.roll(cube, 1, 0) & torch.roll(cube, -1, 0) & torch.roll(cube, 1, 1) & torch.roll(cube, -1, 1)
+    assert inner.sum() > 200
+    for other in (render(floor_hue=6), render(wall_hue=0)):
+        assert (img - other).abs().amax(0)[inner].max() < 0.15
+
+
 def test_sprites_symmetries_and_centres():
     sp = Sprites(n_orientations=4, n_x=3, n_y=3, n_scales=2)
     f = torch.tensor([[0, 1, 0, 1, 1], [0, 1, 1, 1, 1], [1, 1, 0, 1, 1], [1, 1, 2, 1, 1],

@@ -133,6 +133,33 @@ def test_reference_cliff_matches_equations(shape):
     assert math.isclose(out[0].item(), 0.5 * uni + biv + 0.7 * kl, rel_tol=1e-11)
 
 
+@pytest.mark.parametrize("name", backends_of("cliff_terms"))
+def test_public_cliff_loss_matches_equations(name):
+    # the whole public path per backend, set-up included (standardization, integration grid,
+    # KL-uni points, step, lambdas), against the numpy equations; the grid (-2, 2) is narrower
+    # than the standardized data, so samples lie at and beyond its edges
+    n, d, k, m = 40, 3, 23, 6
+    z, idx = latents(n, d), cond_rows(n, d, m)
+    x = (z - z.mean(0)) / z.std(0, unbiased=False)
+    assert (x.abs() > 2.0).any() and (x.abs() > 1.8).sum() > 2
+    with qkernels.use_backend(name):
+        out = cliff_loss(z, cond_index=idx, sigma=0.25, grid=(-2.0, 2.0, k), lambda_uni=0.3, lambda_biv=1.7,
+                         lambda_kl=0.9, return_terms=True)
+    uni, biv, kl = np_cliff(z.cpu(), idx.cpu(), 0.25, (-2.0, 2.0, k))
+    np.testing.assert_allclose([t.item() for t in out[1:]], [uni, biv, kl], rtol=1e-10)
+    assert math.isclose(out.total.item(), 0.3 * uni + 1.7 * biv + 0.9 * kl, rel_tol=1e-10)
+
+
+@pytest.mark.parametrize("name", backends_of("klm"))
+def test_public_klm_loss_matches_equations(name):
+    # default std: the population std of z plus 1e-6 (Tripod), through the public path
+    z = latents(37, 4)
+    with qkernels.use_backend(name):
+        got = klm_loss(z).item()
+    zn = z.cpu().numpy()
+    assert math.isclose(got, np_klm(zn, zn.std(0) + 1e-6), rel_tol=1e-10, abs_tol=1e-12)
+
+
 @pytest.mark.parametrize("shape", [(9, 1), (31, 3), (50, 5)])
 def test_reference_klm_matches_equations(shape):
     n, d = shape

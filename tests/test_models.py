@@ -3,6 +3,9 @@ frozen where fixed; D-VAE straight-through gap; architectures' shapes."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
 
@@ -118,9 +121,30 @@ def test_permute_dims_permutes_each_latent():
 
 
 def test_straight_through_gap():
+    # D-VAE's score recomputed by hand: noise-free soft z = softmax(logits) @ values and hard z =
+    # the value of the argmax category, the summed-per-image BCE of each decoded, the absolute
+    # difference of the sample-weighted means over the loader's batches
     model, x = tiny("dvae")
-    gap = straight_through_gap(model, [x[:4], (x[4:], None)])
-    assert gap >= 0 and torch.isfinite(torch.tensor(gap))
+    with torch.no_grad():  # spread the logits so that soft and hard latents differ clearly
+        last = [m for m in model.encoder.modules() if isinstance(m, torch.nn.Linear)][-1]
+        last.weight.mul_(30.0)
+    gap = straight_through_gap(model, [x[:3], (x[3:], None)])
+    values = np.linspace(-1.0, 1.0, 64)
+    with torch.no_grad():
+        logits = model.logits(x).double().numpy()
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    soft, hard = p @ values, values[logits.argmax(-1)]
+
+    def bce_sum_per_image(z):
+        with torch.no_grad():
+            o = model.decoder(torch.from_numpy(z).float()).double().numpy()
+        xx = x.double().numpy()
+        return (np.logaddexp(0.0, o) - xx * o).reshape(len(xx), -1).sum(1)
+
+    want = abs(bce_sum_per_image(hard).mean() - bce_sum_per_image(soft).mean())
+    assert want > 1e-2
+    assert math.isclose(gap, want, rel_tol=1e-4)
     with pytest.raises(ValueError):
         straight_through_gap(model, [])
 

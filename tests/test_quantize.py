@@ -186,6 +186,25 @@ def test_categorical_latent_matches_float64(backend, shape, dtype, hard):
     np.testing.assert_allclose(out.kl.cpu().double().numpy(), kl, **t)
 
 
+@pytest.mark.parametrize("global_codebook", [False, True])
+def test_gumbel_quantize_matches_float64(backend, global_codebook):
+    # the public path from z and the codebook: FactorQVAE's logits are the negative squared
+    # distances to every codebook value, recomputed here in numpy (not from qkernels)
+    g = _gen(13)
+    z = torch.randn(17, 4, generator=g, dtype=torch.float64)
+    values = torch.randn((9,) if global_codebook else (4, 9), generator=g, dtype=torch.float64)
+    u = torch.rand(17, 4, 9, generator=g, dtype=torch.float64)
+    out = qkernels.gumbel_quantize(z.to(DEVICE), values.to(DEVICE), 0.6, uniform=u.to(DEVICE))
+    vn = np.broadcast_to(values.numpy(), (4, 9))
+    logits = -((z.numpy()[:, :, None] - vn[None]) ** 2)
+    zq, y, kl = np_relaxed(logits, vn, u.numpy(), 0.6, 1.0, False)
+    t = {"rtol": 1e-10, "atol": 1e-12}
+    np.testing.assert_allclose(out.logits.cpu().numpy(), logits, **t)
+    np.testing.assert_allclose(out.weights.cpu().numpy(), y, **t)
+    np.testing.assert_allclose(out.z_q.cpu().numpy(), zq, **t)
+    np.testing.assert_allclose(out.kl_uniform.cpu().numpy(), kl, **t)
+
+
 @pytest.mark.parametrize("hard", [False, True])
 @pytest.mark.parametrize("global_codebook", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -60,7 +60,11 @@ def test_resume_is_bit_for_bit(tmp_path, model):
         _assert_same(sa["disc_opt"], sb["disc_opt"])
     assert (a / "log.jsonl").read_text() == (b / "log.jsonl").read_text()
     assert not list(b.glob("*.tmp"))
-    # and the run did train: parameters moved and every logged term is finite
+    # and the run did train: 6 optimizer steps on every parameter (Adam's step count), parameters
+    # moved from their initial values, every logged term finite
+    assert {float(st["step"]) for st in sa["opt"]["state"].values()} == {6.0}
+    init = Trainer(tiny_cfg(model, tmp_path / "init")).model.state_dict()
+    assert any(not torch.equal(init[k], v) for k, v in sa["model"].items() if v.is_floating_point())
     lines = [json.loads(ln) for ln in (a / "log.jsonl").read_text().splitlines()]
     assert [ln["step"] for ln in lines] == [1, 2, 3, 4, 5, 6]
     assert all(torch.isfinite(torch.tensor(v)) for ln in lines for k, v in ln.items() if k != "type")
@@ -89,14 +93,67 @@ def test_weight_decay_groups_and_schedules(tmp_path):
     assert lr_at(spec, 1e-3, 80_000, 100_000) == pytest.approx(1.25e-6)
 
 
-@pytest.mark.parametrize("model", ["factorvae"])
+def _clone_optimizer(opt, src, dst, lr):
+    """``opt`` (over ``src``'s parameters) rebuilt over the same-named parameters of ``dst``, at ``lr``."""
+    name_of = {id(p): n for n, p in src.named_parameters()}
+    params = dict(dst.named_parameters())
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "lr": lr,
+               "params": [params[name_of[id(p)]] for p in g["params"]]} for g in opt.param_groups]
+    return type(opt)(groups)
+
+
+@pytest.mark.parametrize("model", ["factorvae", "factorqvae"])
 def test_discriminator_steps_after_model(tmp_path, model):
+    # the trainer's step against one written out here: zero the model's grads, loss, backward, clip,
+    # step; THEN the discriminator's step on latents of the UPDATED model, its grads zeroed first
+    # (the TC term left gradients on it). The other order gives different parameters.
+    import copy
+
+    from qkernels.train.data import derive_seed
+    from qkernels.train.loop import clip_
+
     tr = Trainer(tiny_cfg(model, tmp_path))
-    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
-    terms = tr.train_step(0)
+    cfg, spec = tr.cfg, tr.spec
+
+    def hand_steps(disc_first):  # steps 0 and 1: grads left by step 0 must not leak into step 1
+        m = copy.deepcopy(tr.model)
+        opt = _clone_optimizer(tr.opt, tr.model, m, tr.lr)
+        dopt = _clone_optimizer(tr.disc_opt, tr.model, m, spec.disc_optim.lr)
+        for s in (0, 1):
+            for g in opt.param_groups:
+                g["lr"] = lr_at(spec.optim, tr.lr, s, cfg.steps)
+            for g in dopt.param_groups:
+                g["lr"] = lr_at(spec.disc_optim, spec.disc_optim.lr, s, cfg.steps)
+            torch.manual_seed(derive_seed(cfg.seed, s, 3))
+            x = get_batch(tr.ds, tr.batch_size, cfg.seed, s)
+
+            def disc_step(x=x, s=s):
+                x2 = get_batch(tr.ds, tr.batch_size, cfg.seed, s, stream=1)
+                d = m.discriminator_loss(x, x2, s)["total"]
+                dopt.zero_grad(set_to_none=True)
+                d.backward()
+                dopt.step()
+
+            if disc_first:
+                disc_step()
+            loss = m.loss(x, s)["total"]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            clip_([p for _, p in m.model_parameters()], spec.optim)
+            opt.step()
+            if not disc_first:
+                disc_step()
+        return dict(m.named_parameters())
+
+    right, wrong = hand_steps(False), hand_steps(True)
+    tr.train_step(0)
+    terms = tr.train_step(1)
     assert {"tc", "disc", "disc_total"} <= set(terms)
-    moved = {n for n, p in tr.model.named_parameters() if not torch.equal(p, before[n])}
-    assert any(n.startswith("discriminator.") for n in moved) and any(n.startswith("encoder.") for n in moved)
+    got = dict(tr.model.named_parameters())
+    for n, p in got.items():
+        torch.testing.assert_close(p, right[n], rtol=1e-6, atol=1e-7, msg=n)
+    assert any(not torch.allclose(p, wrong[n]) for n, p in got.items() if n.startswith("discriminator."))
+    assert any(not torch.allclose(p, wrong[n]) for n, p in got.items() if n.startswith("encoder."))
 
 
 def test_cli_train_eval_compare(tmp_path, capsys):

@@ -144,7 +144,10 @@ class Shapes3DProcedural(GroundTruthDataset):
         d = torch.stack(dists)  # (5, m, H, W)
         face = d.argmin(0, keepdim=True)
         shade = torch.gather(torch.stack(shades), 0, face)[0]
-        return coverage(d.min(0).values * k), shade
+        # the visible faces tile the silhouette: their coverages sum to 1 across a shared edge
+        # (coverage is linear in the signed distance), where min(distance) would leave a seam
+        # of 50% background between two faces
+        return (coverage(d * k).sum(0)).clamp_(max=1.0), shade
 
     @staticmethod
     def _cylinder(x, y, k, h, yaw, light):

@@ -1,0 +1,243 @@
+"""Every method's loss terms recomputed by hand (float64 numpy, formulas written from the papers and
+the docstrings, not from qkernels' helpers) on tiny fixed models: reconstruction kind and scale,
+KL, the TC sign and estimator, where each lambda goes and which tensors are detached. The models'
+own encoder / decoder / discriminator modules are used as black boxes; random draws are
+replayed from the same seed."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_kde import np_cliff, np_klm
+
+from qkernels.models import build_model
+
+SMALL = {"disc_width": 16, "disc_layers": 2}
+IMG = (1, 8, 8)
+
+
+def f64(t):
+    return t.detach().double().cpu().numpy()
+
+
+def np_bce_sum(logits, x):
+    """sum over pixels of -[x log s(o) + (1 - x) log(1 - s(o))], mean over the batch."""
+    o, x = f64(logits), f64(x)
+    return float((np.logaddexp(0.0, o) - x * o).reshape(len(x), -1).sum(1).mean())
+
+
+def np_bce_mean(logits, x):
+    o, x = f64(logits), f64(x)
+    return float((np.logaddexp(0.0, o) - x * o).mean())
+
+
+def np_gauss_kl(mu, logvar):
+    """KL(N(mu, exp(logvar)) || N(0, I)), summed over latents, mean over the batch."""
+    mu, lv = f64(mu), f64(logvar)
+    return float((0.5 * (mu**2 + np.exp(lv) - 1.0 - lv)).sum(1).mean())
+
+
+def np_kl_uniform(logits):
+    """KL(softmax(logits) || Uniform(K)) per (sample, latent)."""
+    lg = f64(logits)
+    p = np.exp(lg - lg.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return (p * np.log(p * lg.shape[-1])).sum(-1)
+
+
+def build(name, **kw):
+    torch.manual_seed(0)
+    return build_model(name, IMG, 3, **kw), torch.rand(6, *IMG, generator=torch.Generator().manual_seed(1))
+
+
+def last_linear(module):
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear)][-1]
+
+
+def spread_latents(model, scale, tie=0):
+    """Scale the encoder's output layer (latents of order ``scale`` instead of ~0.05 at
+    initialisation) and make its first ``tie`` outputs copies of output 0 (dependent latents)."""
+    lin = last_linear(model.encoder)
+    with torch.no_grad():
+        lin.weight.mul_(scale)
+        lin.bias.mul_(scale)
+        for r in range(1, tie):
+            lin.weight[r].copy_(lin.weight[0])
+            lin.bias[r].copy_(lin.bias[0])
+
+
+def close(got, want, rel=1e-5):
+    got, want = float(torch.as_tensor(got).detach()), float(want)
+    assert math.isclose(got, want, rel_tol=rel, abs_tol=1e-6), (got, want)
+
+
+def seeded_loss(model, x, step=0, seed=3):
+    torch.manual_seed(seed)
+    return {k: v.detach() for k, v in model.loss(x, step).items()}
+
+
+@pytest.mark.parametrize("beta", [1.0, 4.0])
+def test_beta_vae_terms(beta):
+    model, x = build("beta_vae", beta=beta)
+    terms = seeded_loss(model, x)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        mu, lv = model.encoder(x).chunk(2, dim=1)
+        z = mu + torch.exp(0.5 * lv) * torch.randn_like(mu)  # reparameterized sample
+        rec = np_bce_sum(model.decoder(z), x)  # disentanglement_lib: BCE summed per image
+    kl = np_gauss_kl(mu, lv)
+    close(terms["recon"], rec)
+    close(terms["kl"], kl)
+    close(terms["total"], rec + beta * kl)
+
+
+def test_beta_tcvae_minibatch_weighted_tc():
+    model, x = build("beta_tcvae", beta=6.0)
+    spread_latents(model, 20.0, tie=3)  # three copies of one latent: a large total correlation
+    terms = seeded_loss(model, x)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        mu, lv = (f64(t) for t in model.encoder(x).chunk(2, dim=1))
+        eps = f64(torch.randn(mu.shape))
+    z = mu + np.exp(0.5 * lv) * eps
+    n = len(z)
+    # log q(z_i | x_j) per latent: (i, j, d)
+    logq = -0.5 * (np.log(2 * np.pi) + lv[None] + (z[:, None] - mu[None]) ** 2 / np.exp(lv[None]))
+
+    def lse(a, axis):
+        m = a.max(axis, keepdims=True)
+        return (m + np.log(np.exp(a - m).sum(axis, keepdims=True))).squeeze(axis)
+
+    log_qz = lse(logq.sum(2), 1) - np.log(n)  # minibatch-weighted sampling (Chen et al. 2018)
+    log_prod = (lse(logq, 1) - np.log(n)).sum(1)
+    tc = float((log_qz - log_prod).mean())
+    assert tc > 0.3
+    close(terms["tc"], tc)
+    close(float(terms["total"]) - float(terms["recon"]) - float(terms["kl"]), 5.0 * tc, rel=1e-4)  # beta - 1
+
+
+def _constant_discriminator(disc, joint_logit):
+    """Make the discriminator output logits (joint_logit, -joint_logit) for every input."""
+    last = disc.net[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.copy_(torch.tensor([joint_logit, -joint_logit]))
+
+
+@pytest.mark.parametrize("name", ["factorvae", "factorqvae", "factordvae"])
+def test_tc_sign_and_discriminator_classes(name):
+    # the density-ratio trick: a discriminator sure that z comes from q(z) (class 0, the class
+    # discriminator_loss gives the unpermuted batch) means positive total correlation
+    model, x = build(name, gamma=7.0, **SMALL)
+    _constant_discriminator(model.discriminator, 1.5)
+    terms = seeded_loss(model, x)
+    close(terms["tc"], 3.0)  # log D / (1 - D) = logit_0 - logit_1
+    others = {k: float(v) for k, v in terms.items() if k not in ("tc", "total")}
+    weights = {"recon": 1.0, "kl": 1.0 if name == "factorvae" else model.beta}
+    close(terms["total"], sum(weights[k] * v for k, v in others.items()) + 7.0 * 3.0)
+    # discriminator_loss: cross-entropy with the unpermuted batch as class 0, permuted as class 1
+    d = model.discriminator_loss(x, x, 0)["disc"]
+    close(d, 0.5 * (math.log1p(math.exp(-3.0)) + math.log1p(math.exp(3.0))))
+
+
+def test_cliff_vae_cliff_on_posterior_means():
+    model, x = build("cliff_vae", beta=10.0, lambda_a=2.0, num_cond=3, sigma=0.3)
+    terms = seeded_loss(model, x)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        mu, lv = model.encoder(x).chunk(2, dim=1)
+        torch.randn_like(mu)  # the reparameterization draw comes first
+        idx = torch.stack([torch.randperm(len(x))[:3] for _ in range(3)])  # then cliff_loss's rows
+    uni, biv, kl_uni = np_cliff(f64(mu), idx.numpy(), 0.3, (-5.0, 5.0, 100))
+    close(terms["cliff"], 0.5 * uni + 1.0 * biv + 0.7 * kl_uni, rel=1e-4)
+    close(terms["kl"], np_gauss_kl(mu, lv))
+    close(terms["total"], float(terms["recon"]) + 10.0 * float(terms["kl"]) + 2.0 * float(terms["cliff"]))
+
+
+def test_cliff_ae_decoder_fitted_on_detached_latents():
+    torch.manual_seed(0)
+    model = build_model("cliff_ae", (2,), 2)
+    x = torch.randn(32, 2, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(3)
+    terms = model.loss(x, 0)
+    with torch.no_grad():
+        mse = float(((f64(model.decoder(model.encoder(x))) - f64(x)) ** 2).mean())
+    close(terms["decoder_mse"], mse)
+    close(terms["total"], terms["cliff"].item() + mse)
+    model.zero_grad()
+    terms["decoder_mse"].backward()
+    assert all(p.grad is None or not p.grad.any() for p in model.encoder.parameters())  # sg(z)
+    assert any(p.grad is not None and p.grad.any() for p in model.decoder.parameters())
+
+
+def np_fsq(z, levels):
+    """Tripod eq. 10: tanh, scale to [0, L - 1], round, rescale to [-1, 1]."""
+    top = levels - 1
+    return np.round((np.tanh(z) + 1) / 2 * top) / top * 2 - 1
+
+
+def test_tripod_terms():
+    model, x = build("tripod", levels=5, lambda_klm=0.3, lambda_nhp=0.2)
+    spread_latents(model, 40.0)  # |z| ~ 2: tanh(z) is far from z
+    terms = seeded_loss(model, x)
+    with torch.no_grad():
+        z = model.encoder(x)
+        zq = np_fsq(f64(z), 5)
+        rec = np_bce_sum(model.decoder(torch.from_numpy(zq).float()), x)
+    std = np.tanh(f64(z)).std(0) + 1e-6  # the std of the CONTINUOUS latents tanh(z) (Alg. 1)
+    close(terms["recon"], rec)
+    close(terms["klm"], np_klm(zq, std), rel=1e-4)
+    close(float(terms["total"]) - rec, 0.3 * float(terms["klm"]) + 0.2 * float(terms["nhp"]), rel=1e-4)
+
+
+def test_qlae_terms_and_stop_gradients():
+    model, x = build("qlae", num_values=5, weight_quantize=0.3, weight_commit=0.2)
+    terms = model.loss(x, 0)
+    with torch.no_grad():
+        z = f64(model.encoder(x))
+    c = f64(model.quantizer.values)  # (d, n_v) per-latent codebooks
+    nearest = c[np.arange(z.shape[1])[None], np.abs(z[:, :, None] - c[None]).argmin(-1)]
+    sq = float(((z - nearest) ** 2).mean())  # both losses have this value; they differ in gradient
+    close(terms["quantize"], sq)
+    close(terms["commit"], sq)
+    with torch.no_grad():
+        rec = np_bce_mean(model.decoder(torch.from_numpy(nearest).float()), x)  # QLAE: per-pixel mean
+    close(terms["recon"], rec)
+    close(terms["total"], rec + 0.3 * sq + 0.2 * sq)
+    # quantize: ||sg(z) - c||^2 moves the codebook only; commit: ||z - sg(c)||^2 the encoder only
+    model.zero_grad()
+    terms["quantize"].backward(retain_graph=True)
+    assert model.quantizer.values.grad.any()
+    assert all(p.grad is None or not p.grad.any() for p in model.encoder.parameters())
+    g_quantize = model.quantizer.values.grad.clone()
+    model.zero_grad()
+    terms["commit"].backward(retain_graph=True)
+    assert model.quantizer.values.grad is None or not model.quantizer.values.grad.any()
+    assert any(p.grad is not None and p.grad.any() for p in model.encoder.parameters())
+    # the codebook's gradient in the total comes from the quantize term alone, weighted 0.3 (the
+    # reconstruction reaches z through the straight-through estimator, not the codebook)
+    model.zero_grad()
+    terms["total"].backward()
+    torch.testing.assert_close(model.quantizer.values.grad, 0.3 * g_quantize)
+
+
+def test_qvae_kl_of_negative_squared_distance_logits():
+    model, x = build("qvae", num_values=7, beta=0.5)
+    terms = seeded_loss(model, x)
+    with torch.no_grad():
+        z = f64(model.encoder(x))
+    c = f64(model.quantizer.values)
+    kl = float(np_kl_uniform(torch.from_numpy(-((z[:, :, None] - c[None, None]) ** 2))).mean())  # mean over latents
+    close(terms["kl"], kl)
+    close(terms["total"], float(terms["recon"]) + 0.5 * kl)
+
+
+def test_dvae_kl_summed_over_latents():
+    model, x = build("dvae", num_values=6, beta=2.0)
+    terms = seeded_loss(model, x)
+    with torch.no_grad():
+        logits = model.encoder(x).view(len(x), 3, 6)
+    kl = float(np_kl_uniform(logits).sum(1).mean())  # D-VAE: sum over latents, mean over the batch
+    close(terms["kl"], kl)
+    close(terms["total"], float(terms["recon"]) + 2.0 * kl)
