@@ -115,6 +115,12 @@ def test_shapes3d_factors_drive_their_regions(shapes3d):
     def changed(a, b):
         return (a - b).abs().amax(0) > 1e-3  # (S, S)
 
+    # the Shapes3D values of each factor's classes
+    fv = shapes3d.factor_values
+    for k in range(3):
+        torch.testing.assert_close(fv[k], torch.tensor([i / 10 for i in range(10)]))
+    torch.testing.assert_close(fv[3], torch.tensor([0.75 + i * 0.5 / 7 for i in range(8)]))
+    torch.testing.assert_close(fv[5], torch.tensor([-30.0 + i * 60.0 / 14 for i in range(15)]))
     img = render()
     floor, wall = changed(img, render(floor_hue=6)), changed(img, render(wall_hue=0))
     obj = changed(img, render(object_hue=1))

@@ -634,7 +634,9 @@ def test_klm_independent_near_zero_and_grows_with_correlation():
 def test_cliff_invariant_to_affine_rescaling(name):
     z = latents(90, 4)
     idx = cond_rows(90, 4, 7)
-    scale = torch.tensor([0.01, 3.0, 250.0, 1.7], dtype=torch.float64, device=DEVICE)
+    # 1e-4: a nearly collapsed latent (variance ~1e-8) is still standardized exactly (the clamp is
+    # on the std at 1e-6, i.e. on the variance at 1e-12)
+    scale = torch.tensor([1e-4, 3.0, 250.0, 1.7], dtype=torch.float64, device=DEVICE)
     shift = torch.tensor([5.0, -2.0, 1e3, 0.1], dtype=torch.float64, device=DEVICE)
     with qkernels.use_backend(name):
         a = torch.stack(list(cliff_loss(z, cond_index=idx, return_terms=True)))
@@ -705,6 +707,11 @@ def test_modules():
     out.total.backward()
     assert torch.isfinite(z.grad).all()
     assert "sigma=0.1" in repr(crit)
+    # the module passes each hyper-parameter to its place: total = sum of lambda * term (numpy)
+    idx = cond_rows(40, 3, 5)
+    weighted = CliffLoss(sigma=0.25, grid=(-3.0, 3.0, 17), lambda_uni=0.3, lambda_biv=1.7, lambda_kl=0.9)
+    uni, biv, kl = np_cliff(z.detach().cpu(), idx.cpu(), 0.25, (-3.0, 3.0, 17))
+    assert math.isclose(weighted(z, cond_index=idx).item(), 0.3 * uni + 1.7 * biv + 0.9 * kl, rel_tol=1e-9)
     klm = KLMLoss()
     assert klm(z.detach()).shape == ()
     with pytest.raises(ValueError, match="sigma"):

@@ -331,6 +331,18 @@ def test_mig_matches_sklearn_on_binned_latents():
     assert mig(s, z)["mig"] == pytest.approx(np.mean((top[:, 0] - top[:, 1]) / h), abs=1e-12)
 
 
+def test_sap_continuous_by_hand():
+    # continuous_factors: score = squared Pearson correlation of each (source, latent); SAP = mean
+    # over sources of (best - second best)
+    g = np.random.default_rng(3)
+    s = g.integers(0, 5, size=(400, 2))
+    z = np.stack([s[:, 0] + 0.5 * g.normal(size=400), s[:, 1] + 2.0 * g.normal(size=400), g.normal(size=400)], 1)
+    r2 = np.array([[pearsonr(s[:, i], z[:, j])[0] ** 2 for j in range(3)] for i in range(2)])
+    top = -np.sort(-r2, axis=1)
+    assert math.isclose(sap(s, z, continuous_factors=True)["sap"], float(np.mean(top[:, 0] - top[:, 1])),
+                        rel_tol=1e-9)
+
+
 def test_sap_ranges():
     s = random_sources(2000, [5, 6, 7])
     identity = s.astype(np.float64)

@@ -241,3 +241,49 @@ def test_dvae_kl_summed_over_latents():
     kl = float(np_kl_uniform(logits).sum(1).mean())  # D-VAE: sum over latents, mean over the batch
     close(terms["kl"], kl)
     close(terms["total"], float(terms["recon"]) + 2.0 * kl)
+
+
+def test_factorvae_discriminator_loss_by_hand():
+    # cross-entropy of the discriminator: class 0 for the batch's own latents, class 1 for the
+    # second batch's latents with each latent permuted across the batch; replayed draws
+    model, x = build("factorvae", **SMALL)
+    x2 = torch.rand(6, *IMG, generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(5)
+    got = model.discriminator_loss(x, x2, 0)["disc"].item()
+    torch.manual_seed(5)
+    with torch.no_grad():
+        mu1, lv1 = model.encoder(x).chunk(2, dim=1)
+        z1 = mu1 + torch.exp(0.5 * lv1) * torch.randn_like(mu1)
+        mu2, lv2 = model.encoder(x2).chunk(2, dim=1)
+        z2 = mu2 + torch.exp(0.5 * lv2) * torch.randn_like(mu2)
+        order = torch.argsort(torch.rand(z2.shape), dim=0)  # per latent, a permutation of the rows
+        perm = torch.gather(z2, 0, order)
+        l1, l2 = f64(model.discriminator(z1)), f64(model.discriminator(perm))
+
+    def log_softmax(a):
+        m = a.max(1, keepdims=True)
+        return a - m - np.log(np.exp(a - m).sum(1, keepdims=True))
+
+    want = 0.5 * (-log_softmax(l1)[:, 0].mean() - log_softmax(l2)[:, 1].mean())
+    close(got, want)
+    # the two classes are told apart by the inputs (not a constant): swapping them changes the loss
+    assert abs(want - 0.5 * (-log_softmax(l1)[:, 1].mean() - log_softmax(l2)[:, 0].mean())) > 1e-4
+
+
+@pytest.mark.parametrize("name", ["factorvae", "factorqvae", "factordvae"])
+def test_tc_term_trains_the_encoder(name):
+    # total = recon + w kl + gamma tc, every term differentiable in the encoder: its gradient is
+    # the weighted sum of the terms' gradients (a detached TC would drop gamma * d tc)
+    model, x = build(name, gamma=7.0, **SMALL)
+    torch.manual_seed(3)
+    terms = model.loss(x, 0)
+    enc = [p for p in model.encoder.parameters()]
+    w_kl = 1.0 if name == "factorvae" else model.beta
+
+    def grad(t):
+        return torch.cat([g.flatten() for g in torch.autograd.grad(t, enc, retain_graph=True, allow_unused=False)])
+
+    g_tc = grad(terms["tc"])
+    assert g_tc.abs().max() > 0
+    torch.testing.assert_close(grad(terms["total"]), grad(terms["recon"]) + w_kl * grad(terms["kl"]) + 7.0 * g_tc,
+                               rtol=1e-4, atol=1e-6)

@@ -370,6 +370,13 @@ def test_latent_quantizer_module():
     assert z.grad is not None
     assert torch.equal(lq.values_to_indices(lq.indices_to_values(out.indices)), out.indices)
     assert torch.equal(lq.indices_to_values(out.indices), out.z_q.detach())
+    # distinct codebooks per latent: index i of latent j is codebook j's value i
+    with torch.no_grad():
+        lq.values.copy_(torch.arange(40.0).view(4, 10) / 7.0)
+    idx = torch.tensor([[0, 9, 3, 5], [2, 2, 2, 2]])
+    want = torch.tensor([[0 / 7, 19 / 7, 23 / 7, 35 / 7], [2 / 7, 12 / 7, 22 / 7, 32 / 7]])
+    torch.testing.assert_close(lq.indices_to_values(idx), want)
+    assert torch.equal(lq.values_to_indices(want), idx)
     glob = qnn.LatentQuantizer(4, 6, global_codebook=True)
     assert glob.values.shape == (6,)
     assert torch.equal(glob.indices_to_values(glob(z).indices), glob(z).z_q.detach())

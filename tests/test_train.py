@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -77,6 +78,30 @@ def test_different_seeds_differ_and_data_order_is_stateless(tmp_path):
     assert torch.equal(x1, get_batch(tr.ds, 8, 0, 5))
     assert not torch.equal(x1, get_batch(tr.ds, 8, 1, 5))
     assert not torch.equal(x1, get_batch(tr.ds, 8, 0, 5, stream=1))
+    # the same for a dataset held as an array (epochs of permutations): the discriminator's second
+    # batch (stream 1) is another batch than the model's
+    from qkernels.data import QuantizedGrid2D
+
+    grid = QuantizedGrid2D(64, seed=0)
+    for step in (0, 3, 9):
+        assert not torch.equal(get_batch(grid, 8, 0, step), get_batch(grid, 8, 0, step, stream=1))
+
+
+def test_gradient_clipping_kinds():
+    # "value" (QLAE / Tripod): each element clamped to [-c, c]; "norm": all rescaled to norm <= c
+    from qkernels.models.registry import OptimSpec
+    from qkernels.train.loop import clip_
+
+    def grads(kind):
+        p = torch.nn.Parameter(torch.zeros(3))
+        p.grad = torch.tensor([5.0, -0.5, 0.1])
+        clip_([p], OptimSpec(clip=kind, clip_value=1.0))
+        return p.grad
+
+    torch.testing.assert_close(grads("value"), torch.tensor([1.0, -0.5, 0.1]))
+    norm = math.sqrt(25 + 0.25 + 0.01)
+    torch.testing.assert_close(grads("norm"), torch.tensor([5.0, -0.5, 0.1]) / norm, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads(None), torch.tensor([5.0, -0.5, 0.1]))
 
 
 def test_weight_decay_groups_and_schedules(tmp_path):
@@ -168,6 +193,9 @@ def test_cli_train_eval_compare(tmp_path, capsys):
     for k in ("infomec.infom", "dci.disentanglement", "mig.mig", "recon.psnr"):
         assert k in m and m[k] == m[k]
     assert len(m["infomec.nmi"]) == 5
+    # PSNR of the reconstructions: a mean of per-image dB, >= the dB of the mean MSE (Jensen), finite
+    assert math.isfinite(m["recon.psnr"]) and m["recon.psnr"] >= 10 * math.log10(1 / m["recon.mse"]) - 1e-6
+    assert m["recon.psnr"] < 60
     (out / "metrics.json").unlink()
     assert main(["eval", str(out), "--eval-samples", "300"]) == 0
     m2 = json.loads((out / "metrics.json").read_text())
