@@ -423,6 +423,10 @@ def test_module_matches_functional():
         hp, hessian_penalty(fn, z, reduction="mean", generator=torch.Generator().manual_seed(0))
     )
     assert "num_perturbations=2" in repr(m)
+    # Peebles et al.'s default reduction is the max over the function's outputs
+    g = torch.Generator().manual_seed(0)
+    torch.testing.assert_close(HessianPenalty()(fn, z, generator=g),
+                               hessian_penalty(fn, z, reduction="max", generator=torch.Generator().manual_seed(0)))
 
 
 def test_float32_penalty_close_to_float64():

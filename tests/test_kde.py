@@ -663,6 +663,8 @@ def test_bad_input_errors(all_value_checks):
         cliff_loss(z.numpy() if DEVICE == "cpu" else z.cpu().numpy())
     with pytest.raises(ValueError, match="n >= 2"):
         cliff_loss(z[:1])
+    with pytest.raises(ValueError, match="a < b"):  # an empty integration interval
+        cliff_loss(z, grid=(1.0, 1.0, 10))
     with pytest.raises(ValueError, match="z must have 2"):
         cliff_loss(z[0])
     bad = z.clone()

@@ -215,3 +215,14 @@ def test_cli_cliff_ae_on_grid2d(tmp_path):
                  str(cfg), "--out", str(out)]) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert 0 <= m["mcc.mcc"] <= 1 and (out / "figures/latents.png").is_file()
+
+
+def test_figure_helpers_by_hand():
+    # viridis-like colour stops: 0 -> first stop, 1 -> last, 0.5 -> the middle one; small images
+    # are upscaled by the smallest integer factor that reaches min_size
+    from qkernels.train.figures import _to_pil, colormap
+
+    assert colormap(0.0) == (68, 1, 84) and colormap(1.0) == (253, 231, 37) and colormap(0.5) == (33, 145, 140)
+    assert colormap(0.125) == (64, 42, 112)  # halfway between the first two stops
+    assert _to_pil(torch.rand(3, 10, 10), min_size=64).size == (70, 70)
+    assert _to_pil(torch.rand(1, 64, 64), min_size=64).size == (64, 64)
