@@ -257,11 +257,11 @@ void cond_table(const A* xj, int64_t n, const A* zeta, int64_t M, A sigma, CondT
 }
 
 // JSD of the M columns of a transposed accumulator GT (K rows of Mp; column m = conditioning
-// value m), each normalized over k: H(mean_m p_m) - mean_m H(p_m). Workspaces: c (Mp), mix (K).
+// value m), each normalized over k: H(mean_m p_m) - mean_m H(p_m). Workspaces: c, dot (Mp), mix (K).
 // Backward (grad != nullptr): writes dLoss/dGT (K x Mp; padding columns 0) for dLoss/dJSD =
 // g_loss, and skips the JSD itself (returns a meaningless value). Vectorized over m.
 template <typename A>
-A jsd_rows(const A* GT, int64_t M, int64_t Mp, int64_t K, A step, A* c, A* mix, A g_loss, A* grad) {
+A jsd_rows(const A* GT, int64_t M, int64_t Mp, int64_t K, A step, A* c, A* dot, A* mix, A g_loss, A* grad) {
   using S = Simd<A>;
   using V = typename S::V;
   constexpr int L = S::L;
@@ -286,14 +286,14 @@ A jsd_rows(const A* GT, int64_t M, int64_t Mp, int64_t K, A step, A* c, A* mix, 
     // dLoss/dp[k, m] = s (dxlogx(p) - dxlogx(mix_k)), then through p = |g| / norm (column_backward);
     // a column with norm 0 (c = 0: all-zero or padding) gets 0
     const A s = g_loss * step * invM;
-    std::vector<A> dot(Mp, A(0));
+    std::fill(dot, dot + Mp, A(0));
     for (int64_t k = 0; k < K; ++k) {
       const A dm = dxlogx(mix[k]);
       for (int64_t m = 0; m < Mp; m += L) {
         const V p = S::abs(S::load(GT + k * Mp + m)) * S::load(c + m);
         const V gr = s * (S::dxlogx(p) - dm);
         S::store(grad + k * Mp + m, gr);
-        S::store(dot.data() + m, S::load(dot.data() + m) + gr * p);
+        S::store(dot + m, S::load(dot + m) + gr * p);
       }
     }
     for (int64_t k = 0; k < K; ++k) {
@@ -301,7 +301,7 @@ A jsd_rows(const A* GT, int64_t M, int64_t Mp, int64_t K, A step, A* c, A* mix, 
         const V g = S::load(GT + k * Mp + m);
         const V sgn = (g > A(0) ? V{} + A(1) : V{}) - (g < A(0) ? V{} + A(1) : V{});
         const V gr = S::load(grad + k * Mp + m);
-        S::store(grad + k * Mp + m, sgn * (gr - step * S::load(dot.data() + m)) * S::load(c + m));
+        S::store(grad + k * Mp + m, sgn * (gr - step * S::load(dot + m)) * S::load(c + m));
       }
     }
   }
@@ -401,7 +401,8 @@ void cliff_kernel(const T* x, int64_t n, int64_t d, const T* grid, int64_t K, co
     const int64_t Mp = (M + L - 1) / L * L, groups = std::min<int64_t>(d, 16);
     std::vector<A> gpart(bwd ? groups * d * n : 0, A(0));
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-      std::vector<A> zeta(M), zraw(M), zpad(Mp, A(0)), GT(K * Mp), gGT(bwd ? K * Mp : 0), cn(Mp), mix(K), gz(Mp);
+      std::vector<A> zeta(M), zraw(M), zpad(Mp, A(0)), GT(K * Mp), gGT(bwd ? K * Mp : 0);
+      std::vector<A> cn(Mp), dot(Mp), mix(K), gz(Mp);
       std::vector<int64_t> zrow(M), zperm;
       CondTable<A> ct;
       for (int64_t j = g0 * d / groups; j < g1 * d / groups; ++j) {
@@ -434,7 +435,7 @@ void cliff_kernel(const T* x, int64_t n, int64_t d, const T* grid, int64_t K, co
               for (int64_t kk = 0; kk < c; ++kk) S::store(g + kk * Mp, S::load(g + kk * Mp) + e * dv[kk]);
             }
           }
-          const A h = jsd_rows(GT.data() + kr0 * Mp, M, Mp, nk, step, cn.data(), mix.data(), A(g_biv),
+          const A h = jsd_rows(GT.data() + kr0 * Mp, M, Mp, nk, step, cn.data(), dot.data(), mix.data(), A(g_biv),
                                bwd ? gGT.data() + kr0 * Mp : nullptr);
           if (!bwd) {
             biv[i * d + j] = double(h);

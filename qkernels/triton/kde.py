@@ -290,13 +290,13 @@ def _dker_tile(t, kmask, xs, smask, inv_sigma):
 
 
 @triton.jit
-def _zeta(x_ptr, ci_ptr, j, ms, mmask, N, D):
-    """Conditioning values x[ci[m], j] (ci: row j of cond_index); NaN for an out-of-range row (never
-    read)."""
-    rows = tl.load(ci_ptr + ms, mask=mmask, other=0)
+def _zeta(x_ptr, ci_ptr, offs, js, mask, N, D):
+    """Conditioning values x[cond_index.flat[offs], js] (offs = j M + m); NaN for an out-of-range row
+    (never read)."""
+    rows = tl.load(ci_ptr + offs, mask=mask, other=0)
     ok = (rows >= 0) & (rows < N)
-    z = tl.load(x_ptr + rows * D + j, mask=mmask & ok, other=0.0)
-    return tl.where(ok | ~mmask, z, float("nan"))
+    z = tl.load(x_ptr + rows * D + js, mask=mask & ok, other=0.0)
+    return tl.where(ok | ~mask, z, float("nan"))
 
 
 @triton.jit
@@ -322,10 +322,7 @@ def _kz_table(x_ptr, ci_ptr, out_ptr, N, D, M, inv_sigma: tl.float64, BLOCK: tl.
     ss = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     rmask, smask = rows < D * M, ss < N
     js = rows // M
-    ci = tl.load(ci_ptr + rows, mask=rmask, other=0)  # cond_index is (d, M) row-major: row j M + m
-    ok = (ci >= 0) & (ci < N)
-    zeta = tl.load(x_ptr + ci * D + js, mask=rmask & ok, other=0.0)
-    zeta = tl.where(ok | ~rmask, zeta, float("nan"))
+    zeta = _zeta(x_ptr, ci_ptr, rows, js, rmask, N, D)
     x = tl.load(x_ptr + ss[None, :] * D + js[:, None], mask=rmask[:, None] & smask[None, :], other=0.0)
     w = (zeta[:, None] - x) * inv_sigma
     tl.store(out_ptr + rows[:, None] * N + ss[None, :], tl.exp(-0.5 * w * w), mask=rmask[:, None] & smask[None, :])
@@ -435,7 +432,7 @@ def _kz_grad(x_ptr, ci_ptr, gkz_ptr, gx_ptr, gzeta_ptr, N, D, M, inv_sigma: tl.f
     ss = sb * BLOCK_S + tl.arange(0, BLOCK_S)
     ms = tl.arange(0, BLOCK_M)
     smask, mmask = ss < N, ms < M
-    zeta = _zeta(x_ptr, ci_ptr + j * M, j, ms, mmask, N, D)
+    zeta = _zeta(x_ptr, ci_ptr, j * M + ms, j, mmask, N, D)
     x = tl.load(x_ptr + ss * D + j, mask=smask, other=0.0)
     w = (zeta[:, None] - x[None, :]) * inv_sigma
     msk = mmask[:, None] & smask[None, :]
