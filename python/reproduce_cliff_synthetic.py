@@ -16,11 +16,11 @@ import math
 import time
 
 import torch
-from qkernels.ops.kde import cliff_loss
 
 from qkernels.data import load_dataset
 from qkernels.metrics import mcc
 from qkernels.models import MLP
+from qkernels.ops.kde import cliff_loss
 
 PAPER = (94.1, 0.9)
 
@@ -47,7 +47,7 @@ def run(seed: int, epochs: int, *, n: int = 5000, batch: int = 5000, lr: float =
             print(f"  seed {seed} epoch {epoch + 1}: loss {float(loss):.4f} mcc {m:.4f}", flush=True)
     with torch.no_grad():
         end = mcc(ds.z, enc(ds.x))["mcc"]
-    return {"seed": seed, "mcc_init": start, "mcc": end, "loss": float(loss)}
+    return {"seed": seed, "mcc_init": start, "mcc": end, "loss": float(loss.detach())}
 
 
 def main(argv=None) -> None:

@@ -15,9 +15,6 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-DEMO_LR = 1e-3
-
-
 def _train(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
@@ -39,10 +36,6 @@ def _train(args: argparse.Namespace) -> int:
                  "arch": args.arch, "image_size": args.image_size, "num_latents": args.num_latents,
                  "eval_every": args.eval_every}
         base.update({k: v for k, v in flags.items() if v is not None})
-        if not args.config and args.model is None and args.lr is None:
-            # the bare command is a CPU demo of Tripod: its 600 steps need a larger learning rate than the
-            # authors' 2e-4 for 250k steps (measured: 9 dB PSNR at 2e-4, 17 dB at 1e-3; benchmarks/RESULTS.md)
-            base["lr"] = DEMO_LR
         if args.compile:
             base["compile"] = True
         if args.amp:
@@ -82,7 +75,7 @@ def _add_train(sub) -> None:
     p.add_argument("--out", help="run directory (default runs/<model>)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the authors' for the method)")
     p.add_argument("--seed", type=int)
-    p.add_argument("--lr", type=float, help="learning rate (default: the authors'; 1e-3 for the bare Tripod demo)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the authors' for the method)")
     p.add_argument("--arch", choices=("small", "paper"), help="network widths (default small)")
     p.add_argument("--image-size", type=int, help="procedural image size (default 32)")
     p.add_argument("--num-latents", type=int)

@@ -299,3 +299,49 @@ def test_contact_sheets(tmp_path, shapes3d):
         contact_sheet(shapes3d, tmp_path / "x.png", vary=6)
     with pytest.raises(ValueError, match="rows"):
         contact_sheet(shapes3d, tmp_path / "x.png", rows=0)
+
+
+def test_contact_sheet_pixels(tmp_path):
+    # tile (r, c) at [pad + r (h + pad), pad + c (w + pad)] holds round(255 x) of its image; pads are grey 128;
+    # vary=k: the tiles of a row differ only in factor k, swept over evenly spaced classes
+    ds = small_sprites()
+    path = contact_sheet(ds, tmp_path / "v.png", rows=2, cols=3, vary=1, scale=1, pad=2,
+                         generator=torch.Generator().manual_seed(4))
+    sheet = np.asarray(Image.open(path)).astype(np.int64)
+    base = ds.sample_factors(2, torch.Generator().manual_seed(4))
+    h = ds.observation_shape[1]
+    steps = np.round(np.linspace(0, ds.factor_sizes[1] - 1, 3)).astype(int)
+    for r in range(2):
+        for c in range(3):
+            f = base[r:r + 1].clone()
+            f[0, 1] = int(steps[c])
+            want = np.round(255 * ds.observations_from_factors(f)[0, 0].numpy()).astype(np.int64)
+            top, left = 2 + r * (h + 2), 2 + c * (h + 2)
+            tile = sheet[top:top + h, left:left + h]
+            assert (tile == want[:, :, None]).all(), (r, c)
+    mask = np.ones(sheet.shape[:2], bool)
+    for r in range(2):
+        for c in range(3):
+            mask[2 + r * (h + 2):2 + r * (h + 2) + h, 2 + c * (h + 2):2 + c * (h + 2) + h] = False
+    assert (sheet[mask] == 128).all()
+
+
+def test_render_primitives_by_hand():
+    from qkernels.data.render import convex_polygon_distance, hsv_to_rgb, segment_distance
+
+    rgb = hsv_to_rgb(torch.tensor([0.0, 1 / 3, 2 / 3, 1 / 6]))
+    torch.testing.assert_close(rgb, torch.tensor([[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0]]))
+    torch.testing.assert_close(hsv_to_rgb(torch.tensor([0.3]), s=0.0, v=0.4), torch.full((1, 3), 0.4))
+    torch.testing.assert_close(hsv_to_rgb(torch.tensor([0.0]), s=0.5, v=1.0), torch.tensor([[1.0, 0.5, 0.5]]))
+    one = torch.ones(1, 1, 1)
+    x, y = torch.tensor([[[0.0, 3.0, 1.0]]]), torch.tensor([[[1.0, 0.0, -2.0]]])
+    d = segment_distance(x, y, 0 * one, 0 * one, 2 * one, 0 * one)  # segment (0, 0)-(2, 0)
+    torch.testing.assert_close(d, torch.tensor([[[1.0, 1.0, 2.0]]]))
+    sq_x, sq_y = torch.tensor([[0.0, 1.0, 1.0, 0.0]]), torch.tensor([[0.0, 0.0, 1.0, 1.0]])  # unit square
+    px, py = torch.tensor([[[0.5, 2.0, 0.5]]]), torch.tensor([[[0.5, 0.5, 0.9]]])
+    torch.testing.assert_close(convex_polygon_distance(px, py, sq_x, sq_y), torch.tensor([[[-0.5, 1.0, -0.1]]]))
+    # the same square in the other winding, and a degenerate (zero-area) polygon: empty everywhere
+    torch.testing.assert_close(convex_polygon_distance(px, py, sq_x.flip(1), sq_y.flip(1)),
+                               torch.tensor([[[-0.5, 1.0, -0.1]]]))
+    flat = convex_polygon_distance(px, py, torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([[0.0, 0.0, 0.0]]))
+    assert (flat >= 1e4).all()

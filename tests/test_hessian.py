@@ -409,24 +409,29 @@ def test_stacked_layout():
     torch.testing.assert_close(h, torch.cat([r_api, g_api]) * eps * std)
 
 
-def test_module_matches_functional():
-    n, d = 6, 3
+def test_modules_against_the_oracle():
+    # NormalizedHessianPenalty's default std is the population std of z + 1e-6 (Tripod); HessianPenalty's
+    # default reduction is the max over the function's outputs (Peebles et al.); both by the float64 oracle
+    n, d, k, eps = 6, 3, 2, 0.1
     fn, _ = _mlp(d)
-    z = torch.randn(n, d, dtype=torch.float64, device=DEVICE)
-    std = z.std(0, correction=0) + 1e-6
+    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     m = NormalizedHessianPenalty()
     got = m(fn, z, generator=torch.Generator().manual_seed(0))
-    exp = normalized_hessian_penalty(fn, z, std, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(got, exp)
-    hp = HessianPenalty(reduction="mean")(fn, z, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(
-        hp, hessian_penalty(fn, z, reduction="mean", generator=torch.Generator().manual_seed(0))
-    )
+    std = torch.from_numpy(z.cpu().numpy().std(0) + 1e-6).to(DEVICE)
+    r, g = _directions_like_api(z, k, 0, gaussian=True)
+    fd_num, fd_den = _oracle_fd(fn, z, eps * std * r, eps), _oracle_fd(fn, z, eps * std * g, eps)
+    want = sum((_var([f[e] for f in fd_num], 0).mean(1) / (_var([f[e] for f in fd_den], 0).mean(1) + 1e-10)).mean()
+               for e in range(2))
+    torch.testing.assert_close(got, want, rtol=1e-8, atol=0)
     assert "num_perturbations=2" in repr(m)
-    # Peebles et al.'s default reduction is the max over the function's outputs
-    g = torch.Generator().manual_seed(0)
-    torch.testing.assert_close(HessianPenalty()(fn, z, generator=g),
-                               hessian_penalty(fn, z, reduction="max", generator=torch.Generator().manual_seed(0)))
+    r, _ = _directions_like_api(z, k, 0, gaussian=False)
+    fd = _oracle_fd(fn, z, eps * r, eps)
+    want_max = sum(_var([f[e] for f in fd], 1).max() for e in range(2))
+    torch.testing.assert_close(HessianPenalty()(fn, z, generator=torch.Generator().manual_seed(0)), want_max,
+                               rtol=1e-8, atol=0)
+    want_mean = sum(_var([f[e] for f in fd], 1).mean() for e in range(2))
+    torch.testing.assert_close(HessianPenalty(reduction="mean")(fn, z, generator=torch.Generator().manual_seed(0)),
+                               want_mean, rtol=1e-8, atol=0)
 
 
 def test_float32_penalty_close_to_float64():

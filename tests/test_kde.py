@@ -714,7 +714,10 @@ def test_modules():
     weighted = CliffLoss(sigma=0.25, grid=(-3.0, 3.0, 17), lambda_uni=0.3, lambda_biv=1.7, lambda_kl=0.9)
     uni, biv, kl = np_cliff(z.detach().cpu(), idx.cpu(), 0.25, (-3.0, 3.0, 17))
     assert math.isclose(weighted(z, cond_index=idx).item(), 0.3 * uni + 1.7 * biv + 0.9 * kl, rel_tol=1e-9)
-    klm = KLMLoss()
-    assert klm(z.detach()).shape == ()
+    zd = z.detach().double()
+    assert math.isclose(KLMLoss()(zd).item(), np_klm(zd.cpu().numpy(), zd.cpu().numpy().std(0) + 1e-6),
+                        rel_tol=1e-9)
+    std = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64, device=zd.device)
+    assert math.isclose(KLMLoss()(zd, std).item(), np_klm(zd.cpu().numpy(), std.cpu().numpy()), rel_tol=1e-9)
     with pytest.raises(ValueError, match="sigma"):
         CliffLoss(sigma=-1.0)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import itertools
 import math
 
@@ -14,6 +16,8 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, mutual_info_score
+from sklearn.model_selection import train_test_split
+from sklearn.tree import DecisionTreeClassifier
 
 from qkernels.metrics import (
     METRICS,
@@ -28,11 +32,17 @@ from qkernels.metrics import (
     psnr,
     sap,
 )
-from qkernels.metrics._common import discrete_mutual_info, entropy, label_encode
+from qkernels.metrics._common import discrete_mutual_info, entropy, label_encode, split_test_fraction
 from qkernels.metrics.dci import truncated_forest
-from qkernels.metrics.infomec import _modularity_compactness, multinomial_log_loss
+from qkernels.metrics.infomec import (
+    _modularity_compactness,
+    multinomial_log_loss,
+    multinomial_log_proba,
+    predictive_nmi,
+)
 
 LOG2 = math.log(2.0)
+dci_module = importlib.import_module("qkernels.metrics.dci")  # the package's ``dci`` is the function
 
 
 def random_sources(n, sizes, seed=0):
@@ -216,7 +226,96 @@ def test_multinomial_log_loss_matches_sklearn_unpenalized(sparse_one_hot):
     ref = LogisticRegression(C=np.inf, tol=1e-12, max_iter=10000).fit(dense, y)
     want = log_loss(y, ref.predict_proba(dense))
     assert multinomial_log_loss(x, y, 3, tol=1e-8, max_iter=5000) == pytest.approx(want, abs=1e-8)
-    assert multinomial_log_loss(x, y, 3) == pytest.approx(want, abs=1e-3)  # default tol 1e-4
+    assert multinomial_log_loss(x, y, 3) == pytest.approx(want, abs=1e-3)  # defaults: 100 iterations, tol 1e-4
+
+
+def test_infomec_defaults_follow_the_authors_code():
+    # latent_quantization's code: mutual_info_classif(n_neighbors=10);
+    # LogisticRegression(class_weight='balanced', max_iter=100, tol=1e-4)
+    params = inspect.signature(infomec).parameters
+    assert params["k"].default == 10
+    assert params["class_weight"].default == "balanced"
+    assert params["max_iter"].default == 100
+    assert params["tol"].default == 1e-4
+
+
+def imbalanced_problem(n=600, seed=15):
+    """Dense float64 inputs and 3 imbalanced, noisy (non-separable) classes."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 3))
+    y = np.digitize(x[:, 0] + 0.8 * x[:, 1] + rng.standard_normal(n), [-1.6, 1.3])
+    return x, y
+
+
+@pytest.mark.parametrize("sparse_one_hot", [False, True])
+def test_balanced_fit_matches_sklearn(sparse_one_hot):
+    rng = np.random.default_rng(16)
+    if sparse_one_hot:
+        from qkernels.metrics.infomec import _one_hot
+
+        n = 500
+        zc = rng.integers(0, 4, (n, 2))
+        x = _one_hot(zc, np.array([4, 4]))
+        y = np.where(rng.random(n) < 0.7, zc[:, 0] // 2, rng.integers(0, 3, n))
+        dense = x.toarray()
+    else:
+        x, y = imbalanced_problem()
+        dense, n = x, len(y)
+    counts = np.bincount(y)
+    assert counts.max() > 2 * counts.min()  # imbalanced
+    weight = (n / (3 * counts))[y]  # scikit-learn's 'balanced' rule
+    ref = LogisticRegression(C=np.inf, class_weight="balanced", tol=1e-12, max_iter=10000).fit(dense, y)
+    p_ref = ref.predict_proba(dense)
+    log_p = multinomial_log_proba(x, y, 3, class_weight="balanced", tol=1e-9, max_iter=5000)
+    np.testing.assert_allclose(np.exp(log_p).sum(1), 1.0, atol=1e-12)
+    # the weighted mean log loss at the optimum (the fit objective) and the predictions agree
+    got_weighted = -np.mean(weight * log_p[np.arange(n), y])
+    assert got_weighted == pytest.approx(log_loss(y, p_ref, sample_weight=weight), abs=1e-6)
+    np.testing.assert_allclose(np.exp(log_p), p_ref, atol=1e-4)
+    # the reported loss is the unweighted log loss of the weighted fit (the authors' log_loss(y, p))
+    reported = multinomial_log_loss(x, y, 3, class_weight="balanced", tol=1e-9, max_iter=5000)
+    assert reported == pytest.approx(log_loss(y, p_ref), abs=1e-6)
+    # weighting moves the fit: the unweighted fit has the lower unweighted loss
+    assert multinomial_log_loss(x, y, 3, tol=1e-9, max_iter=5000) < reported - 1e-3
+    # the defaults (max_iter 100, tol 1e-4) are close to the optimum
+    assert multinomial_log_loss(x, y, 3, class_weight="balanced") == pytest.approx(reported, abs=1e-3)
+
+
+def test_null_model_entropy_under_each_class_weight():
+    y = np.array([0] * 60 + [1] * 30 + [3] * 10)  # class 2 absent
+    no_inputs = np.zeros((100, 0))
+    # balanced: the intercept-only fit predicts uniform over the 3 present classes
+    assert multinomial_log_loss(no_inputs, y, 4, class_weight="balanced") == pytest.approx(math.log(3), abs=1e-12)
+    # unweighted: it predicts the class frequencies -> the plug-in entropy
+    want = scipy_entropy([0.6, 0.3, 0.1])
+    assert multinomial_log_loss(no_inputs, y, 4, class_weight=None) == pytest.approx(want, abs=1e-12)
+    # NMI_V: 1 for a perfect predictor, 0 without information, under both options
+    perfect = np.eye(4)[y]
+    for cw in ("balanced", None):
+        assert predictive_nmi(perfect, y, 4, class_weight=cw, max_iter=1000) > 0.999
+        assert predictive_nmi(np.ones((100, 1)), y, 4, class_weight=cw) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_infoe_class_weight_options():
+    rng = np.random.default_rng(17)
+    n = 2000
+    # imbalanced source (class probabilities 0.7, 0.2, 0.1) and a balanced one; noisy latents
+    s = np.stack([rng.choice(3, n, p=[0.7, 0.2, 0.1]), rng.integers(0, 3, n)], 1)
+    z = s + 0.6 * rng.standard_normal(s.shape)
+    fit = dict(max_iter=1000, tol=1e-8)
+    balanced = [infomec(s[:, [i]], z, class_weight="balanced", **fit)["infoe"] for i in range(2)]
+    unweighted = [infomec(s[:, [i]], z, class_weight=None, **fit)["infoe"] for i in range(2)]
+    assert abs(balanced[0] - unweighted[0]) > 0.02
+    assert balanced[1] == pytest.approx(unweighted[1], abs=0.01)
+    # exactly balanced source (all class weights 1): the two options are the same computation
+    grid = full_grid([3, 4], 40)
+    zg = grid + 0.7 * np.random.default_rng(18).standard_normal(grid.shape)
+    a = infomec(grid, zg, class_weight="balanced")["infoe"]
+    b = infomec(grid, zg, class_weight=None, max_iter=100)["infoe"]
+    assert a == pytest.approx(b, abs=1e-12) and 0.2 < a < 0.9
+    # noise latents on the imbalanced source: ~0 under the balanced weighting too
+    noise = infomec(s[:, [0]], rng.standard_normal((n, 3)))["infoe"]
+    assert 0.0 <= noise < 0.02
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,6 +335,14 @@ def test_dci_formula_by_hand():
     assert c == pytest.approx(c_want, abs=1e-8)
     # all-zero importances: D = C = 0, no NaN (disentanglement_lib's convention)
     assert disentanglement_completeness(np.zeros((2, 3))) == pytest.approx((0.0, 0.0), abs=1e-9)
+
+
+def test_dci_formula_matches_scipy_entropies():
+    r = np.random.default_rng(19).random((3, 5))  # sources x latents
+    r[1, 2] = 0.0
+    d_want = sum(r[:, j].sum() / r.sum() * (1 - scipy_entropy(r[:, j], base=3)) for j in range(5))
+    c_want = sum(r[i].sum() / r.sum() * (1 - scipy_entropy(r[i], base=5)) for i in range(3))
+    assert disentanglement_completeness(r) == pytest.approx((d_want, c_want), abs=1e-9)
 
 
 def test_truncated_forest_equals_sklearn_forest():
@@ -261,12 +368,15 @@ def test_dci_permuted_identity():
     s = random_sources(600, [3, 4, 5])
     z = (s + 0.3 * rng.random(s.shape))[:, [2, 0, 1]]
     # gradient boosting (disentanglement_lib's setting; every split sees every latent): D = C = 1
-    gb = dci(s[:200], z[:200], model="gradient_boosting")
+    gb = dci(s[:200], z[:200], preset="dlib")
     assert gb["disentanglement"] > 0.99 and gb["completeness"] > 0.99
     assert gb["informativeness"] == pytest.approx(1.0)
-    # random forest: each split sees sqrt(n_z) random latents, so irrelevant latents get some
-    # importance (D, C < 1), but the structure is found and beats a rotated representation
+    assert gb["preset"] == "dlib"
+    # random forest (Tripod's default): each split sees sqrt(n_z) random latents, so irrelevant
+    # latents get some importance (D, C < 1), but the structure is found and beats a rotation
     r = dci(s, z)
+    assert r["preset"] == "tripod"
+    assert (r["disentanglement"], r["completeness"]) == disentanglement_completeness(r["importance"])
     assert r["informativeness"] > 0.99
     assert r["importance"].shape == (3, 3)
     assert np.argmax(r["importance"], axis=1).tolist() == [1, 2, 0]
@@ -282,7 +392,7 @@ def test_dci_permuted_identity():
 def test_dci_duplicated_latents_lower_completeness():
     s = random_sources(600, [3, 4])
     z = np.concatenate([s, s], 1).astype(np.float64)
-    r = dci(s, z, max_depths=(4,))
+    r = dci(s, z, preset="depth_search", max_depths=(4,))
     assert r["disentanglement"] > 0.9
     assert r["completeness"] < 0.7
 
@@ -290,8 +400,80 @@ def test_dci_duplicated_latents_lower_completeness():
 def test_dci_noise_latents():
     rng = np.random.default_rng(10)
     s = random_sources(600, [2, 3])
-    r = dci(s, rng.standard_normal((600, 4)), max_depths=(2, 4))
+    r = dci(s, rng.standard_normal((600, 4)), preset="depth_search", max_depths=(2, 4))
     assert r["disentanglement"] < 0.2 and r["completeness"] < 0.2
+
+
+def spy_on_classifier(monkeypatch, name):
+    """Replace ``name`` in qkernels.metrics.dci by a recorder of its constructor kwargs that returns
+    a fast stand-in (a depth-2 tree) recording the rows it is fitted on and predicts."""
+    calls = []
+
+    def make(**kwargs):
+        rec = {"kwargs": kwargs}
+        calls.append(rec)
+        clf = DecisionTreeClassifier(max_depth=2, random_state=0)
+        fit, predict = clf.fit, clf.predict
+
+        def fit_spy(x, y):
+            rec["train"] = len(x)
+            return fit(x, y)
+
+        def predict_spy(x):
+            rec["test"] = len(x)
+            return predict(x)
+
+        clf.fit, clf.predict = fit_spy, predict_spy
+        return clf
+
+    monkeypatch.setattr(dci_module, name, make)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("n", "train", "test"),
+    [(205, 184, 21), (2000, 1800, 200), (20000, 18000, 2000)],  # ceil(0.1 N) test rows
+)
+def test_dci_tripod_preset_configuration(monkeypatch, n, train, test):
+    # Tripod's code: RandomForestClassifier(n_estimators=100, criterion='entropy', max_depth=10),
+    # train_test_split(test_size=0.1)
+    calls = spy_on_classifier(monkeypatch, "RandomForestClassifier")
+    s = random_sources(n, [3, 4])
+    r = dci(s, s.astype(float), seed=7, n_jobs=2)
+    assert [c["kwargs"] for c in calls] == [
+        dict(n_estimators=100, criterion="entropy", max_depth=10, random_state=7 + i, n_jobs=2) for i in range(2)
+    ]
+    assert all((c["train"], c["test"]) == (train, test) for c in calls)
+    assert r["preset"] == "tripod"
+
+
+@pytest.mark.parametrize(("n", "train", "test"), [(300, 200, 100), (15500, 10000, 5000)])
+def test_dci_dlib_preset_configuration(monkeypatch, n, train, test):
+    # disentanglement_lib: GradientBoostingClassifier() defaults, 10000 train / 5000 test
+    calls = spy_on_classifier(monkeypatch, "GradientBoostingClassifier")
+    s = random_sources(n, [3, 4])
+    r = dci(s, s.astype(float), preset="dlib", seed=3)
+    assert [c["kwargs"] for c in calls] == [{"random_state": 3}, {"random_state": 4}]
+    assert all((c["train"], c["test"]) == (train, test) for c in calls)
+    assert r["preset"] == "dlib"
+
+
+def test_dci_depth_search_preset_configuration(monkeypatch):
+    seen = []
+    real = dci_module.RandomForestClassifier
+    monkeypatch.setattr(dci_module, "RandomForestClassifier", lambda **kw: seen.append(kw) or real(**kw))
+    s = random_sources(300, [3])
+    r = dci(s, s.astype(float), preset="depth_search", max_depths=(2, 5))
+    assert seen == [dict(n_estimators=100, criterion="entropy", max_depth=5, random_state=0, n_jobs=None)]
+    assert r["preset"] == "depth_search" and r["informativeness"] == pytest.approx(1.0)
+
+
+def test_split_test_fraction_sizes_match_sklearn():
+    for n in (2, 3, 10, 11, 205, 999, 2000):
+        tr, te = split_test_fraction(n, 0.1, seed=0)
+        ref_tr, ref_te = train_test_split(np.arange(n), test_size=0.1, random_state=0)
+        assert (len(tr), len(te)) == (len(ref_tr), len(ref_te)), n
+        assert sorted(np.concatenate([tr, te]).tolist()) == list(range(n))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -444,12 +626,13 @@ def test_evaluate_keys_batch_size_independence_and_progress(capsys):
     assert "encoded 300/300" in capsys.readouterr().err
     assert set(a) == {
         "infomec.infom", "infomec.infoc", "infomec.infoe", "infomec.nmi", "infomec.active",
-        "dci.disentanglement", "dci.completeness", "dci.informativeness", "dci.importance",
+        "dci.disentanglement", "dci.completeness", "dci.informativeness", "dci.importance", "dci.preset",
         "mig.mig", "sap.sap", "modularity.modularity", "mcc.mcc", "mcc.matching",
     }  # fmt: skip
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
     assert a["infomec.infom"] == pytest.approx(1.0, abs=1e-6)
+    assert a["dci.preset"] == "tripod"
     assert a["mig.mig"] > 0.9
     np.testing.assert_array_equal(a["mcc.matching"], [1, 0])
 
@@ -502,16 +685,21 @@ def test_bad_input_is_rejected_naming_the_argument(fn):
 
 def test_bad_input_specific():
     s = random_sources(50, [3, 4])
-    with pytest.raises(ValueError, match="k = 3"):
-        infomec(s[:3], s[:3].astype(float))  # N too small for k
+    with pytest.raises(ValueError, match="k = 10"):
+        infomec(s[:10], s[:10].astype(float))  # N too small for k (continuous latents)
+    infomec(s[:10], s[:10])  # discrete latents do not use k
     with pytest.raises(ValueError, match="k must"):
         infomec(s, s, k=0)
+    with pytest.raises(ValueError, match="class_weight"):
+        infomec(s, s, class_weight="Balanced")
     with pytest.raises(ValueError, match="constant"):
         infomec(np.zeros((50, 1), dtype=np.int64), s)
-    with pytest.raises(ValueError, match="model"):
-        dci(s, s, model="svm")
+    with pytest.raises(ValueError, match="preset"):
+        dci(s, s, preset="svm")
     with pytest.raises(ValueError, match="max_depths"):
-        dci(s, s, max_depths=(0,))
+        dci(s, s, preset="depth_search", max_depths=(0,))
+    with pytest.raises(ValueError, match="max_depths"):
+        dci(s, s, max_depths=(4,))  # only for the depth search
     with pytest.raises(ValueError, match="num_bins"):
         mig(s, s, num_bins=1)
     with pytest.raises(ValueError, match="z_pred"):

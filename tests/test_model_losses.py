@@ -184,11 +184,52 @@ def test_tripod_terms():
     with torch.no_grad():
         z = model.encoder(x)
         zq = np_fsq(f64(z), 5)
-        rec = np_bce_sum(model.decoder(torch.from_numpy(zq).float()), x)
+        # the authors' scale: BCE mean over (c, h, w) per image, then the batch mean (tripod losses/image.py)
+        rec = np_bce_mean(model.decoder(torch.from_numpy(zq).float()), x)
     std = np.tanh(f64(z)).std(0) + 1e-6  # the std of the CONTINUOUS latents tanh(z) (Alg. 1)
     close(terms["recon"], rec)
     close(terms["klm"], np_klm(zq, std), rel=1e-4)
     close(float(terms["total"]) - rec, 0.3 * float(terms["klm"]) + 0.2 * float(terms["nhp"]), rel=1e-4)
+
+
+def test_tripod_nhp_layers_are_the_authors():
+    """NHP on ``cond`` and every decoder block output but the last (tripod configs/train_autoencoder.yaml:
+    cond, block0-block2 of 4 blocks at 64x64), never on the logits; GELU (smooth) throughout."""
+    torch.manual_seed(0)
+    model = build_model("tripod", (3, 32, 32), 4)  # 3 blocks: cond, block0, block1 regularized
+    z = torch.randn(5, 4)
+    logits, acts = model.decoder(z, return_activations=True)
+    assert list(acts) == ["cond", "block0", "block1"]
+    assert acts["cond"].shape == (5, 64) and acts["block1"].shape == (5, 16, 16, 16)
+    torch.testing.assert_close(logits, model.decoder(z))
+    kinds = {type(m) for m in model.modules()}
+    assert torch.nn.GELU in kinds and not kinds & {torch.nn.ReLU, torch.nn.LeakyReLU}
+    # the NHP term is the sum over exactly those activations, each a normalized Hessian penalty
+    from qkernels.ops.hessian import normalized_hessian_penalty
+
+    x = torch.rand(6, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(3)
+    terms = model.loss(x, 0)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        zc = model.encoder(x)
+        zq = model.quantizer(zc).z_q
+        std = torch.tanh(zc).std(0, unbiased=False) + 1e-6
+        per = normalized_hessian_penalty(lambda u: model.decoder(u, return_activations=True)[1], zq, std,
+                                         reduction="none")
+    assert set(per) == {"cond", "block0", "block1"}  # (KLM draws no random numbers before the NHP)
+    close(terms["nhp"], sum(float(v.mean()) for v in per.values()), rel=1e-4)
+
+
+def test_ae_terms_and_unknown_model():
+    model, x = build("ae")
+    terms = model.loss(x, 0)
+    with torch.no_grad():
+        want = np_bce_mean(model.decoder(model.encoder(x)), x)  # QLAE's code: BCE mean over all elements
+    close(terms["recon"], want)
+    close(terms["total"], want)
+    with pytest.raises(ValueError, match="unknown model 'nosuch'"):
+        build_model("nosuch", IMG, 3)
 
 
 def test_qlae_terms_and_stop_gradients():
@@ -268,6 +309,41 @@ def test_factorvae_discriminator_loss_by_hand():
     close(got, want)
     # the two classes are told apart by the inputs (not a constant): swapping them changes the loss
     assert abs(want - 0.5 * (-log_softmax(l1)[:, 1].mean() - log_softmax(l2)[:, 0].mean())) > 1e-4
+
+
+def test_factordvae_discriminator_uses_a_shuffle_of_the_same_batch():
+    # lddr: the discriminator tells the batch's soft z from a per-latent shuffle of the SAME z (the
+    # second batch is not used); LeakyReLU slope 0.01
+    model, x = build("factordvae", num_values=4, **SMALL)
+    slopes = {m.negative_slope for m in model.discriminator.modules() if isinstance(m, torch.nn.LeakyReLU)}
+    assert slopes == {0.01}
+    x2 = torch.rand(6, *IMG, generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(5)
+    got = model.discriminator_loss(x, x2, 7)["disc"].item()
+    torch.manual_seed(5)
+    with torch.no_grad():
+        logits = model.encoder(x).view(6, 3, 4)
+        u = torch.rand(logits.shape)
+        g = -torch.log(-torch.log(u))
+        y = torch.softmax((logits + model.noise_scale(7) * g), -1)  # tau = 1
+        z = y @ torch.linspace(-1, 1, 4)
+        order = torch.argsort(torch.rand(z.shape), dim=0)
+        l1, l2 = f64(model.discriminator(z)), f64(model.discriminator(torch.gather(z, 0, order)))
+    lse = lambda a: np.log(np.exp(a).sum(1))  # noqa: E731
+    want = 0.5 * ((lse(l1) - l1[:, 0]).mean() + (lse(l2) - l2[:, 1]).mean())
+    close(got, want, rel=1e-4)
+
+
+def test_factorqvae_discriminator_init_and_width():
+    # FactorQVAE's Discriminator: Linear(d K, 1000) + 4 x Linear(1000, 1000), LeakyReLU 0.2, Linear(1000, 2);
+    # weights_init: N(0, 0.02) weights, zero biases
+    torch.manual_seed(0)
+    model = build_model("factorqvae", (3, 32, 32), 10, num_values=64)
+    lins = [m for m in model.discriminator.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in lins] == [(640, 1000)] + [(1000, 1000)] * 4 + [(1000, 2)]
+    w = torch.cat([m.weight.detach().flatten() for m in lins])
+    assert abs(float(w.std()) - 0.02) < 5e-4 and abs(float(w.mean())) < 5e-4
+    assert all(not m.bias.any() for m in lins)
 
 
 @pytest.mark.parametrize("name", ["factorvae", "factorqvae", "factordvae"])

@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from qkernels.models import METHODS, build_model, permute_dims, straight_through_gap
-from qkernels.models.architectures import AdaINDecoder, DLibDecoder, DLibEncoder, QLAEEncoder, preset
+from qkernels.models.architectures import (
+    AdaINDecoder,
+    DLibDecoder,
+    DLibEncoder,
+    QLAEEncoder,
+    ResidualDecoder,
+    ResidualEncoder,
+    StyleLayer,
+    preset,
+)
 from qkernels.models.base import discriminator_of
 
 TERMS = {
@@ -154,12 +163,41 @@ def test_architectures_shapes(size):
     x = torch.rand(2, 3, size, size)
     kw = preset("qlae", "small", size)
     assert QLAEEncoder(3, size, 5, **kw)(x).shape == (2, 5)
-    out, acts = AdaINDecoder(5, 3, size, widths=kw["widths"][::-1], dense=16)(torch.randn(2, 5), True)
-    assert out.shape == x.shape and len(acts) == len(kw["widths"])
+    assert AdaINDecoder(5, 3, size, widths=kw["widths"][::-1], dense=16)(torch.randn(2, 5)).shape == x.shape
+    kw = preset("tripod", "small", size)
+    assert ResidualEncoder(3, size, 5, widths=kw["widths"])(x).shape == (2, 5)
+    dec = ResidualDecoder(5, 3, size, widths=tuple(2 * w for w in kw["widths"])[::-1], dense=16)
+    out, acts = dec(torch.randn(2, 5), return_activations=True)
+    # Tripod's NHP layers: cond and every block output but the last (the logits)
+    assert out.shape == x.shape and list(acts) == ["cond", *(f"block{i}" for i in range(len(kw["widths"]) - 1))]
     kw = preset("dlib", "small", size)
     assert DLibEncoder(3, size, 7, **kw)(x).shape == (2, 7)
     assert DLibDecoder(7, 3, size, **kw)(torch.randn(2, 7)).shape == x.shape
     assert preset("qlae", "paper", 64)["widths"] == (32, 64, 128, 256)
     assert preset("dlib", "paper", 64)["widths"] == (32, 32, 64, 64)
-    with pytest.raises(ValueError):
+    assert preset("dlib", "paper", 128)["widths"] == (32, 32, 64, 64, 64)
+    assert preset("dlib", "small", 16)["widths"] == (32, 32)
+    with pytest.raises(ValueError, match="4 \\* 2\\*\\*k"):
         preset("qlae", "small", 48)
+
+
+def test_qlae_style_layer_by_hand():
+    """latent_quantization's style block: h' = IN(LeakyReLU_0.2(convT(h))) * ReLU(A w + a) + ReLU(B w + b)."""
+    torch.manual_seed(0)
+    layer = StyleLayer(2, 3, 4, 3, 1, 1)
+    h, w = torch.randn(2, 2, 5, 5, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
+    layer = layer.double()
+    c = torch.nn.functional.conv_transpose2d(h, layer.conv.weight, None, 1, 1)
+    c = torch.where(c > 0, c, 0.2 * c)
+    c = (c - c.mean((2, 3), keepdim=True)) / torch.sqrt(c.var((2, 3), unbiased=False, keepdim=True) + 1e-6)
+    lin = w @ layer.style[0].weight.T + layer.style[0].bias
+    scale, bias = lin[:, :3].clamp_min(0), lin[:, 3:].clamp_min(0)
+    torch.testing.assert_close(layer(h, w), c * scale[:, :, None, None] + bias[:, :, None, None])
+    assert layer.conv.bias is None
+    # decoder: 3x3 output conv without bias, input map 0.1; encoder: conv (no bias) -> IN -> LeakyReLU 0.2
+    dec = AdaINDecoder(4, 3, 16, widths=(8, 4), dense=8)
+    assert dec.out.kernel_size == (3, 3) and dec.out.bias is None and bool((dec.start == 0.1).all())
+    enc = QLAEEncoder(3, 16, 4, widths=(4, 8), dense=8)
+    kinds = [type(m).__name__ for m in enc.conv[:3]]
+    assert kinds == ["Conv2d", "InstanceNorm2d", "LeakyReLU"] and enc.conv[2].negative_slope == 0.2
+    assert enc.conv[0].bias is None

@@ -336,6 +336,8 @@ def test_bad_input_errors():
         qkernels.fsq(z, 1)
     with pytest.raises(ValueError, match="levels"):
         qkernels.fsq(z, [3, 4])
+    with pytest.raises(ValueError, match="levels must give 1 or d = 3 values, got 4"):
+        qkernels.fsq(z, [3, 4, 5, 6])  # one too many
     with pytest.raises(TypeError, match="levels"):
         qkernels.fsq(z, 2.5)
     with pytest.raises(ValueError, match="tau"):

@@ -139,6 +139,16 @@ def split_indices(n: int, num_train: int, num_test: int, seed: int) -> tuple[np.
     return perm[:n_train], perm[n_train : n_train + n_test]
 
 
+def split_test_fraction(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded random split of all ``n`` rows with ``ceil(test_fraction * n)`` test rows (scikit-learn's
+    ``train_test_split(test_size=test_fraction)`` sizes; at least one row on each side)."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    n_test = min(max(int(np.ceil(test_fraction * n)), 1), n - 1)
+    perm = np.random.default_rng(seed).permutation(n)
+    return perm[: n - n_test], perm[n - n_test :]
+
+
 def check_seed(seed: object) -> int:
     """A non-negative int seed."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):

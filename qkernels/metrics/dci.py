@@ -4,6 +4,9 @@ With importance matrix R (n_s x n_z here; R[i, j] = importance of latent j for s
     D = sum_j rho_j (1 - H_{n_s}(R[:, j] / sum_i R[i, j])),  rho_j = sum_i R[i, j] / sum R
     C = sum_i w_i (1 - H_{n_z}(R[i, :] / sum_j R[i, j])),    w_i = sum_j R[i, j] / sum R
 (H_b: entropy in base b). I = mean held-out accuracy over sources.
+
+The classifier and split are chosen by name (``PRESETS``): the two published conventions, ``"dlib"``
+(disentanglement_lib) and ``"tripod"`` (Tripod's code, the default), and ``"depth_search"``.
 """
 
 from __future__ import annotations
@@ -17,42 +20,59 @@ from qkernels.metrics._common import (
     check_sources,
     label_encode,
     split_indices,
+    split_test_fraction,
 )
 
+#: the ``preset`` names of ``dci``
+PRESETS = ("tripod", "dlib", "depth_search")
 DEFAULT_MAX_DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, None)
+DLIB_NUM_TRAIN, DLIB_NUM_TEST = 10000, 5000
+TRIPOD_TEST_FRACTION = 0.1
+TRIPOD_MAX_DEPTH = 10
 
 
 def dci(
     sources,
     latents,
     *,
-    model: str = "random_forest",
-    num_train: int = 10000,
-    num_test: int = 5000,
+    preset: str = "tripod",
     seed: int = 0,
-    max_depths: tuple = DEFAULT_MAX_DEPTHS,
+    max_depths: tuple | None = None,
     n_jobs: int | None = None,
 ) -> dict:
     """Nonlinear DCI of ``latents`` ``(N, n_z)`` w.r.t. ``sources`` ``(N, n_s)`` int.
 
-    One classifier per source on a seeded train/test split (``num_train``/``num_test`` rows, or
-    all N rows in that ratio when N is smaller; see ``split_indices``).
+    One classifier per source (seeded with ``seed + i``) on a seeded train/test split of the N
+    rows; D and C from the classifiers' ``feature_importances_``, I = mean test accuracy.
 
     Args:
-        model: ``"random_forest"`` (QLAE App. C.5): 100 trees, entropy criterion, max depth chosen
-            per source among ``max_depths`` (``None`` = unlimited) on held-out accuracy (ties ->
-            lower held-out log loss, then the shallowest); D, C use that forest's importances and
-            I its held-out accuracy. (Tie-breaking matters: when several depths reach the same
-            accuracy, e.g. 100%, a very shallow forest's per-tree-normalized importances credit
-            irrelevant root splits.)
-            ``"gradient_boosting"``: disentanglement_lib's setting, scikit-learn's
-            ``GradientBoostingClassifier()`` defaults (slow: 100 stages x n_classes trees).
-        n_jobs: parallel jobs of the random forest (scikit-learn semantics).
+        preset: the evaluation convention.
+            ``"tripod"`` (default; Tripod's code, Hsu et al. 2024): ``RandomForestClassifier(
+            n_estimators=100, criterion="entropy", max_depth=10)`` on a 90/10 train/test split of
+            all N rows (``ceil(0.1 N)`` test rows, as ``train_test_split(test_size=0.1)``).
+            ``"dlib"`` (disentanglement_lib): scikit-learn's ``GradientBoostingClassifier()``
+            defaults on 10000 train / 5000 test rows; with N < 15000, all N rows split 2:1 (see
+            ``split_indices``; disentanglement_lib draws fresh samples for each set instead).
+            ``"depth_search"``: the random forest of ``"tripod"`` with the max depth chosen per
+            source among ``max_depths`` on test accuracy (ties -> lower test log loss, then the
+            shallowest), on the ``"dlib"`` split. (Tie-breaking matters: when several depths reach
+            the same accuracy, e.g. 100%, a very shallow forest's per-tree-normalized importances
+            credit irrelevant root splits.)
+            Why ``"tripod"`` is the default: it is a published convention and the fast one. Measured
+            on 2 shared CPU cores, N = 2000, 6 sources with 10 classes, 12 latents (continuous /
+            integer codes): ``"tripod"`` 3.8 s / 1.5 s, ``"depth_search"`` 3.6 s / 2.1 s,
+            ``"dlib"`` 23.5 s / 11.2 s (gradient boosting fits 100 stages x n_classes trees per
+            source, serially; ~4 min at N = 10000 with 9 sources). Every preset treats each latent
+            as one feature (integer codes as ordinal values).
+        max_depths: ``"depth_search"`` only: the candidate depths (``None`` = unlimited); default
+            ``DEFAULT_MAX_DEPTHS``.
+        n_jobs: parallel jobs of the random forests (scikit-learn semantics; results do not depend
+            on it); gradient boosting is serial.
 
     Returns:
-        ``{"disentanglement", "completeness", "informativeness"}`` floats in [0, 1] and
+        ``{"disentanglement", "completeness", "informativeness"}`` floats in [0, 1],
         ``"importance"`` ``(n_s, n_z)`` float64 (each row sums to 1, or 0 for a source no split
-        used).
+        used) and ``"preset"``, the convention's name (a str).
 
     The depth search fits ONE forest per source at the largest depth and evaluates every
     depth limit by truncating its trees: a tree grown to depth d is distributed exactly like
@@ -64,11 +84,17 @@ def dci(
     n, n_s = s.shape
     z = check_latents(latents, n).astype(np.float64)
     seed = check_seed(seed)
-    if model not in ("random_forest", "gradient_boosting"):
-        raise ValueError(f"model must be 'random_forest' or 'gradient_boosting', got {model!r}")
-    depths = _check_depths(max_depths)
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+    if preset == "depth_search":
+        depths = _check_depths(DEFAULT_MAX_DEPTHS if max_depths is None else max_depths)
+    elif max_depths is not None:
+        raise ValueError(f"max_depths applies to preset='depth_search' only, got preset={preset!r}")
     s_codes, _ = label_encode(s)
-    tr, te = split_indices(n, num_train, num_test, seed)
+    if preset == "tripod":
+        tr, te = split_test_fraction(n, TRIPOD_TEST_FRACTION, seed)
+    else:
+        tr, te = split_indices(n, DLIB_NUM_TRAIN, DLIB_NUM_TEST, seed)
 
     importance = np.zeros((n_s, z.shape[1]))
     accuracy = np.zeros(n_s)
@@ -77,20 +103,31 @@ def dci(
         if np.unique(y_tr).size < 2:  # nothing to learn: predict the only class, no importances
             accuracy[i] = float(np.mean(y_te == y_tr[0]))
             continue
-        if model == "random_forest":
+        if preset == "depth_search":
             importance[i], accuracy[i] = _forest_best_depth(
                 z[tr], y_tr, z[te], y_te, depths, seed + i, n_jobs
             )
+            continue
+        if preset == "dlib":
+            clf = GradientBoostingClassifier(random_state=seed + i)
         else:
-            clf = GradientBoostingClassifier(random_state=seed + i).fit(z[tr], y_tr)
-            importance[i] = np.abs(clf.feature_importances_)
-            accuracy[i] = float(np.mean(clf.predict(z[te]) == y_te))
+            clf = RandomForestClassifier(
+                n_estimators=100,
+                criterion="entropy",
+                max_depth=TRIPOD_MAX_DEPTH,
+                random_state=seed + i,
+                n_jobs=n_jobs,
+            )
+        clf.fit(z[tr], y_tr)
+        importance[i] = np.abs(clf.feature_importances_)
+        accuracy[i] = float(np.mean(clf.predict(z[te]) == y_te))
     d, c = disentanglement_completeness(importance)
     return {
         "disentanglement": d,
         "completeness": c,
         "informativeness": float(accuracy.mean()),
         "importance": importance,
+        "preset": preset,
     }
 
 

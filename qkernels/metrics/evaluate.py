@@ -48,12 +48,13 @@ def evaluate(
     ``batch_size`` as long as ``encode`` treats samples independently). ``encode`` maps a batch
     of observations to latents ``(B, n_z)`` (an integer tensor = discrete codes).
 
-    ``options`` gives per-metric keyword arguments, e.g.
-    ``{"dci": {"model": "gradient_boosting"}}``; ``seed`` is passed to every metric that takes
-    one. Progress: ``progress(done, total)`` after each batch, and/or a line on stderr when
-    ``verbose``.
+    ``options`` gives per-metric keyword arguments, e.g. ``{"dci": {"preset": "dlib"}}`` or
+    ``{"infomec": {"class_weight": None}}``; ``seed`` is passed to every metric that takes one.
+    Progress: ``progress(done, total)`` after each batch, and/or a line on stderr when ``verbose``.
 
-    Returns namespaced keys: ``"infomec.infom"``, ``"dci.disentanglement"``, ``"infomec.nmi"``, ...
+    Returns every metric's entries under namespaced keys: ``"infomec.infom"``,
+    ``"dci.disentanglement"``, ``"infomec.nmi"``, ... Values are floats, numpy arrays, or strings
+    naming the convention used (``"dci.preset"``).
     """
     unknown = [m for m in metrics if m not in METRICS]
     if isinstance(metrics, str) or unknown:

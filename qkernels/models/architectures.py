@@ -1,7 +1,9 @@
 """Encoders and decoders of the five papers, with width/depth as arguments.
 
-* :class:`QLAEEncoder` / :class:`AdaINDecoder`: QLAE App. C.3 (conv encoder with instance norm; StyleGAN-like
-  decoder whose style-decoding layers are modulated by AdaIN from w = MLP(z)). Used by ae, qlae, tripod.
+* :class:`QLAEEncoder` / :class:`AdaINDecoder`: QLAE App. C.3 and latent_quantization's code (conv encoder with
+  instance norm; StyleGAN-like decoder whose layers are modulated by AdaIN from w = MLP(z)). Used by ae, qlae.
+* :class:`ResidualEncoder` / :class:`ResidualDecoder`: Tripod's code (residual conv nets, GELU, AdaIN-conditioned
+  decoder blocks). Used by tripod.
 * :class:`DLibEncoder` / :class:`DLibDecoder`: the disentanglement_lib conv VAE (Locatello et al. 2019; Cliff
   App. G.3). Used by the VAE family, qvae/factorqvae, dvae/factordvae, cliff_vae.
 * :class:`MLP`: Cliff App. G.1 (2-50-100-50-2, tanh) for 2-D data.
@@ -26,16 +28,22 @@ def num_blocks(image_size: int) -> int:
     return int(k)
 
 
-def preset(family: str, size: str, image_size: int) -> dict:
-    """Architecture kwargs: ``family`` "qlae" or "dlib", ``size`` "paper" or "small".
+def _check_widths(widths: Sequence[int], image_size: int) -> None:
+    if len(widths) != num_blocks(image_size):
+        raise ValueError(f"{len(widths)} widths for image_size {image_size} (need {num_blocks(image_size)})")
 
-    paper: QLAE widths 32-64-128-256 (+ dense 256), disentanglement_lib 32-32-64-64 (+ dense 256) at 64x64.
-    small: a quarter of the QLAE widths / half the dlib widths and dense 64, for CPU runs.
+
+def preset(family: str, size: str, image_size: int) -> dict:
+    """Architecture kwargs: ``family`` "qlae", "tripod" or "dlib", ``size`` "paper" or "small".
+
+    paper at 64x64: QLAE widths 32-64-128-256 (+ dense 256); Tripod encoder 32-64-128-256 (decoder 512-256-128-64,
+    cond 256); disentanglement_lib 32-32-64-64 (+ dense 256). Smaller images drop the first stages' widths.
+    small: a quarter of the QLAE / Tripod widths, half the dlib widths, dense 64, for CPU runs.
     """
     n = num_blocks(image_size)
     if size not in ("paper", "small"):
         raise ValueError(f"arch size must be 'paper' or 'small', got {size!r}")
-    if family == "qlae":
+    if family in ("qlae", "tripod"):
         base, dense = (32, 256) if size == "paper" else (8, 64)
         return {"widths": tuple(base * 2**i for i in range(n)), "dense": dense}
     if family == "dlib":
@@ -46,19 +54,20 @@ def preset(family: str, size: str, image_size: int) -> dict:
 
 
 class QLAEEncoder(nn.Module):
-    """(n, C, S, S) -> (n, out_dim). Per block of width w: 2 x [conv3 s1, LeakyReLU(0.3), InstanceNorm]
-    then [conv4 s2, LeakyReLU(0.3), InstanceNorm]; flatten; 2 dense ReLU layers; affine output."""
+    """(n, C, S, S) -> (n, out_dim). Per block of width w: 2 x conv3 s1 then conv4 s2, each conv (no bias) ->
+    InstanceNorm (affine, eps 1e-6) -> LeakyReLU(0.2); flatten; 2 dense ReLU layers; affine output
+    (latent_quantization ``configs/encoder_partial/image.yaml``, ``blocks/conv.py``, ``blocks/utils.py``)."""
 
     def __init__(self, in_channels: int, image_size: int, out_dim: int, *, widths: Sequence[int] = (32, 64, 128, 256),
                  dense: int = 256) -> None:
         super().__init__()
-        if len(widths) != num_blocks(image_size):
-            raise ValueError(f"{len(widths)} widths for image_size {image_size} (need {num_blocks(image_size)})")
+        _check_widths(widths, image_size)
         layers: list[nn.Module] = []
         c = in_channels
         for w in widths:
             for k, s, p in ((3, 1, 1), (3, 1, 1), (4, 2, 1)):
-                layers += [nn.Conv2d(c, w, k, s, p), nn.LeakyReLU(0.3), nn.InstanceNorm2d(w, affine=True)]
+                layers += [nn.Conv2d(c, w, k, s, p, bias=False), nn.InstanceNorm2d(w, eps=1e-6, affine=True),
+                           nn.LeakyReLU(0.2)]
                 c = w
         self.conv = nn.Sequential(*layers)
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(c * 16, dense), nn.ReLU(), nn.Linear(dense, dense),
@@ -69,54 +78,155 @@ class QLAEEncoder(nn.Module):
 
 
 class StyleLayer(nn.Module):
-    """Transposed conv -> LeakyReLU(0.3) -> AdaIN with per-channel scale/bias = affine(w)."""
+    """Transposed conv (no bias) -> LeakyReLU(0.2) -> instance norm (eps 1e-6) -> h * ReLU(A w + a) + ReLU(B w + b)
+    (latent_quantization ``blocks/style.py``: the conditioning is a dense block with its default ReLU)."""
 
     def __init__(self, c_in: int, c_out: int, w_dim: int, kernel: int, stride: int, padding: int) -> None:
         super().__init__()
-        self.conv = nn.ConvTranspose2d(c_in, c_out, kernel, stride, padding)
-        self.act = nn.LeakyReLU(0.3)
-        self.norm = nn.InstanceNorm2d(c_out, affine=False)
-        self.style = nn.Linear(w_dim, 2 * c_out)
-        nn.init.zeros_(self.style.bias)  # scale = 1 + affine(w): starts near plain instance norm
+        self.conv = nn.ConvTranspose2d(c_in, c_out, kernel, stride, padding, bias=False)
+        self.act = nn.LeakyReLU(0.2)
+        self.norm = nn.InstanceNorm2d(c_out, eps=1e-6, affine=False)
+        self.style = nn.Sequential(nn.Linear(w_dim, 2 * c_out), nn.ReLU())
 
     def forward(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         scale, bias = self.style(w).chunk(2, dim=1)
-        return self.norm(self.act(self.conv(h))) * (1 + scale[:, :, None, None]) + bias[:, :, None, None]
+        return self.norm(self.act(self.conv(h))) * scale[:, :, None, None] + bias[:, :, None, None]
 
 
 class AdaINDecoder(nn.Module):
-    """(n, d) -> logits (n, C, S, S). w = 2 dense ReLU layers of z; a learned (widths[0], 4, 4) input map (init 0.1);
-    per block: 2 resolution-preserving style layers (k3 s1) + 1 upsampling style layer (k4 s2); 1x1 conv out.
-
-    ``forward(z, return_activations=True)`` also returns the block outputs, the activations Tripod's NHP
-    regularizes (not the output logits).
-    """
+    """QLAE's decoder (latent_quantization ``decoders/style_image.py``, ``configs/decoder_partial/style_image.yaml``):
+    (n, d) -> logits (n, C, S, S). w = 2 dense ReLU layers of z; a learned (widths[0], 4, 4) input map (init 0.1);
+    per block: 2 resolution-preserving style layers (k3 s1) + 1 upsampling style layer (k4 s2); a 3x3 output conv
+    without bias."""
 
     def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
                  widths: Sequence[int] = (256, 128, 64, 32), dense: int = 256) -> None:
         super().__init__()
-        if len(widths) != num_blocks(image_size):
-            raise ValueError(f"{len(widths)} widths for image_size {image_size} (need {num_blocks(image_size)})")
+        _check_widths(widths, image_size)
         self.mapping = nn.Sequential(nn.Linear(latent_dim, dense), nn.ReLU(), nn.Linear(dense, dense), nn.ReLU())
         self.start = nn.Parameter(torch.full((widths[0], 4, 4), 0.1))
-        self.blocks = nn.ModuleList()
+        layers: list[StyleLayer] = []
         c = widths[0]
         for w in widths:
-            self.blocks.append(nn.ModuleList([StyleLayer(c, w, dense, 3, 1, 1), StyleLayer(w, w, dense, 3, 1, 1),
-                                              StyleLayer(w, w, dense, 4, 2, 1)]))
+            layers += [StyleLayer(c, w, dense, 3, 1, 1), StyleLayer(w, w, dense, 3, 1, 1),
+                       StyleLayer(w, w, dense, 4, 2, 1)]
             c = w
-        self.out = nn.Conv2d(c, out_channels, 1)
+        self.layers = nn.ModuleList(layers)
+        self.out = nn.Conv2d(c, out_channels, 3, 1, 1, bias=False)
 
-    def forward(self, z: torch.Tensor, return_activations: bool = False):
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
         w = self.mapping(z)
         h = self.start.expand(z.shape[0], *self.start.shape)
-        acts = []
-        for block in self.blocks:
-            for layer in block:
-                h = layer(h, w)
-            acts.append(h)
-        out = self.out(h)
-        return (out, acts) if return_activations else out
+        for layer in self.layers:
+            h = layer(h, w)
+        return self.out(h)
+
+
+def _gelu() -> nn.Module:
+    return nn.GELU(approximate="tanh")  # jax.nn.gelu's default
+
+
+def _linear_ln_gelu(c_in: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(c_in, c_out), nn.LayerNorm(c_out), _gelu())
+
+
+class _ConvINGELU(nn.Sequential):
+    """conv3 -> InstanceNorm (affine) -> GELU (Tripod ``nn/layers.py`` ConvINAct)."""
+
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__(nn.Conv2d(c_in, c_out, 3, 1, 1), nn.InstanceNorm2d(c_out, affine=True), _gelu())
+
+
+class _ResBlock(nn.Module):
+    """identity(x) + ConvINGELU(ConvINGELU(x)), identity a 1x1 conv when the width changes (Tripod ResConvBlock)."""
+
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(_ConvINGELU(c_in, c_out), _ConvINGELU(c_out, c_out))
+        self.identity = nn.Identity() if c_in == c_out else nn.Conv2d(c_in, c_out, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.identity(x) + self.body(x)
+
+
+class _ConvAdaINGELU(nn.Module):
+    """conv3 -> instance norm -> h (1 + scale) + shift, (scale, shift) = Linear(cond) -> GELU (Tripod ConvAdaINAct)."""
+
+    def __init__(self, cond: int, c: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, 1, 1)
+        self.norm = nn.InstanceNorm2d(c, affine=False)
+        self.proj = nn.Linear(cond, 2 * c)
+        self.act = _gelu()
+
+    def forward(self, h: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.proj(cond).chunk(2, dim=1)
+        return self.act(self.norm(self.conv(h)) * (1 + scale[:, :, None, None]) + shift[:, :, None, None])
+
+
+class _ResCondBlock(nn.Module):
+    """h + ConvAdaINGELU(ConvAdaINGELU(h, cond), cond) (Tripod ResCondConvBlock)."""
+
+    def __init__(self, cond: int, c: int) -> None:
+        super().__init__()
+        self.a, self.b = _ConvAdaINGELU(cond, c), _ConvAdaINGELU(cond, c)
+
+    def forward(self, h: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        return h + self.b(self.a(h, cond), cond)
+
+
+class ResidualEncoder(nn.Module):
+    """Tripod's encoder (``nn/encoder.py``): (n, C, S, S) -> (n, out_dim). Per width w: 2 residual blocks (the
+    first projects its input to w), then space-to-depth x2 + 1x1 conv to 2w channels; global mean pool;
+    Linear-LayerNorm-GELU; affine output. GELU is the tanh approximation (jax's default)."""
+
+    def __init__(self, in_channels: int, image_size: int, out_dim: int, *,
+                 widths: Sequence[int] = (32, 64, 128, 256)) -> None:
+        super().__init__()
+        _check_widths(widths, image_size)
+        layers: list[nn.Module] = []
+        c = in_channels
+        for w in widths:
+            layers += [_ResBlock(c, w), _ResBlock(w, w), nn.PixelUnshuffle(2), nn.Conv2d(4 * w, 2 * w, 1)]
+            c = 2 * w
+        self.conv = nn.Sequential(*layers)
+        self.head = nn.Sequential(_linear_ln_gelu(c, c), nn.Linear(c, out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv(x).mean(dim=(2, 3)))
+
+
+class ResidualDecoder(nn.Module):
+    """Tripod's decoder (``nn/decoder.py``, ``normalize_outputs: False``): (n, d) -> logits (n, C, S, S).
+
+    cond = 2 x Linear-LayerNorm-GELU of z (width ``dense``); a learned (widths[0], 4, 4) input (init 1); per block i:
+    2 conditioned residual blocks at widths[i], then nearest x2 upsampling + 3x3 conv to widths[i + 1] (the last
+    block: to C, the logits). ``forward(z, return_activations=True)`` also returns the activations the authors'
+    NHP regularizes (``configs/train_autoencoder.yaml``): ``{"cond", "block0", ..., "block{n-2}"}`` -- every block
+    output except the last (the logits).
+    """
+
+    def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
+                 widths: Sequence[int] = (512, 256, 128, 64), dense: int = 256) -> None:
+        super().__init__()
+        _check_widths(widths, image_size)
+        self.cond = nn.Sequential(_linear_ln_gelu(latent_dim, dense), _linear_ln_gelu(dense, dense))
+        self.start = nn.Parameter(torch.ones(widths[0], 4, 4))
+        outs = [*widths[1:], out_channels]
+        self.blocks = nn.ModuleList(
+            nn.ModuleList([_ResCondBlock(dense, w), _ResCondBlock(dense, w), nn.Upsample(scale_factor=2.0),
+                           nn.Conv2d(w, o, 3, 1, 1)])
+            for w, o in zip(widths, outs, strict=True))
+
+    def forward(self, z: torch.Tensor, return_activations: bool = False):
+        cond = self.cond(z)
+        acts = {"cond": cond}
+        h = self.start.expand(z.shape[0], *self.start.shape)
+        for i, (res_a, res_b, up, conv) in enumerate(self.blocks):
+            h = conv(up(res_b(res_a(h, cond), cond)))
+            if i < len(self.blocks) - 1:
+                acts[f"block{i}"] = h
+        return (h, acts) if return_activations else h
 
 
 class DLibEncoder(nn.Module):
@@ -125,8 +235,7 @@ class DLibEncoder(nn.Module):
     def __init__(self, in_channels: int, image_size: int, out_dim: int, *, widths: Sequence[int] = (32, 32, 64, 64),
                  dense: int = 256) -> None:
         super().__init__()
-        if len(widths) != num_blocks(image_size):
-            raise ValueError(f"{len(widths)} widths for image_size {image_size} (need {num_blocks(image_size)})")
+        _check_widths(widths, image_size)
         layers: list[nn.Module] = []
         c = in_channels
         for w in widths:
@@ -145,8 +254,7 @@ class DLibDecoder(nn.Module):
     def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
                  widths: Sequence[int] = (32, 32, 64, 64), dense: int = 256) -> None:
         super().__init__()
-        if len(widths) != num_blocks(image_size):
-            raise ValueError(f"{len(widths)} widths for image_size {image_size} (need {num_blocks(image_size)})")
+        _check_widths(widths, image_size)
         rev = list(widths)[::-1]
         self.c0 = rev[0]
         self.fc = nn.Sequential(nn.Linear(latent_dim, dense), nn.ReLU(), nn.Linear(dense, rev[0] * 16), nn.ReLU())

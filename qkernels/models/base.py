@@ -8,7 +8,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkernels.models.architectures import AdaINDecoder, DLibDecoder, DLibEncoder, QLAEEncoder, preset
+from qkernels.models.architectures import (
+    AdaINDecoder,
+    DLibDecoder,
+    DLibEncoder,
+    QLAEEncoder,
+    ResidualDecoder,
+    ResidualEncoder,
+    preset,
+)
 
 RECON_KINDS = ("bce_mean", "bce_sum", "mse_mean")
 
@@ -58,7 +66,8 @@ class Method(nn.Module):
       own optimizer, stepped AFTER the model step.
 
     ``latent_values(z) -> list of d 1-D tensors``: the values each latent is swept over in intervention figures.
-    ``no_decay(name, param) -> bool`` marks parameters excluded from weight decay (biases, norms, codebooks).
+    ``no_decay(name, param) -> bool`` marks parameters excluded from weight decay: biases and codebooks (QLAE's
+    code decays everything else, norm scales and the decoder's input map included).
     """
 
     recon: str = "bce_mean"
@@ -87,7 +96,7 @@ class Method(nn.Module):
         return None
 
     def no_decay(self, name: str, param: nn.Parameter) -> bool:
-        return param.dim() <= 1 or "values" in name or name.endswith("start")
+        return name.endswith("bias") or name.startswith("quantizer.")
 
     def model_parameters(self):
         """Named parameters of the encoder/decoder/codebooks (everything but the discriminator)."""
@@ -114,7 +123,8 @@ def discriminator_of(model: nn.Module) -> nn.Module | None:
 
 
 def build_encoder_decoder(family: str, arch: str, obs_shape: tuple[int, ...], enc_out: int, dec_in: int):
-    """(encoder, decoder) of ``family`` "qlae" (conv + AdaIN) or "dlib" for images ``obs_shape`` (C, S, S)."""
+    """(encoder, decoder) of ``family`` "qlae" (conv + AdaIN), "tripod" (residual) or "dlib" for images
+    ``obs_shape`` (C, S, S)."""
     if len(obs_shape) != 3 or obs_shape[1] != obs_shape[2]:
         raise ValueError(f"image models need observations (C, S, S), got {obs_shape}")
     c, s = obs_shape[0], obs_shape[1]
@@ -122,6 +132,9 @@ def build_encoder_decoder(family: str, arch: str, obs_shape: tuple[int, ...], en
     if family == "qlae":
         enc = QLAEEncoder(c, s, enc_out, **kw)
         dec = AdaINDecoder(dec_in, c, s, widths=tuple(kw["widths"])[::-1], dense=kw["dense"])
+    elif family == "tripod":
+        enc = ResidualEncoder(c, s, enc_out, widths=kw["widths"])
+        dec = ResidualDecoder(dec_in, c, s, widths=tuple(2 * w for w in kw["widths"])[::-1], dense=kw["dense"])
     else:
         enc = DLibEncoder(c, s, enc_out, **kw)
         dec = DLibDecoder(dec_in, c, s, **kw)

@@ -10,17 +10,24 @@ from qkernels.models.base import permute_dims
 
 
 class Discriminator(nn.Module):
-    """MLP (n, in_dim) -> 2 logits: ``layers`` hidden layers of ``width`` units, LeakyReLU(0.2).
-    Logit 0: "sample of q(z)", logit 1: "sample of prod_j q(z_j)" (permuted)."""
+    """MLP (n, in_dim) -> 2 logits: ``layers`` hidden layers of ``width`` units, LeakyReLU(``slope``).
+    Logit 0: "sample of q(z)", logit 1: "sample of prod_j q(z_j)" (permuted). ``init_std``: N(0, init_std) weights
+    and zero biases (FactorQVAE's ``weights_init``, 0.02); None keeps PyTorch's default initialisation."""
 
-    def __init__(self, in_dim: int, *, width: int = 1000, layers: int = 6) -> None:
+    def __init__(self, in_dim: int, *, width: int = 1000, layers: int = 6, slope: float = 0.2,
+                 init_std: float | None = None) -> None:
         super().__init__()
         mods: list[nn.Module] = []
         c = in_dim
         for _ in range(layers):
-            mods += [nn.Linear(c, width), nn.LeakyReLU(0.2)]
+            mods += [nn.Linear(c, width), nn.LeakyReLU(slope)]
             c = width
         self.net = nn.Sequential(*mods, nn.Linear(c, 2))
+        if init_std is not None:
+            for m in self.net:
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, 0.0, init_std)
+                    nn.init.zeros_(m.bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.net(z.flatten(1))
@@ -35,7 +42,7 @@ def tc_estimate(disc: Discriminator, z: torch.Tensor) -> torch.Tensor:
 
 def discriminator_loss(disc: Discriminator, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of ``disc`` telling z (class 0) from z2 with each latent permuted across the batch (class 1).
-    z, z2: (n, d, ...) DETACHED latents, computed after the model step."""
+    z, z2: (n, d, ...) DETACHED latents, computed after the model step (z2 may be z itself: D-VAE's lddr)."""
     perm = permute_dims(z2)
     zeros = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
     ones = torch.ones(z2.shape[0], dtype=torch.long, device=z.device)

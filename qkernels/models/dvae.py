@@ -2,7 +2,8 @@
 
 Training sample y = softmax((logits + s * Gumbel) / tau), tau = 1, with the Gumbel scale s cosine-annealed from 0.5
 up to 2.0 over training; z = y @ values. Loss = BCE (summed per image) + sum_n KL(softmax(logits_n) || U(K));
-FactorDVAE adds gamma * TC with a 6 x 1000 discriminator on the soft z. Evaluation: softmax(logits) @ values.
+FactorDVAE adds gamma * TC with a 6 x 1000 discriminator (LeakyReLU 0.01) on the soft z, trained to tell the batch's
+z from a per-latent shuffle of the same z (lddr). Evaluation: softmax(logits) @ values.
 """
 
 from __future__ import annotations
@@ -58,13 +59,13 @@ class DVAE(Method):
 
 
 class FactorDVAE(DVAE):
-    """D-VAE + gamma * TC (discriminator on the soft z (n, N); 6 x 1000, LeakyReLU 0.2)."""
+    """D-VAE + gamma * TC (discriminator on the soft z (n, N); 6 x 1000, LeakyReLU 0.01 as lddr's)."""
 
     def __init__(self, obs_shape, num_latents: int = 10, *, gamma: float = 10.0, disc_width: int = 1000,
                  disc_layers: int = 6, **kw) -> None:
         super().__init__(obs_shape, num_latents, **kw)
         self.gamma = gamma
-        self.discriminator = Discriminator(num_latents, width=disc_width, layers=disc_layers)
+        self.discriminator = Discriminator(num_latents, width=disc_width, layers=disc_layers, slope=0.01)
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         s = self._sample(x, step)
@@ -75,8 +76,8 @@ class FactorDVAE(DVAE):
 
     def discriminator_loss(self, x: torch.Tensor, x2: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            z1, z2 = self._sample(x, step).z, self._sample(x2, step).z
-        d = discriminator_loss(self.discriminator, z1, z2)
+            z = self._sample(x, step).z  # lddr: the same batch, shuffled per latent (x2 unused)
+        d = discriminator_loss(self.discriminator, z, z)
         return {"total": d, "disc": d}
 
 

@@ -65,14 +65,16 @@ class QVAE(Method):
 
 
 class FactorQVAE(QVAE):
-    """QVAE + gamma * TC, the TC estimated by a discriminator (5 x 1000, LeakyReLU 0.2) on the flattened soft
-    one-hot weights (n, d * K); each latent's one-hot is permuted across the batch for the product of marginals."""
+    """QVAE + gamma * TC, the TC estimated by a discriminator (5 x 1000, LeakyReLU 0.2, N(0, 0.02) weights as the
+    authors' ``weights_init``) on the flattened soft one-hot weights (n, d * K); each latent's one-hot is permuted
+    across a second batch for the product of marginals (the authors split one batch of 512 into two halves)."""
 
     def __init__(self, obs_shape, num_latents: int, *, num_values: int = 64, beta: float = 1e-3, gamma: float = 1e-4,
                  disc_width: int = 1000, disc_layers: int = 5, **kw) -> None:
         super().__init__(obs_shape, num_latents, num_values=num_values, beta=beta, **kw)
         self.gamma = gamma
-        self.discriminator = Discriminator(num_latents * num_values, width=disc_width, layers=disc_layers)
+        self.discriminator = Discriminator(num_latents * num_values, width=disc_width, layers=disc_layers,
+                                           init_std=0.02)
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         q = self._quantize(x, step)

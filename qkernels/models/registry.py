@@ -14,8 +14,10 @@ from qkernels.models.vae import BetaTCVAE, BetaVAE, CliffVAE, FactorVAE
 
 @dataclass(frozen=True)
 class OptimSpec:
-    """Optimizer defaults. ``clip``: "value" (elementwise, QLAE/Tripod) or "norm" or None; ``lr_schedule``:
-    None or "cosine" (to ``lr_min`` over ``lr_decay_steps``, capped at the run length)."""
+    """Optimizer defaults. ``clip``: "value" (elementwise, QLAE/Tripod) or "norm" or None, applied to every model
+    parameter, or only to the weight-decayed ones when ``clip_undecayed`` is False (QLAE). ``lr_schedule``: None or
+    "cosine": torch's ``CosineAnnealingLR`` closed form with T_max = ``lr_decay_steps`` (the run length when 0), from
+    ``lr`` down to ``lr_min`` and, past T_max, periodically back up (as FactorQVAE's 100k-step runs with T_max 50k)."""
 
     name: str = "adam"
     lr: float = 1e-4
@@ -23,6 +25,7 @@ class OptimSpec:
     weight_decay: float = 0.0
     clip: str | None = None
     clip_value: float = 1.0
+    clip_undecayed: bool = True
     lr_schedule: str | None = None
     lr_min: float = 0.0
     lr_decay_steps: int = 0
@@ -38,18 +41,21 @@ class MethodSpec:
     defaults: dict = field(default_factory=dict)
 
 
-_QLAE_OPT = OptimSpec("adamw", 1e-3, (0.9, 0.99), 0.1, "value", 1.0)
-_TRIPOD_OPT = OptimSpec("adamw", 2e-4, (0.9, 0.99), 0.0, "value", 1.0)
+# optax's AdamW defaults (b2 0.999); QLAE: decay 0.1 on all but biases and codebooks, clip the decayed group only
+# (latent_quantization); Tripod: no decay, clip both groups (tripod configs/train_autoencoder.yaml)
+_QLAE_OPT = OptimSpec("adamw", 1e-3, (0.9, 0.999), 0.1, "value", 1.0, clip_undecayed=False)
+_TRIPOD_OPT = OptimSpec("adamw", 2e-4, (0.9, 0.999), 0.0, "value", 1.0)
+# FactorQVAE configs/Shapes3D: Adam 1e-3 for the VAE and the discriminator, CosineAnnealingLR(T_max 50k, 1.25e-6)
 _FQ_OPT = OptimSpec("adam", 1e-3, (0.9, 0.999), lr_schedule="cosine", lr_min=1.25e-6, lr_decay_steps=50_000)
 _DLIB_OPT = OptimSpec("adam", 1e-4, (0.9, 0.999))
-_DISC_OPT = OptimSpec("adam", 1e-4, (0.5, 0.9))
+_DISC_OPT = OptimSpec("adam", 1e-4, (0.5, 0.9))  # FactorVAE (Kim & Mnih, 2018)
 
 METHODS: dict[str, MethodSpec] = {
-    "ae": MethodSpec(AE, OptimSpec("adamw", 1e-3, (0.9, 0.99), 0.0, "value", 1.0), 128, "twice_sources"),
+    "ae": MethodSpec(AE, OptimSpec("adamw", 1e-3, (0.9, 0.999), 0.0, "value", 1.0), 128, "twice_sources"),
     "qlae": MethodSpec(QLAE, _QLAE_OPT, 128, "twice_sources"),
     "tripod": MethodSpec(Tripod, _TRIPOD_OPT, 64, "twice_sources"),
     "qvae": MethodSpec(QVAE, _FQ_OPT, 256, "twice_sources"),
-    "factorqvae": MethodSpec(FactorQVAE, _FQ_OPT, 256, "twice_sources", disc_optim=_DISC_OPT),
+    "factorqvae": MethodSpec(FactorQVAE, _FQ_OPT, 256, "twice_sources", disc_optim=_FQ_OPT),
     "dvae": MethodSpec(DVAE, _DLIB_OPT, 64, "ten"),
     "factordvae": MethodSpec(FactorDVAE, _DLIB_OPT, 64, "ten", disc_optim=_DISC_OPT),
     "beta_vae": MethodSpec(BetaVAE, _DLIB_OPT, 64, "ten"),

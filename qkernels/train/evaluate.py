@@ -33,7 +33,7 @@ def _jsonable(v):
     return v
 
 
-def _encode_fn(model):
+def encode_fn(model):
     def fn(x):
         c = model.codes(x)
         return model.encode(x) if c is None else c
@@ -56,7 +56,7 @@ def evaluate_model(model, ds, cfg, *, num_samples: int) -> dict:
             xh = model.decode(model.encode(x.to(dev))).cpu()
             res["recon.mse"] = float(M.mse(xh, x))
             return _jsonable(res)
-        enc = _encode_fn(model)
+        enc = encode_fn(model)
         res = M.evaluate(lambda x: enc(x.to(dev)).cpu(), ds, metrics=tuple(cfg.metrics), num_samples=num_samples,
                          seed=cfg.seed + 1, batch_size=256)
         f = ds.sample_factors(RECON_SAMPLES, generator(cfg.seed, 2))

@@ -33,7 +33,7 @@ def batch_size_of(cfg: TrainConfig) -> int:
 
 
 def make_optimizer(named_params, spec: OptimSpec, lr: float) -> torch.optim.Optimizer:
-    """Adam/AdamW; with weight decay, parameters with ``no_decay`` (biases, norms, codebooks) get none."""
+    """Adam/AdamW; with weight decay, parameters with ``no_decay`` (biases, codebooks) get none."""
     decay = [p for n, p, nd in named_params if not nd]
     no_decay = [p for n, p, nd in named_params if nd]
     groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -49,8 +49,7 @@ def lr_at(spec: OptimSpec, lr: float, step: int, total: int) -> float:
     if spec.lr_schedule is None:
         return lr
     if spec.lr_schedule == "cosine":
-        t_max = min(spec.lr_decay_steps or total, total)
-        t = min(step, t_max) / max(t_max, 1)
+        t = step / max(spec.lr_decay_steps or total, 1)
         return spec.lr_min + (lr - spec.lr_min) * 0.5 * (1 + math.cos(math.pi * t))
     raise ValueError(f"unknown lr_schedule {spec.lr_schedule!r}")
 
@@ -72,7 +71,7 @@ class Trainer:
         self.batch_size = batch_size_of(cfg)
         self.lr = cfg.lr or self.spec.optim.lr
         named = [(n, p, self.model.no_decay(n, p)) for n, p in self.model.model_parameters()]
-        self.model_params = [p for _, p, _ in named]
+        self.clip_params = [p for _, p, nd in named if self.spec.optim.clip_undecayed or not nd]
         self.opt = make_optimizer(named, self.spec.optim, self.lr)
         self.disc = discriminator_of(self.model)
         self.disc_opt = None
@@ -138,7 +137,7 @@ class Trainer:
             terms = self.model.loss(x, s)
         self.opt.zero_grad(set_to_none=True)
         terms["total"].backward()
-        clip_(self.model_params, self.spec.optim)
+        clip_(self.clip_params, self.spec.optim)
         self.opt.step()
         out = {k: float(v.detach()) for k, v in terms.items()}
         if self.disc is not None:
