@@ -1,6 +1,7 @@
 """Data throughput: images per second for each procedural dataset (batch of 512, 64 x 64) and for
 batched reads of a Shapes3D-format HDF5 file. Run: pytest benchmarks/test_data.py --benchmark-only.
-``extra_info["images_per_s"]`` holds the rate (from the benchmark's mean time)."""
+``extra_info["images_per_s"]`` holds the rate (from the benchmark's mean time). Warm-up and rounds:
+qkernels.bench.pedantic (from the time per batch; see benchmarks/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from qkernels.bench import pedantic
 from qkernels.data import Balls, Shapes3D, Shapes3DProcedural, Sprites
 
 BATCH = 512
@@ -24,14 +26,14 @@ def test_procedural_render_throughput(benchmark, name):
           "balls": lambda: Balls(BATCH),
           "shapes3d_procedural": lambda: Shapes3DProcedural()}[name]()
     f = ds.sample_factors(BATCH, torch.Generator().manual_seed(0))
-    x = benchmark(ds.observations_from_factors, f)
+    x = pedantic(benchmark, ds.observations_from_factors, (f,))
     assert x.shape == (BATCH, *ds.observation_shape)
     _rate(benchmark, BATCH)
 
 
 def test_balls_continuous_render_throughput(benchmark):
     ds = Balls(BATCH, "iid")
-    x = benchmark(ds.render, ds.latents)
+    x = pedantic(benchmark, ds.render, (ds.latents,))
     assert x.shape == (BATCH, 3, 64, 64)
     _rate(benchmark, BATCH)
 
@@ -42,7 +44,7 @@ def test_dataloader_batch_throughput(benchmark):
     loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True,
                                          generator=torch.Generator().manual_seed(0))
     it = iter(loader)
-    x, _ = benchmark(next, it)
+    x, _ = pedantic(benchmark, next, (it,))
     assert x.shape == (BATCH, 3, 64, 64)
     _rate(benchmark, BATCH)
 
@@ -57,6 +59,6 @@ def test_shapes3d_h5_random_batch_read(benchmark, tmp_path):
         f.create_dataset("labels", data=rows.astype(np.float64) / 10)
     ds = Shapes3D(tmp_path / "3dshapes.h5")
     f = ds.sample_factors(BATCH, torch.Generator().manual_seed(0))
-    x = benchmark(ds.observations_from_factors, f)
+    x = pedantic(benchmark, ds.observations_from_factors, (f,))
     assert x.shape == (BATCH, 3, 64, 64)
     _rate(benchmark, BATCH)

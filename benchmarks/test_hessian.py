@@ -4,7 +4,8 @@ batched + fused, n = 64, d = 12, k = 2, MLP and transposed-conv decoders (qkerne
 - penalty forward + backward: time, and peak memory (extra_info["peak_mib"]);
 - a full training step (BCE reconstruction + 1e-2 NHP, Adam) vs the same step without NHP
   ("none") and vs the unavoidable work ("stacked": the plain step plus one forward + backward of
-  the regularized layers on the 4k n stacked rows).
+  the regularized layers on the 4k n stacked rows); the summary table of benchmarks/conftest.py
+  compares every step with "none".
 
     pytest benchmarks/test_hessian.py --benchmark-only
 """
@@ -13,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from qkernels.bench import cases, peak_memory
+from qkernels.bench import benchmark_case, cases, pedantic
 from qkernels.bench.hessian import DECODERS, IMG, D, K, N, batched_nhp, sequential_nhp
 
 PARAMS = [(c, v) for c in cases("hessian") for v in c.variants]
@@ -21,9 +22,7 @@ PARAMS = [(c, v) for c in cases("hessian") for v in c.variants]
 
 @pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
 def test_penalty_forward_backward(benchmark, case, variant):
-    benchmark.group = case.name
-    benchmark.extra_info["peak_mib"] = (peak_memory(case, variant) or 0) / 2**20
-    benchmark.pedantic(case.variants[variant], args=case.make(1), rounds=10, warmup_rounds=2)
+    benchmark_case(benchmark, case, variant)
 
 
 class AutoEncoder(nn.Module):
@@ -61,5 +60,7 @@ def make_train_step(model, variant):
 @pytest.mark.parametrize("model", list(DECODERS))
 @pytest.mark.parametrize("variant", ["none", "stacked", "sequential", "fused"])
 def test_train_step(benchmark, model, variant):
-    benchmark.group = f"train-step-{model}"
-    benchmark.pedantic(make_train_step(model, variant), rounds=10, warmup_rounds=2)
+    benchmark.group = f"train step {model}"
+    benchmark.extra_info.update(hotpath="hessian", case=f"train step {model} n={N} d={D} k={K}", variant=variant,
+                                baseline="none")
+    pedantic(benchmark, make_train_step(model, variant))

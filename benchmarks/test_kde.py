@@ -10,14 +10,11 @@ fresh subprocess) goes to extra_info["peak_mib"].
 
 import pytest
 
-from qkernels.bench import cases, peak_memory
+from qkernels.bench import benchmark_case, cases
 
 PARAMS = [(c, v) for c in cases("kde") for v in c.variants]
 
 
 @pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
 def test_kde(benchmark, case, variant):
-    benchmark.group = case.name
-    benchmark.extra_info["peak_mib"] = (peak_memory(case, variant) or 0) / 2**20
-    rounds = 1 if case.slow and variant in ("reference", "materialized") else 3
-    benchmark.pedantic(case.variants[variant], args=case.make(1), rounds=rounds, warmup_rounds=0 if rounds == 1 else 1)
+    benchmark_case(benchmark, case, variant)

@@ -8,12 +8,11 @@ selection and autograd wiring add per call. ``add``: one bare torch.add forward 
 
 import pytest
 
-from qkernels.bench import cases
+from qkernels.bench import benchmark_case, cases
 
 PARAMS = [(c, v) for c in cases("overhead") for v in c.variants]
 
 
 @pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
 def test_overhead(benchmark, case, variant):
-    benchmark.group = case.name
-    benchmark.pedantic(case.variants[variant], args=case.make(1), rounds=200, iterations=5, warmup_rounds=20)
+    benchmark_case(benchmark, case, variant, memory=False)

@@ -8,15 +8,11 @@ Peak memory (growth of peak RSS in a fresh subprocess) goes to extra_info.
 
 import pytest
 
-from qkernels.bench import cases, peak_memory
+from qkernels.bench import benchmark_case, cases
 
 PARAMS = [(c, v) for c in cases("quantize") for v in c.variants]
 
 
 @pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
 def test_quantize(benchmark, case, variant):
-    inputs = case.make(1)
-    fn = case.variants[variant]
-    benchmark.group = case.name
-    benchmark.extra_info["peak_mib"] = (peak_memory(case, variant) or 0) / 2**20
-    benchmark.pedantic(fn, args=inputs, rounds=3, warmup_rounds=1)
+    benchmark_case(benchmark, case, variant)

@@ -1,9 +1,10 @@
 """Dropping qkernels into a plain PyTorch autoencoder loop: each regularizer / quantizer is a 2-3 line change,
 marked ``# qkernels:`` below. Runs a few hundred steps on procedural sprites (CPU, a minute or two).
+The default run uses QLAE's quantizer (per-latent learnable codebooks, straight-through).
 
+    python python/drop_in_autoencoder.py                                            # QLAE's quantizer
     python python/drop_in_autoencoder.py --quantizer fsq --klm 1e-4 --nhp 1e-2     # Tripod's three legs
-    python python/drop_in_autoencoder.py --quantizer latent                         # QLAE
-    python python/drop_in_autoencoder.py --cliff 1.0                                # Cliff on the latents
+    python python/drop_in_autoencoder.py --quantizer none --cliff 1.0               # Cliff on the latents
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from qkernels.nn.quantize import FSQ, LatentQuantizer
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quantizer", choices=("none", "latent", "fsq"), default="none")
+    p.add_argument("--quantizer", choices=("none", "latent", "fsq"), default="latent")
     p.add_argument("--cliff", type=float, default=0.0, help="weight of the Cliff loss on the latents")
     p.add_argument("--klm", type=float, default=0.0, help="weight of Tripod's KLM")
     p.add_argument("--nhp", type=float, default=0.0, help="weight of Tripod's normalized Hessian penalty")
@@ -29,8 +30,9 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     ds = load_dataset("sprites", image_size=32)
     d = 10
-    encoder = nn.Sequential(nn.Flatten(), nn.Linear(32 * 32, 256), nn.ReLU(), nn.Linear(256, d))
-    decoder = nn.Sequential(nn.Linear(d, 256), nn.ReLU(), nn.Linear(256, 32 * 32), nn.Unflatten(1, (1, 32, 32)))
+    encoder = nn.Sequential(nn.Flatten(), nn.Linear(32 * 32, 256), nn.GELU(), nn.Linear(256, d))
+    # GELU, not ReLU: the normalized Hessian penalty's finite differences need a smooth function
+    decoder = nn.Sequential(nn.Linear(d, 256), nn.GELU(), nn.Linear(256, 32 * 32), nn.Unflatten(1, (1, 32, 32)))
     # qkernels: a quantizer is a module between encoder and decoder
     quantizer = {"none": None, "latent": LatentQuantizer(d, 10), "fsq": FSQ(12)}[a.quantizer]
     params = [*encoder.parameters(), *decoder.parameters(), *(quantizer.parameters() if quantizer else [])]
@@ -60,7 +62,7 @@ def main(argv=None) -> None:
         (loss + loss_extra).backward()
         opt.step()
         if step % 50 == 0 or step == a.steps - 1:
-            print(f"step {step}: recon {float(loss):.4f} extra {float(loss_extra):.4f}")
+            print(f"step {step}: recon {loss.item():.4f} extra {loss_extra.item():.4f}")
 
 
 if __name__ == "__main__":

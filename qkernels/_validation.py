@@ -5,8 +5,9 @@ Checks of tensor *values* (NaN/inf, index ranges, positivity) read data back to 
 that blocks the CPU until the device catches up, several times per call. They run where
 :func:`value_checks` says so: ``QKERNELS_CHECK_FINITE`` unset or ``auto`` (default): on CPU tensors
 only; ``1``: on every device (debugging; synchronizes on CUDA); ``0``: never. They are always
-skipped while ``torch.compile`` traces (they would break the graph). Shape, dtype and device checks
-always run: they read metadata only.
+skipped while ``torch.compile`` traces (they would break the graph) and on tensors without data
+(``meta`` tensors, fake tensors of ``FakeTensorMode`` / ``torch.export``). Shape, dtype and device
+checks always run: they read metadata only.
 """
 
 from __future__ import annotations
@@ -15,18 +16,34 @@ import math
 import os
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
+
+from qkernels.reference.kde import population_std
 
 _CHECK_MODES = ("auto", "1", "0")
 CHECK_VALUES = os.environ.get("QKERNELS_CHECK_FINITE", "auto") or "auto"
 if CHECK_VALUES not in _CHECK_MODES:
     raise ValueError(f"QKERNELS_CHECK_FINITE must be one of {_CHECK_MODES}, got {CHECK_VALUES!r}")
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 
 
 def value_checks(t: torch.Tensor) -> bool:
     """Whether value-dependent checks run on ``t`` (see the module docstring)."""
     if CHECK_VALUES == "0" or torch.compiler.is_compiling():
         return False
-    return CHECK_VALUES == "1" or t.device.type == "cpu"
+    if CHECK_VALUES == "auto" and t.device.type != "cpu":
+        return False
+    return not (t.is_meta or is_fake_data(t))
+
+
+def is_fake_data(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a fake tensor (FakeTensorMode, torch.export) or a FakeTensorMode is active
+    (where even a real tensor's read-back fails). Plain tensors and parameters skip the slower
+    ``is_fake`` (microseconds, paid on every call)."""
+    if torch._C._get_dispatch_mode(_FAKE_MODE) is not None:
+        return True
+    plain = type(t) in (torch.Tensor, torch.nn.Parameter) and not torch._is_functional_tensor(t)
+    return not plain and is_fake(t)
 
 
 def check_tensor(
@@ -61,11 +78,17 @@ def check_tensor(
 
 
 def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, *, dtype=True) -> None:
-    """Same device (and dtype when ``dtype``) for two tensor arguments."""
+    """Same device (and dtype when ``dtype``) for two tensor arguments; the error says how to fix it."""
     if a.device != b.device:
-        raise ValueError(f"{name_a} is on device {a.device} but {name_b} is on device {b.device}")
+        raise ValueError(
+            f"{name_a} is on device {a.device} but {name_b} is on device {b.device}: move one to the "
+            f"other's device, e.g. {name_a}.to({str(b.device)!r}) or {name_b}.to({str(a.device)!r})"
+        )
     if dtype and a.dtype != b.dtype:
-        raise TypeError(f"{name_a} has dtype {a.dtype} but {name_b} has dtype {b.dtype}")
+        raise TypeError(
+            f"{name_a} has dtype {a.dtype} but {name_b} has dtype {b.dtype}: convert one to the "
+            f"other's dtype, e.g. {name_a}.to({b.dtype}) or {name_b}.to({a.dtype})"
+        )
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -101,6 +124,31 @@ def check_positive(name: str, value: object, *, integer: bool = False, minimum=N
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
     elif not value > 0:
         raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def check_std(std: object, z: torch.Tensor) -> torch.Tensor:
+    """Per-latent scales (d,) for latents z (n, d), all > 0.
+
+    ``std``: None -> ``z.std(0, correction=0) + 1e-6`` (differentiable in z, zero gradient for a
+    constant column); a number (int or float) or a 0-d tensor -> broadcast to (d,); a (d,) tensor
+    as given. Tensors must match z's device and dtype; gradients flow back through them.
+    """
+    d = z.shape[1]
+    if std is None:
+        return population_std(z) + 1e-6
+    if isinstance(std, torch.Tensor):
+        check_tensor("std", std, ndim=(0, 1))
+        check_same("std", std, "z", z)
+        if std.dim() == 1 and std.shape[0] != d:
+            raise ValueError(f"std must be a scalar or (d,) with d = {d}, got shape {tuple(std.shape)}")
+        if value_checks(std) and not bool((std > 0).all()):
+            raise ValueError("std must be > 0 everywhere (a zero scale collapses its latent)")
+        return std.expand(d).contiguous() if std.dim() == 0 else std
+    if isinstance(std, bool) or not isinstance(std, (int, float)):
+        raise TypeError(f"std must be None, a number or a tensor (a scalar or (d,)), got {type(std).__name__}")
+    if not (std > 0 and is_finite_number(std)):
+        raise ValueError(f"std must be a finite number > 0, got {std}")
+    return torch.full((d,), float(std), dtype=z.dtype, device=z.device)
 
 
 def check_sigma(sigma) -> float:

@@ -1,4 +1,9 @@
-"""The ``qkernels`` command (also ``python -m qkernels``)."""
+"""The ``qkernels`` command (also ``python -m qkernels``).
+
+Errors are one line on stderr, ``qkernels: error: ...``, exit status 2 for a bad command line (a flag
+value, a name, a path or a device that cannot work) and 1 for a run that failed; ``--debug`` shows the
+traceback instead.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +11,75 @@ import argparse
 import sys
 
 
+class UsageError(Exception):
+    """A command line that cannot work: printed as one line, exit status 2."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("qkernels")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "unknown (not installed)"
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
 def _bench(args: argparse.Namespace) -> int:
     from qkernels import bench
 
-    bench.run(
-        tuple(args.hotpath) if args.hotpath else bench.HOTPATHS, memory=not args.no_memory, include_slow=args.all
-    )
+    bad = [h for h in args.hotpath or () if h not in bench.HOTPATHS]
+    if bad:
+        raise UsageError(f"--hotpath {bad[0]}: unknown hot path; choose from {', '.join(bench.HOTPATHS)}")
+    bench.run(tuple(args.hotpath) if args.hotpath else bench.HOTPATHS, memory=not args.no_memory,
+              include_slow=args.all, min_time=args.min_time, threads=args.threads)
     return 0
 
 
-def _train(args: argparse.Namespace) -> int:
+def _check_device(device: str) -> None:
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {device}: not a device name; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: this torch ({torch.__version__}) has no usable CUDA device; "
+                         "use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device}: only cpu and cuda devices are supported")
+
+
+def _train_config(args: argparse.Namespace):
     import json
     from pathlib import Path
 
-    from qkernels.train import TrainConfig, train
+    from qkernels.data import FILE_DATASETS
+    from qkernels.train import TrainConfig
     from qkernels.train.run import CONFIG
 
     out = args.out or f"runs/{args.model or 'tripod'}"
@@ -29,30 +89,71 @@ def _train(args: argparse.Namespace) -> int:
             cfg.steps = args.steps
         if args.device is not None:
             cfg.device = args.device
-    else:
-        base = TrainConfig.load(args.config).to_dict() if args.config else {}
-        flags = {"model": args.model, "dataset": args.dataset, "steps": args.steps, "batch_size": args.batch_size,
-                 "seed": args.seed, "eval_samples": args.eval_samples, "device": args.device, "lr": args.lr,
-                 "arch": args.arch, "image_size": args.image_size, "num_latents": args.num_latents,
-                 "eval_every": args.eval_every}
-        base.update({k: v for k, v in flags.items() if v is not None})
-        if args.compile:
-            base["compile"] = True
-        if args.amp:
-            base["amp"] = True
-        base["out"] = args.out or base.get("out") or f"runs/{base.get('model', 'tripod')}"
-        cfg = TrainConfig.from_dict(base)
-    res = train(cfg, resume=args.resume)
+        return cfg
+    try:  # only the fields the file sets: the others still follow --model (e.g. the default --out)
+        base = json.loads(Path(args.config).read_text()) if args.config else {}
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--config {args.config}: {err}") from None
+    if not isinstance(base, dict):
+        raise UsageError(f"--config {args.config}: expected a JSON object of TrainConfig fields")
+    flags = {"model": args.model, "dataset": args.dataset, "steps": args.steps, "batch_size": args.batch_size,
+             "seed": args.seed, "eval_samples": args.eval_samples, "device": args.device, "lr": args.lr,
+             "arch": args.arch, "image_size": args.image_size, "num_latents": args.num_latents,
+             "eval_every": args.eval_every}
+    base.update({k: v for k, v in flags.items() if v is not None})
+    if args.compile:
+        base["compile"] = True
+    if args.amp:
+        base["amp"] = True
+    if args.data_root is not None:
+        name = base.get("dataset", TrainConfig.dataset)
+        if name not in FILE_DATASETS:
+            raise UsageError(f"--data-root: {name} is procedural and reads no files "
+                             f"(file datasets: {', '.join(FILE_DATASETS)})")
+        base["dataset_kwargs"] = {**base.get("dataset_kwargs", {}), "root": args.data_root}
+    base["out"] = args.out or base.get("out") or f"runs/{base.get('model', 'tripod')}"
+    try:
+        return TrainConfig.from_dict(base)
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"--config {args.config}: {err}") from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    print("qkernels train: loading torch, the data and the model ...", file=sys.stderr, flush=True)
+    import json
+
+    from qkernels.data import DatasetFormatError
+    from qkernels.train.loop import Trainer
+
+    cfg = _train_config(args)
+    _check_device(cfg.device)
+    try:
+        trainer = Trainer(cfg, resume=args.resume)
+    except (ValueError, TypeError, FileNotFoundError, DatasetFormatError) as err:
+        raise UsageError(f"{cfg.model} on {cfg.dataset}: {err}") from None
+    res = trainer.run()
     print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict))}, indent=1))
     print(f"run directory: {cfg.out}")
     return 0
+
+
+def _run_dir(path: str, *files: str) -> None:
+    from pathlib import Path
+
+    missing = [f for f in files if not (Path(path) / f).is_file()]
+    if missing:
+        raise UsageError(f"{path}: no {' or '.join(missing)} there; give a run directory written by "
+                         "`qkernels train --out DIR`")
 
 
 def _eval(args: argparse.Namespace) -> int:
     import json
 
     from qkernels.train import eval_run
+    from qkernels.train.run import CHECKPOINT, CONFIG
 
+    _run_dir(args.run_dir, CONFIG, CHECKPOINT)
+    _check_device(args.device or "cpu")
     res = eval_run(args.run_dir, num_samples=args.eval_samples, device=args.device or "cpu")
     print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict))}, indent=1))
     return 0
@@ -60,55 +161,101 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from qkernels.train import compare_runs
+    from qkernels.train.run import METRICS_FILE
 
+    for d in args.run_dirs:
+        _run_dir(d, METRICS_FILE)
     print(compare_runs(args.run_dirs, columns=args.columns))
     return 0
+
+
+def _debug_flag(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    # also accepted after the subcommand; SUPPRESS keeps a --debug given before it
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks instead of one-line errors")
+    return p
 
 
 def _add_train(sub) -> None:
     from qkernels.models.registry import METHODS
 
-    p = sub.add_parser("train", help="train a model (default: a small Tripod on shapes3d_procedural, ~10 min CPU)")
+    p = _debug_flag(sub.add_parser(
+        "train",
+        help="train a model (default: the authors' Tripod on shapes3d_procedural, 32x32, 600 steps)",
+        description="Train a method with its authors' defaults (optimizer, lr, batch size, lambdas) unless a flag "
+                    "overrides them; writes config.json, log.jsonl, checkpoint.pt, metrics.json and figures/ "
+                    "into --out. The bare command trains Tripod exactly as its authors' code does, at CPU size "
+                    "(arch small, 32x32 images, 600 of their 250k steps)."))
     p.add_argument("--model", choices=sorted(METHODS), help="method (default tripod)")
     p.add_argument("--dataset", help="dataset name for qkernels.data.load_dataset (default shapes3d_procedural)")
-    p.add_argument("--steps", type=int, help="optimizer steps")
+    p.add_argument("--data-root", help="folder of the dataset files (file datasets; default $QKERNELS_DATA)")
+    p.add_argument("--steps", type=_int_at_least(1), help="optimizer steps (default 600)")
     p.add_argument("--out", help="run directory (default runs/<model>)")
-    p.add_argument("--batch-size", type=int, help="batch size (default: the authors' for the method)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--lr", type=float, help="learning rate (default: the authors' for the method)")
+    p.add_argument("--batch-size", type=_int_at_least(2), help="batch size (default: the authors' for the method)")
+    p.add_argument("--seed", type=_int_at_least(0))
+    p.add_argument("--lr", type=_positive_float, help="learning rate (default: the authors' for the method)")
     p.add_argument("--arch", choices=("small", "paper"), help="network widths (default small)")
-    p.add_argument("--image-size", type=int, help="procedural image size (default 32)")
-    p.add_argument("--num-latents", type=int)
-    p.add_argument("--eval-samples", type=int, help="samples for the metrics")
-    p.add_argument("--eval-every", type=int, help="evaluate every N steps (0: at the end only)")
+    p.add_argument("--image-size", type=_int_at_least(8), help="procedural image size: 8, 16, 32 (default), 64, ...")
+    p.add_argument("--num-latents", type=_int_at_least(1))
+    p.add_argument("--eval-samples", type=_int_at_least(20), help="samples for the metrics (default 2000)")
+    p.add_argument("--eval-every", type=_int_at_least(0), help="evaluate every N steps (0: at the end only)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--config", help="JSON file of TrainConfig fields (flags override it)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder and decoder")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast on CUDA")
     p.set_defaults(func=_train)
-    p = sub.add_parser("eval", help="re-evaluate a saved run (metrics.json + figures)")
+    p = _debug_flag(sub.add_parser("eval", help="re-evaluate a saved run (metrics.json + figures)"))
     p.add_argument("run_dir")
-    p.add_argument("--eval-samples", type=int)
+    p.add_argument("--eval-samples", type=_int_at_least(20))
     p.add_argument("--device")
     p.set_defaults(func=_eval)
-    p = sub.add_parser("compare", help="table of the metrics of several runs")
+    p = _debug_flag(sub.add_parser("compare", help="table of the metrics of several runs"))
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--columns", nargs="+", help="metric keys to show (default: the standard ones present)")
     p.set_defaults(func=_compare)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="qkernels", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("bench", help="time and peak memory of every available backend of every op vs the reference")
-    p.add_argument("--hotpath", action="append", help="only this hot path (repeatable)")
-    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    p.add_argument("--all", action="store_true", help="include the slow cases (minutes each)")
-    p.set_defaults(func=_bench)
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qkernels", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"qkernels {_version()}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = _debug_flag(sub.add_parser("bench", help="time and peak memory of every available backend of every op vs "
+                                   "the reference"))
+    b.add_argument("--hotpath", action="append", help="only this hot path (repeatable): quantize, kde, hessian, "
+                   "overhead")
+    b.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    b.add_argument("--all", action="store_true", help="include the slow cases (minutes each)")
+    b.add_argument("--min-time", type=_positive_float, default=0.5, metavar="SECONDS",
+                   help="timed seconds per variant and case (more: steadier ratios; default 0.5)")
+    b.add_argument("--threads", type=_int_at_least(1),
+                   help="torch intra-op threads while timing (1: steadier on a busy machine)")
+    b.set_defaults(func=_bench)
     _add_train(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)  # a bad flag: argparse prints usage + one error line, exit 2
+    try:
+        return args.func(args)
+    except UsageError as err:
+        if args.debug:
+            raise
+        print(f"qkernels: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("qkernels: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - a failed run: one line, the traceback with --debug
+        if args.debug:
+            raise
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"qkernels: error: {type(err).__name__}: {msg} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

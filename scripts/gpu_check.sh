@@ -113,11 +113,13 @@ BENCH_RC=$?
     echo
     echo "## \`qkernels bench --all\`: exit $BENCH_RC in $(($(date +%s) - Q0)) s$([ $BENCH_RC -eq 124 ] && echo ' (TIMED OUT: partial table)')"
     echo
-    echo "Times: interleaved forward + backward runs, torch.cuda.synchronize() around each; ratios of medians"
-    echo "(> 1: faster than the baseline / than torch.compile of the reference); peak MiB: growth of"
+    echo "Times: interleaved forward + backward runs, torch.cuda.synchronize() around each; ratios: median of"
+    echo "the per-round ratios (legend under each table); peak MiB: growth of"
     echo "torch.cuda.max_memory_allocated over one run."
     echo
+    echo '```'
     cat "$OUT/bench.md"
+    echo '```'
 } >> "$REPORT"
 step "done: $REPORT ($(($(date +%s) - T0)) s)"
 echo "- total: $(($(date +%s) - T0)) s" >> "$REPORT"

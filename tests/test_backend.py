@@ -111,20 +111,98 @@ def test_pure_python_mode_falls_back_to_reference():
 
 
 def test_value_checks_by_device_and_switch(monkeypatch):
-    """Value checks run on CPU tensors by default, never on other devices (a read-back would
-    synchronize a GPU; a meta tensor stands in for one here), everywhere with
-    QKERNELS_CHECK_FINITE=1, nowhere with 0."""
+    """Value checks run on CPU tensors by default, on other devices only with
+    QKERNELS_CHECK_FINITE=1 (a read-back would synchronize a GPU), nowhere with 0, and never on
+    tensors without data (meta, fake)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from qkernels import _validation
 
-    cpu, other = torch.zeros(3), torch.empty(3, device="meta")
-    assert _validation.value_checks(cpu) and not _validation.value_checks(other)
+    cpu, meta = torch.zeros(3), torch.empty(3, device="meta")
+    gpu = torch.zeros(3, device="cuda") if torch.cuda.is_available() else None
+    with FakeTensorMode():
+        fake = torch.zeros(3)
+    assert _validation.value_checks(cpu) and not _validation.value_checks(meta)
+    assert not _validation.value_checks(fake) and not _validation.value_checks(torch.nn.Parameter(meta))
+    assert gpu is None or not _validation.value_checks(gpu)
     monkeypatch.setattr(_validation, "CHECK_VALUES", "1")
-    assert _validation.value_checks(other)
+    assert not _validation.value_checks(meta) and not _validation.value_checks(fake)
+    assert gpu is None or _validation.value_checks(gpu)
+    with FakeTensorMode(allow_non_fake_inputs=True):  # a real tensor's read-back fails here too
+        assert not _validation.value_checks(cpu)
     monkeypatch.setattr(_validation, "CHECK_VALUES", "0")
     assert not _validation.value_checks(cpu)
     with pytest.raises(ValueError, match="z contains NaN"):
         monkeypatch.setattr(_validation, "CHECK_VALUES", "auto")
         qkernels.klm_loss(torch.tensor([[0.0, 1.0], [float("nan"), 2.0], [1.0, 0.5]]))
+
+
+def _public_calls(randn):
+    """(name, call, expected output shapes) of every public function on tensors from ``randn``."""
+    n, d, k = 8, 3, 5
+    z, v, pts = randn(n, d), randn(d, k), randn(d, 7)
+    std = randn(d).abs() + 1
+    fn = torch.tanh
+    return [
+        ("latent_quantize", lambda: qkernels.latent_quantize(z, v), [(n, d), (n, d), (), ()]),
+        ("latent_quantize 3-d", lambda: qkernels.latent_quantize(randn(2, n, d), randn(k)),
+         [(2, n, d), (2, n, d), (), ()]),
+        ("fsq", lambda: qkernels.fsq(z, [3, 5, 7]), [(n, d), (n, d), (), ()]),
+        ("gumbel_quantize", lambda: qkernels.gumbel_quantize(z, randn(k), 0.5), [(n, d), (n, d, k), (n, d, k), (n, d)]),
+        ("categorical_latent", lambda: qkernels.categorical_latent(randn(n, d, k)), [(n, d), (n, d, k), (n, d)]),
+        ("cliff_loss", lambda: qkernels.cliff_loss(z, num_cond=4, return_terms=True), [(), (), (), ()]),
+        ("klm_loss", lambda: qkernels.klm_loss(z), [()]),
+        ("klm_loss std", lambda: qkernels.klm_loss(z, std=std), [()]),
+        ("klm_loss scalar std", lambda: qkernels.klm_loss(z, std=0.5), [()]),
+        ("kde_grid", lambda: qkernels.kde_grid(pts, z, 0.1), [(d, 7)]),
+        ("normalized_hessian_penalty", lambda: qkernels.normalized_hessian_penalty(fn, z), [()]),
+        ("normalized_hessian_penalty none", lambda: qkernels.normalized_hessian_penalty(
+            fn, z, std, reduction="none"), [(n,)]),
+        ("hessian_penalty", lambda: qkernels.hessian_penalty(fn, z), [()]),
+    ]
+
+
+def _check_public_calls(randn, device):
+    for name, call, shapes in _public_calls(randn):
+        out = call()
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        assert [tuple(o.shape) for o in outs] == shapes, name
+        assert all(o.device.type == device for o in outs), name
+    z = randn(4, 3)  # shape and dtype checks still run without data
+    with pytest.raises(ValueError, match="values"):
+        qkernels.latent_quantize(z, randn(4, 5))
+    with pytest.raises(TypeError, match="dtype"):
+        qkernels.klm_loss(z, std=randn(3).double())
+    with pytest.raises(ValueError, match="std"):
+        qkernels.klm_loss(z, std=-1.0)
+
+
+@pytest.mark.parametrize("mode", ["auto", "1"])
+def test_public_functions_on_meta_and_fake_tensors(mode, monkeypatch):
+    """Tensors without data (meta device, FakeTensorMode) pass validation: value checks are
+    skipped, shapes come out right, metadata checks still raise."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from qkernels import _validation
+
+    monkeypatch.setattr(_validation, "CHECK_VALUES", mode)
+    _check_public_calls(lambda *shape: torch.randn(*shape, device="meta"), "meta")
+    with FakeTensorMode():
+        _check_public_calls(torch.randn, "cpu")
+
+
+def test_modules_have_real_signatures():
+    """help() and inspect show every module's parameters, not (*args, **kwargs)."""
+    import inspect
+
+    from qkernels import nn as qnn
+
+    varargs = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for name in qnn.__all__:
+        cls = getattr(qnn, name)
+        for sig in (inspect.signature(cls), inspect.signature(cls.__init__), inspect.signature(cls.forward)):
+            assert not any(p.kind in varargs for p in sig.parameters.values()), (name, sig)
+    assert list(inspect.signature(qnn.KLMLoss.forward).parameters) == ["self", "z", "std"]
 
 
 def test_all_finite_one_reduction_and_its_overflow_fallback():

@@ -1,6 +1,12 @@
 """The benchmark baselines (qkernels.bench) compute what they claim: each formulation a user would write
 (materialized, sequential) against the float64 equations of the test oracles; the runner's table."""
 
+import importlib.util
+import io
+import os
+import pathlib
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -74,13 +80,178 @@ def test_timing_interleaves_variants_and_reports_failures():
 
     case = bench.Case("quantize", "toy", lambda scale: (torch.ones(3),),
                       {"reference": run_as("reference"), "cpu": run_as("cpu"), "broken": broken})
-    times = bench.time_variants(case, ["reference", "cpu", "broken"], min_time=0.0)
+    times = bench.time_variants(case, ["reference", "cpu", "broken"], min_time=0.0, warmup=0.0, min_rounds=4)
     assert isinstance(times["broken"], RuntimeError)
     rounds = len(times["reference"])
-    assert rounds >= 3 and len(times["cpu"]) == rounds and all(t >= 0 for t in times["cpu"])
-    # one warm-up each, then round r runs every live variant once, in order
-    assert calls == ["reference", "cpu"] + ["reference", "cpu"] * rounds
+    assert rounds == 4 and len(times["cpu"]) == rounds and all(t >= 0 for t in times["cpu"])
+    # one first run each, one warm-up round, then round r runs every live variant once, in order
+    assert calls == ["reference", "cpu"] * (2 + rounds)
     name = bench.cases("quantize")[0].name
     assert bench.find_case("quantize", name).name == name
     with pytest.raises(KeyError, match="no benchmark case"):
         bench.find_case("quantize", "no such case")
+
+
+def test_timing_drops_a_variant_that_fails_later():
+    n = [0]
+
+    def flaky(x):
+        n[0] += 1
+        if n[0] == 4:
+            raise ValueError("fourth call")
+
+    case = bench.Case("quantize", "toy", lambda scale: (torch.ones(3),), {"reference": lambda x: None, "flaky": flaky})
+    times = bench.time_variants(case, ["reference", "flaky"], min_time=0.0, warmup=0.0, min_rounds=5)
+    assert isinstance(times["flaky"], ValueError) and len(times["reference"]) == 5
+    rows = {r["variant"]: r for r in bench.summarize(case, times)}
+    assert rows["flaky"]["error"] == "ValueError: fourth call" and rows["reference"]["vs_baseline"] == 1.0
+
+
+def test_ratios_in_words():
+    assert bench.ratio_text(2) == "2.00x faster"
+    assert bench.ratio_text(0.36) == "2.78x slower"
+    assert bench.ratio_text(1) == bench.ratio_text(1.004) == bench.ratio_text(0.996) == "1.00x"
+    assert bench.ratio_text(548.45) == "548x faster" and bench.ratio_text(1 / 54.8) == "54.8x slower"
+    assert bench.ratio_text(9.999) == "10.0x faster"
+    assert bench.ratio_text(0.5, clear=False) == "2.00x slower?"
+    assert bench.ratio_text(1, clear=False) == "1.00x"  # no "?" on a tie
+    assert bench.ratio_text(None) == bench.ratio_text(0.0) == bench.ratio_text(float("nan")) == "-"
+    assert bench.memory_text(0.25) == "4.00x less" and bench.memory_text(2) == "2.00x more"
+    assert bench.memory_text(1) == "1.00x" and bench.memory_text(None) == bench.memory_text(0) == "-"
+
+
+def test_ratios_are_per_round_medians_with_a_noise_mark():
+    case = bench.Case("quantize", "toy", lambda scale: (), {}, baseline="reference")
+    times = {
+        "reference": [2.0, 2.0, 2.0, 2.0, 8.0],  # a burst of load in round 5 hits every variant
+        "cpu": [1.0, 1.0, 1.0, 1.0, 4.0],
+        "materialized": [4.0, 4.0, 4.0, 4.0, 16.0],
+        "reference_compiled": [1.5, 2.5, 1.6, 2.4, 6.8],  # faster in 3 rounds of 5: not a clear win
+        "broken": RuntimeError("no\nkernel"),
+    }
+    rows = {r["variant"]: r for r in bench.summarize(case, times)}
+    assert rows["cpu"]["vs_baseline"] == 2.0 and rows["cpu"]["vs_baseline_clear"]
+    assert rows["materialized"]["vs_baseline"] == 0.5 and rows["materialized"]["vs_baseline_clear"]
+    assert not rows["reference_compiled"]["vs_baseline_clear"]
+    assert rows["cpu"]["min_s"] == 1.0 and rows["cpu"]["median_s"] == 1.0 and rows["cpu"]["rounds"] == 5
+    assert rows["reference_compiled"]["q1_s"] < rows["reference_compiled"]["q3_s"]
+    assert rows["broken"]["error"] == "RuntimeError: no kernel"
+    text = "\n".join(bench.report.case_lines("toy", list(rows.values()), baseline="reference", rounds=5))
+    assert "toy  (baseline reference; 5 rounds)" in text
+    assert "2.00x faster" in text and "2.00x slower" in text and "1.18x faster?" in text
+    assert "broken               failed: RuntimeError: no kernel" in text
+
+
+def test_round_plan_for_pytest_benchmark():
+    assert bench.plan_rounds(1e-5) == (100, 1000)  # short runs: capped
+    warm, rounds = bench.plan_rounds(0.01)
+    assert warm >= 1 and rounds == 80  # 0.8 s of rounds
+    assert bench.plan_rounds(0.3) == (1, 5)  # at least 5 rounds below 1 s per run
+    assert bench.plan_rounds(0.6) == (0, 5)  # no warm-up rounds from 0.5 s: the first runs warmed it
+    assert bench.plan_rounds(2.0) == (0, 3) and bench.plan_rounds(30.0) == (0, 2)
+
+
+def test_load_warnings():
+    assert bench.report.load_warning(0.9, 2) is None
+    assert "load average 3.0 on 2 CPUs" in bench.report.load_warning(3.0, 2)
+    # (machine busy seconds, own seconds): others used 10 of 20 CPU-seconds -> warn
+    assert "50% of the 2 CPUs" in bench.report.others_warning((100.0, 5.0), (120.0, 15.0), 10.0, 2)
+    assert bench.report.others_warning((100.0, 5.0), (118.0, 20.0), 10.0, 2) is None  # it was us
+    assert bench.report.others_warning(None, (1.0, 1.0), 10.0, 2) is None
+
+
+def _fake_case(name, slow=False):
+    def broken(x):
+        raise RuntimeError("no kernel for this\nshape")
+
+    def work(x):
+        x.sum()
+
+    variants = {"reference": work, "cpu": work, "reference_compiled": work, "materialized compiled": work,
+                "broken": broken}
+    return bench.Case("quantize", name, lambda scale: (torch.ones(4),), variants, slow=slow)
+
+
+def test_run_prints_a_table_that_fits_100_columns(monkeypatch):
+    fakes = [_fake_case("latent_quantize n=65536 d=64 n_v=64 per-dim"), _fake_case("big", slow=True)]
+    monkeypatch.setattr(bench, "cases", lambda hotpath: fakes)
+    peaks = {"reference": 2**30, "cpu": 2**24, "reference_compiled": 2**31, "materialized compiled": 0}
+    monkeypatch.setattr(bench, "peak_memory", lambda case, v, warm=True: peaks[v])
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0 * (os.cpu_count() or 1), 0.0, 0.0))
+    out = io.StringIO()
+    threads = torch.get_num_threads()
+    rows = bench.run(["quantize"], out=out, min_time=0.01, threads=1)
+    assert torch.get_num_threads() == threads  # restored
+    text = out.getvalue()
+    assert "1 threads" in text.splitlines()[0]
+    lines = text.splitlines()
+    assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+    assert "warning: load average" in text  # the machine looked loaded
+    assert bench.report.header() in lines and "IQR %" in bench.report.header()
+    head = next(line for line in lines if line.startswith("latent_quantize n=65536"))
+    assert "baseline reference" in head and "rounds" in head
+    assert "big  (slow case: run with --all)" in lines
+    assert any(line.startswith("  broken") and "failed: RuntimeError: no kernel for this shape" in line
+               for line in lines)
+    cpu = next(line for line in lines if line.startswith("  cpu "))
+    assert "64.0x less" in cpu and ("faster" in cpu or "slower" in cpu or "1.00x" in cpu)
+    assert "0.36x" not in text
+    legend = lines[next(i for i, line in enumerate(lines) if line.startswith("legend:")):]
+    for name in ("reference", "cpu", "reference_compiled", "materialized compiled"):
+        assert any(line.startswith(f"  {name}: ") for line in legend), name
+    by = {r["variant"]: r for r in rows}
+    assert by["broken"]["error"].startswith("RuntimeError") and by["cpu"]["memory_ratio"] == 2**24 / 2**30
+    assert by["reference"]["vs_baseline"] == 1.0 and by["cpu"]["rounds"] >= 5
+
+
+def _worst_row(variant):
+    return {"variant": variant, "min_s": 12345.678, "median_s": 23456.789, "q1_s": 0.0, "q3_s": 99999.0,
+            "vs_baseline": 1 / 9876.5, "vs_baseline_clear": False, "vs_compiled": 1 / 9876.5,
+            "vs_compiled_clear": False, "peak_bytes": 123456.7 * 2**20, "memory_ratio": 9876.5}
+
+
+def test_default_cases_and_legends_fit_100_columns():
+    for hotpath in bench.HOTPATHS:
+        names = []
+        for case in bench.cases(hotpath):
+            names += list(case.variants)
+            lines = bench.report.case_lines(case.name, [_worst_row(v) for v in case.variants],
+                                            baseline=case.baseline, rounds=1000, note="slow case: run with --all")
+            lines += bench.report.case_lines(case.name, [{"variant": v, "error": "E" * 300} for v in case.variants])
+            assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+        legend = bench.report.legend_lines(names, hotpath)
+        assert all(len(line) <= 100 for line in legend + [bench.report.header()])
+        for name in dict.fromkeys(names):  # every variant of the default cases is explained
+            assert any(line.startswith(f"  {name}: ") for line in legend), (hotpath, name)
+    for hotpath in ("kde", "quantize"):
+        assert any("materialized" in v for c in bench.cases(hotpath) for v in c.variants)
+    train = bench.report.legend_lines(["none", "stacked", "fused", "sequential"], "hessian")
+    assert all(any(line.startswith(f"  {n}: ") for line in train) for n in ("none", "stacked", "fused", "sequential"))
+
+
+def test_pytest_benchmark_summary_table():
+    """benchmarks/conftest.py turns pytest-benchmark's statistics into the same table."""
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_conftest", path)
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+
+    class Meta:
+        def __init__(self, variant, median, peak):
+            self.stats = types.SimpleNamespace(min=0.9 * median, median=median, q1=0.95 * median, q3=1.05 * median,
+                                               rounds=7)
+            self.extra_info = {"hotpath": "kde", "case": "klm n=64 d=12", "variant": variant,
+                               "baseline": "reference", "peak_mib": peak}
+
+        def __bool__(self):
+            return True
+
+    metas = [Meta("reference", 0.002, 4.0), Meta("cpu", 0.004, 1.0), Meta("reference_compiled", 0.00201, None)]
+    lines = conf.summary_lines(metas)
+    assert all(len(line) <= 100 for line in lines)
+    cpu = next(line for line in lines if line.startswith("  cpu "))
+    assert "2.00x slower" in cpu and "4.00x less" in cpu
+    compiled = next(line for line in lines if line.startswith("  reference_compiled "))
+    assert "1.00x" in compiled  # 0.5% apart: a tie
+    assert any(line.startswith("klm n=64 d=12  (baseline reference; 7 rounds)") for line in lines)
+    assert any(line.startswith("legend:") for line in lines)

@@ -75,3 +75,25 @@ def test_extension_uses_the_shared_cpp_runtime():
     defined = subprocess.run(["nm", "-C", "--defined-only", so], capture_output=True, text=True, check=True).stdout
     embedded = [line for line in defined.splitlines() if "std::basic_ostream<char" in line and "_M_insert" in line]
     assert not embedded, embedded[:5]
+
+
+def test_bootstrap_second_run_is_a_no_op():
+    """After a bootstrap (the README's set-up, as CI runs it first), running it again installs and builds
+    nothing: it reports the venv up to date and leaves the extension file untouched."""
+    if not os.path.exists(os.path.join(ROOT, ".venv", ".qkernels-build-stamp")):
+        pytest.skip("this venv was not set up by scripts/bootstrap.sh")
+
+    def bootstrap():
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "bootstrap.sh")], capture_output=True,
+                           text=True, timeout=600, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+
+    out = bootstrap()
+    if "up to date" not in out:  # sources changed since the last bootstrap (not in CI): that run rebuilt
+        out = bootstrap()
+    so = glob.glob(os.path.join(ROOT, "qkernels", "_C*.so"))
+    before = [os.stat(p).st_mtime_ns for p in so]
+    out = bootstrap()
+    assert "up to date" in out and "qkernels" in out.splitlines()[-1]
+    assert [os.stat(p).st_mtime_ns for p in so] == before

@@ -144,23 +144,63 @@ def test_shapes3d_corrupt_files_name_file_and_mismatch(tmp_path, problem):
     assert "3dshapes.h5" in str(err.value)
 
 
-def test_missing_files_say_where_and_where_published(tmp_path, monkeypatch):
-    monkeypatch.delenv("QKERNELS_DATA", raising=False)
-    with pytest.raises(FileNotFoundError, match="QKERNELS_DATA"):
-        load_dataset("shapes3d")
-    monkeypatch.setenv("QKERNELS_DATA", str(tmp_path))
-    for name, where, url in [
-        ("shapes3d", "3dshapes.h5", "3d-shapes"),
-        ("dsprites", "dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz", "dsprites-dataset"),
-        ("mpi3d", "real3d_complicated_shapes_ordered.npz", "disentanglement_dataset"),
-        ("falcor3d", "Falcor3D_down128", "High-res-disentanglement-datasets"),
-        ("isaac3d", "Isaac3D_down128", "High-res-disentanglement-datasets"),
-    ]:
+MISSING = [  # name, what it looks for under the root, a piece of its URL, procedural stand-in
+    ("shapes3d", "3dshapes.h5", "https://storage.googleapis.com/3d-shapes/3dshapes.h5",
+     "shapes3d_procedural"),
+    ("dsprites", "dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz",
+     "https://github.com/deepmind/dsprites-dataset", "sprites"),
+    ("mpi3d", "real3d_complicated_shapes_ordered.npz",
+     "https://github.com/rr-learning/disentanglement_dataset", None),
+    ("falcor3d", "Falcor3D_down128", "https://github.com/NVlabs/High-res-disentanglement-datasets",
+     None),
+    ("isaac3d", "Isaac3D_down128", "https://github.com/NVlabs/High-res-disentanglement-datasets",
+     None),
+]
+
+
+@pytest.mark.parametrize("name, where, url, standin", MISSING)
+def test_missing_data_says_what_where_and_where_published(name, where, url, standin, tmp_path,
+                                                          monkeypatch):
+    def message(**kw):
         with pytest.raises(FileNotFoundError) as err:
-            load_dataset(name)
-        assert str(tmp_path / where) in str(err.value) and url in str(err.value)
+            load_dataset(name, **kw)
+        msg = str(err.value)
+        assert "\n" not in msg  # one line, for a CLI
+        assert msg.startswith(f"{name}: ") and where in msg and url in msg
+        assert "root=" in msg and "QKERNELS_DATA" in msg
+        if standin is not None:
+            assert f"load_dataset('{standin}')" in msg and "no download" in msg
+        return msg
+
+    monkeypatch.delenv("QKERNELS_DATA", raising=False)
+    # the very first error, with no data folder at all, already says everything
+    assert "no data folder given" in message()
+    monkeypatch.setenv("QKERNELS_DATA", "")
+    assert "QKERNELS_DATA is empty" in message()
+    monkeypatch.delenv("QKERNELS_DATA")
+    assert f"{tmp_path / where} not found" in message(root=tmp_path)  # the full path looked at
+    monkeypatch.setenv("QKERNELS_DATA", str(tmp_path))
+    assert f"{tmp_path / where} not found" in message()  # ... also when the root is the variable
+
+
+def test_missing_data_folder_found_through_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKERNELS_DATA", str(tmp_path))
     write_shapes3d(tmp_path / "3dshapes.h5")
-    assert load_dataset("shapes3d").factor_sizes == S3D_SIZES  # found through the variable
+    assert load_dataset("shapes3d").factor_sizes == S3D_SIZES
+
+
+def test_missing_data_names_the_mpi3d_variant_and_nvlabs_labels(tmp_path, monkeypatch):
+    monkeypatch.delenv("QKERNELS_DATA", raising=False)
+    with pytest.raises(FileNotFoundError, match="mpi3d_toy.npz") as err:
+        load_dataset("mpi3d", variant="toy")
+    assert "variant='toy'" in str(err.value) and "mpi3d_toy.images.npy" in str(err.value)
+    with pytest.raises(ValueError, match="variant"):  # a bad variant is named before the root
+        load_dataset("mpi3d", variant="huge")
+    (tmp_path / "Falcor3D_down128").mkdir()
+    with pytest.raises(FileNotFoundError) as err:
+        load_dataset("falcor3d", root=tmp_path)
+    assert str(tmp_path / "Falcor3D_down128" / "train-rec.labels") in str(err.value)
+    assert "High-res-disentanglement-datasets" in str(err.value)
 
 
 def test_load_dataset_rejects_bad_names_and_arguments(tmp_path):

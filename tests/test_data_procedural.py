@@ -345,3 +345,16 @@ def test_render_primitives_by_hand():
                                torch.tensor([[[-0.5, 1.0, -0.1]]]))
     flat = convex_polygon_distance(px, py, torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([[0.0, 0.0, 0.0]]))
     assert (flat >= 1e4).all()
+
+
+def test_balls_bins_by_hand():
+    # n_bins equal bins of [0.1, 0.9]: a coordinate 70% into bin k is in bin k (floor, not round); the
+    # bin centres map back to their own bins; the ends clamp into the first / last bin
+    ds = Balls(8, n_bins=4)
+    k = torch.tensor([0, 1, 2, 3])
+    lat = (0.1 + 0.8 * (k + 0.7) / 4).double()[:, None].expand(4, 4).float()
+    assert ds.discretize(lat)[:, 0].tolist() == [0, 1, 2, 3]
+    assert ds.discretize(torch.tensor([[0.1, 0.9, 0.0999, 0.5]])).tolist() == [[0, 3, 0, 2]]
+    centres = ds.bin_centers(torch.tensor([[0, 1, 2, 3]]))
+    torch.testing.assert_close(centres, torch.tensor([[0.2, 0.4, 0.6, 0.8]]))
+    assert ds.discretize(centres).tolist() == [[0, 1, 2, 3]]

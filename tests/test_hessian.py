@@ -434,6 +434,35 @@ def test_modules_against_the_oracle():
                                want_mean, rtol=1e-8, atol=0)
 
 
+def test_nhp_std_default_and_scalar_one_rule_for_functional_and_module():
+    """std omitted = z.std(0, correction=0) + 1e-6 (of z itself, differentiable in z) for the
+    functional and the module alike; a number or 0-d tensor is broadcast to (d,)."""
+    n, d = 6, 3
+    fn, _ = _mlp(d)
+    z0 = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+
+    def nhp(std=None, module=False, omit=False):
+        z = z0.clone().requires_grad_()
+        kw = {} if omit else {"std": std(z) if callable(std) else std}
+        penalty = NormalizedHessianPenalty() if module else normalized_hessian_penalty
+        out = penalty(fn, z, generator=torch.Generator().manual_seed(0), **kw)
+        out.backward()
+        return out.detach(), z.grad
+
+    def explicit(z):
+        return z.std(0, correction=0) + 1e-6
+
+    want, want_grad = nhp(explicit)
+    for got, grad in (nhp(omit=True), nhp(module=True, omit=True), nhp(explicit, module=True)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-12)  # the std's path to z included
+    full = nhp(torch.full((d,), 0.7, dtype=torch.float64, device=DEVICE))[0]
+    for scalar in (0.7, torch.tensor(0.7, dtype=torch.float64, device=DEVICE)):
+        torch.testing.assert_close(nhp(scalar)[0], full, rtol=1e-12, atol=0)
+        torch.testing.assert_close(nhp(scalar, module=True)[0], full, rtol=1e-12, atol=0)
+    assert nhp(2)[0] == nhp(2.0)[0]
+
+
 def test_float32_penalty_close_to_float64():
     """Same directions, fp32 decoder and fp32 reduction vs fp64 throughout."""
     n, d, k = 8, 3, 2
@@ -472,6 +501,12 @@ def _ok():
         (dict(std=torch.ones(4, dtype=torch.float64)), ValueError, "std"),
         (dict(std=torch.ones(1, 3, dtype=torch.float64)), ValueError, "std"),
         (dict(std=torch.ones(3, device=DEVICE)), TypeError, "std"),
+        (dict(std=0), ValueError, "std"),
+        (dict(std=-1.0), ValueError, "std"),
+        (dict(std=float("nan")), ValueError, "std"),
+        (dict(std=True), TypeError, "std"),
+        (dict(std="x"), TypeError, "std"),
+        (dict(std=torch.tensor(0.0, dtype=torch.float64, device=DEVICE)), ValueError, "std"),
         (dict(num_perturbations=1), ValueError, "num_perturbations"),
         (dict(num_perturbations=2.0), TypeError, "num_perturbations"),
         (dict(eps=0.0), ValueError, "eps"),

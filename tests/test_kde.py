@@ -699,6 +699,28 @@ def test_bad_input_errors(all_value_checks):
         kde_grid(torch.zeros(3, 5, dtype=z.dtype, device=DEVICE), z, -1.0)
 
 
+def test_klm_scalar_std_broadcasts_and_bad_std_values(all_value_checks):
+    """std: a number or a 0-d tensor is one scale for every latent (gradient summed over them)."""
+    from qkernels.nn.kde import KLMLoss
+
+    z = latents(20, 3)
+    full = klm_loss(z, std=torch.full((3,), 0.7, dtype=z.dtype, device=DEVICE))
+    assert klm_loss(z, std=0.7) == full
+    assert KLMLoss()(z, 0.7) == full
+    assert klm_loss(z, std=2) == klm_loss(z, std=2.0)
+    s0 = torch.tensor(0.7, dtype=z.dtype, device=DEVICE, requires_grad=True)
+    s1 = torch.full((3,), 0.7, dtype=z.dtype, device=DEVICE, requires_grad=True)
+    klm_loss(z, std=s0).backward()
+    klm_loss(z, std=s1).backward()
+    torch.testing.assert_close(s0.grad, s1.grad.sum(), rtol=1e-12, atol=1e-14)
+    for bad, exc in ((0, ValueError), (-1, ValueError), (0.0, ValueError), (float("inf"), ValueError),
+                     (True, TypeError), ("x", TypeError), ([0.7, 0.7, 0.7], TypeError),
+                     (torch.tensor(-1.0, dtype=z.dtype, device=DEVICE), ValueError),
+                     (torch.ones(1, 3, dtype=z.dtype, device=DEVICE), ValueError)):
+        with pytest.raises(exc, match="std"):
+            klm_loss(z, std=bad)
+
+
 def test_modules():
     from qkernels.nn.kde import CliffLoss, KLMLoss
 

@@ -153,6 +153,11 @@ def test_cliff_vae_cliff_on_posterior_means():
     close(terms["cliff"], 0.5 * uni + 1.0 * biv + 0.7 * kl_uni, rel=1e-4)
     close(terms["kl"], np_gauss_kl(mu, lv))
     close(terms["total"], float(terms["recon"]) + 10.0 * float(terms["kl"]) + 2.0 * float(terms["cliff"]))
+    # the Cliff term trains the encoder (through the means), not the decoder
+    torch.manual_seed(3)
+    model.loss(x, 0)["cliff"].backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.encoder.parameters())
+    assert all(p.grad is None or not p.grad.any() for p in model.decoder.parameters())
 
 
 def test_cliff_ae_decoder_fitted_on_detached_latents():
@@ -190,6 +195,28 @@ def test_tripod_terms():
     close(terms["recon"], rec)
     close(terms["klm"], np_klm(zq, std), rel=1e-4)
     close(float(terms["total"]) - rec, 0.3 * float(terms["klm"]) + 0.2 * float(terms["nhp"]), rel=1e-4)
+
+
+def test_tripod_klm_gradient_flows_through_the_std():
+    # Alg. 1: the KLM's bandwidth std(tanh(z)) keeps its gradient (the encoder is trained through it too)
+    from qkernels.ops.kde import klm_loss
+
+    model, x = build("tripod", levels=5, lambda_klm=1.0, lambda_nhp=0.0)
+    spread_latents(model, 40.0)
+    head = last_linear(model.encoder).weight
+
+    def grad_of(detach_std):
+        model.zero_grad()
+        z = model.encoder(x)
+        std = torch.tanh(z).std(0, unbiased=False) + 1e-6
+        klm_loss(model.quantizer(z).z_q, std=std.detach() if detach_std else std).backward()
+        return head.grad.clone()
+
+    model.zero_grad()
+    model.loss(x, 0)["klm"].backward()
+    got = head.grad.clone()
+    torch.testing.assert_close(got, grad_of(False))
+    assert not torch.allclose(got, grad_of(True), rtol=1e-3, atol=1e-6)
 
 
 def test_tripod_nhp_layers_are_the_authors():

@@ -359,6 +359,22 @@ def test_bad_input_errors():
             qkernels.latent_quantize(z.cuda(), v)
 
 
+def test_dtype_mismatch_messages_name_both_sides_and_the_fix():
+    z64, v32 = torch.randn(4, 3, dtype=torch.float64), torch.randn(3, 5)
+    fix = r"z has dtype torch.float64 but values has dtype torch.float32: .*z.to\(torch.float32\) or values.to\("
+    with pytest.raises(TypeError, match=fix):
+        qkernels.latent_quantize(z64, v32)
+    fix = (r"z has dtype torch.float64 but the {}'s values have dtype torch.float32: convert z with "
+           r"z.to\(torch.float32\) or the module with quantizer.to\(torch.float64\)")
+    for module in (qnn.LatentQuantizer(3, 5), qnn.GumbelQuantizer(5), qnn.GumbelQuantizer(5).eval()):
+        with pytest.raises(TypeError, match=fix.format(type(module).__name__)):
+            module(z64)
+        assert module.to(torch.float64)(z64).z_q.dtype == torch.float64  # the fix works
+    meta = torch.randn(4, 3, 5, device="meta")  # device mismatch with a buffer: same kind of hint
+    with pytest.raises(ValueError, match=r"logits is on device meta but the CategoricalLatent's values .*cpu"):
+        qnn.CategoricalLatent(3, 5)(meta)
+
+
 # ---------------------------------------------------------------------------- modules
 
 

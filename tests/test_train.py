@@ -303,28 +303,83 @@ def test_compare_table_cells_and_missing_metrics(tmp_path):
         compare_runs([tmp_path / "none"])
 
 
-def test_cli_config_precedence(tmp_path, monkeypatch):
+def test_cli_config_precedence(tmp_path):
     # the bare command is the authors' Tripod (its own lr, 2e-4; no demo settings); a --config file is
     # overridden by flags; --resume keeps the run's own config and changes only --steps / --device
-    import qkernels.cli as cli
+    from qkernels.cli import _train_config, parser
 
-    seen = []
-    monkeypatch.setattr("qkernels.train.train", lambda cfg, resume=False: seen.append((cfg, resume)) or {})
-    assert cli.main(["train", "--steps", "2", "--out", str(tmp_path / "demo")]) == 0
-    assert seen[-1][0] == TrainConfig(steps=2, out=str(tmp_path / "demo"))
-    assert cli.main(["train", "--lr", "0.01", "--out", str(tmp_path / "t")]) == 0
-    assert seen[-1][0].lr == 0.01
+    def cfg_of(*argv):
+        return _train_config(parser().parse_args(["train", *argv]))
+
+    assert cfg_of("--steps", "2", "--out", str(tmp_path / "demo")) == TrainConfig(steps=2, out=str(tmp_path / "demo"))
+    assert cfg_of("--lr", "0.01").lr == 0.01 and cfg_of().out == "runs/tripod"
     conf = tmp_path / "c.json"
     conf.write_text(json.dumps({"model": "qlae", "steps": 9, "batch_size": 100}))
-    assert cli.main(["train", "--config", str(conf), "--steps", "3", "--out", str(tmp_path / "q")]) == 0
-    cfg = seen[-1][0]
-    assert (cfg.model, cfg.steps, cfg.batch_size, cfg.lr) == ("qlae", 3, 100, None)
+    cfg = cfg_of("--config", str(conf), "--steps", "3")
+    assert (cfg.model, cfg.steps, cfg.batch_size, cfg.lr, cfg.out) == ("qlae", 3, 100, None, "runs/qlae")
     run = tmp_path / "r"
     run.mkdir()
     TrainConfig(model="dvae", steps=5, batch_size=16, out=str(run)).save(run / "config.json")
-    assert cli.main(["train", "--resume", "--out", str(run), "--steps", "8", "--batch-size", "4"]) == 0
-    cfg, resume = seen[-1]
-    assert resume and (cfg.model, cfg.steps, cfg.batch_size) == ("dvae", 8, 16)
+    cfg = cfg_of("--resume", "--out", str(run), "--steps", "8", "--batch-size", "4")
+    assert (cfg.model, cfg.steps, cfg.batch_size) == ("dvae", 8, 16)
+    cfg = cfg_of("--dataset", "shapes3d", "--data-root", str(tmp_path))
+    assert cfg.dataset_kwargs == {"root": str(tmp_path)}
+
+
+@pytest.mark.parametrize("argv, code, says", [
+    (["train", "--dataset", "nosuch"], 2, "unknown dataset 'nosuch'"),
+    (["train", "--dataset", "shapes3d"], 2, "3dshapes.h5"),
+    (["train", "--device", "cuda"], 2, "--device cuda"),
+    (["train", "--device", "tpu:0"], 2, "--device tpu:0"),
+    (["train", "--data-root", "/tmp"], 2, "--data-root: shapes3d_procedural is procedural"),
+    (["train", "--image-size", "48"], 2, "image_size must be 4 * 2**k"),
+    (["eval", "NOWHERE"], 2, "NOWHERE: no config.json or checkpoint.pt"),
+    (["compare", "NOWHERE"], 2, "NOWHERE: no metrics.json"),
+    (["bench", "--hotpath", "nosuch"], 2, "choose from quantize, kde, hessian, overhead"),
+    (["train", "--steps", "0"], 2, "--steps: must be >= 1, got 0"),
+    (["train", "--steps", "-5"], 2, "--steps: must be >= 1, got -5"),
+    (["train", "--batch-size", "1"], 2, "--batch-size: must be >= 2, got 1"),
+    (["train", "--lr", "0"], 2, "--lr: must be > 0"),
+])
+def test_cli_errors_are_one_line(argv, code, says, tmp_path, monkeypatch, capsys):
+    import torch
+
+    from qkernels.cli import main
+
+    monkeypatch.delenv("QKERNELS_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    if "--device" in argv and torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == code and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert says in last and (last.startswith("qkernels: error: ") or "error: argument" in last), last
+    assert not (tmp_path / "runs").exists()  # nothing half-made
+
+
+def test_cli_failed_run_exit_1_debug_and_cleanup(tmp_path, monkeypatch, capsys):
+    from qkernels.cli import main
+    from qkernels.train.loop import Trainer
+
+    def boom(self, s):
+        raise FloatingPointError(f"non-finite loss at step {s + 1}\nsecond line")
+
+    monkeypatch.setattr(Trainer, "train_step", boom)
+    out = tmp_path / "run"
+    argv = ["train", "--model", "ae", "--dataset", "sprites", "--image-size", "16", "--out", str(out)]
+    assert main(argv) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "qkernels: error: FloatingPointError: non-finite loss at step 1 (run with --debug for the traceback)"
+    assert not out.exists()  # the fresh run wrote nothing a later --resume or compare could trust
+    with pytest.raises(FloatingPointError):
+        main([*argv, "--debug"])
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("qkernels ")
 
 
 def test_python_dash_m_entry_point(tmp_path):
@@ -339,3 +394,42 @@ def test_python_dash_m_entry_point(tmp_path):
     r = subprocess.run([sys.executable, "-m", "qkernels", "compare", str(tmp_path / "a")], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.splitlines()[2].split()[1:] == ["ae", "sprites", "1", "0.500"]
+
+
+def test_figures_label_columns_show_the_reconstruction_and_a_colour_bar():
+    import numpy as np
+
+    from qkernels.train import figures
+    from qkernels.train.data import generator
+    from qkernels.train.run import build
+
+    cfg = TrainConfig(model="ae", dataset="sprites", image_size=16, num_latents=3)
+    model, ds = build(cfg)
+    model.eval()
+    im = np.asarray(figures.interventions(model, ds, seed=4))
+    x = ds.observations_from_factors(ds.sample_factors(256, generator(4, 6)))[:1]
+    with torch.no_grad():
+        recon = model.decode(model.encode(x))[0]
+    values = model.latent_values(model.encode(ds.observations_from_factors(
+        ds.sample_factors(256, generator(4, 6)))).detach())
+    labels = [f"z{j} {float(v.min()):.2g}..{float(v.max()):.2g}" for j, v in enumerate(values)]
+    left, top, size, pad = 8 + 6 * max(map(len, labels)), 14, 64, figures.PAD  # 16 px tiles upscaled x4
+    for col, img in ((0, x[0]), (1, recon)):
+        x0, y0 = left + pad + col * (size + pad), top + pad
+        want = np.asarray(figures._to_pil(img))
+        assert (im[y0:y0 + size, x0:x0 + size] == want).all(), col
+    assert (im[:top, left:] < 128).any()  # column labels drawn above the tiles
+    heat = np.asarray(figures.nmi_heatmap([[0.0, 1.0], [0.5, 0.25]], ["a", "b"]))
+    cell, hl, ht = 30, 90, 24
+    assert tuple(heat[ht + 30 + 2, hl + 30 + 25]) == figures.colormap(0.25)  # cell (1, 1), off its text
+    bar_x = hl + 2 * cell + 12 + 5
+    assert tuple(heat[ht, bar_x]) == figures.colormap(1.0) and tuple(heat[ht + 2 * cell - 1, bar_x]) == \
+        figures.colormap(0.0)
+
+
+def test_log_lines_every_log_every_steps_and_at_the_end(tmp_path):
+    cfg = tiny_cfg("ae", tmp_path, steps=5, log_every=2, checkpoint_every=100)
+    Trainer(cfg).run(final_eval=False)
+    lines = [json.loads(ln) for ln in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [2, 4, 5] and all(r["type"] == "train" for r in lines)
+    assert _state(tmp_path)["step"] == 5  # the final checkpoint, although 5 is no multiple of 100

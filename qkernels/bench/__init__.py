@@ -1,20 +1,56 @@
 """Benchmark harness shared by ``qkernels bench`` and ``benchmarks/``.
 
 A hot path contributes a module (``qkernels.bench.<hotpath>``) with ``cases()``: a list of
-:class:`Case`, each a named input shape with one forward+backward callable per variant (every
-backend of the op, ``reference_compiled`` — ``torch.compile`` of the reference, what a user gets for free —
-plus baseline formulations). Variants of a case are timed interleaved in this process (min and
-median). Peak memory: on a GPU, ``torch.cuda.max_memory_allocated`` growth during one run, in this
-process; on the CPU, the growth of the peak resident set size (VmHWM, reset just before the run)
-while the variant runs once in a fresh subprocess, after a warm-up: CPU tensors are invisible to
+:class:`Case`, each a named input shape with one forward+backward callable per variant, and an
+optional ``LEGEND`` (variant name -> what it means in that hot path).
+
+Variant names (the legend under each table of ``qkernels bench`` says the same):
+
+- ``reference``: qkernels' reference backend, the op in plain PyTorch ops, eager (the tests' oracle);
+- ``reference_compiled``: ``torch.compile`` (inductor, default mode) of the reference: what a user
+  gets for free; the second baseline (column "vs compiled");
+- ``cpu``, ``triton``, ``cuda``: qkernels' C++ CPU, Triton GPU and CUDA C++ kernels (Triton on the
+  CPU would run in the interpreter: left out);
+- ``materialized``: the formulation most code writes, with the whole intermediate tensor in memory
+  (quantize: (n, d, n_v) distances; Cliff: (d, d, M, K, n) products; KLM: (n, n, d) differences);
+  ``materialized compiled``: ``torch.compile`` of it;
+- Hessian penalty (``hessian``): ``sequential`` is the authors' formulation (one decoder call per
+  perturbation, 1 + 4k calls on n rows; the baseline); ``reference`` / ``cpu`` / ... are qkernels'
+  batched penalty (one decoder call on the 4k n stacked rows) with the curvature reduction on
+  that backend. The training-step benchmarks (benchmarks/test_hessian.py) add ``none`` (the step
+  without a penalty; their baseline), ``stacked`` (the step plus one forward + backward of the
+  regularized layers on the 4k n stacked rows: the unavoidable work of any batched penalty),
+  ``fused`` (the step plus qkernels' penalty, backend ``auto``) and ``sequential`` (the step plus
+  the authors' penalty);
+- per-call overhead (``overhead``): ``<backend>`` is the public function on that backend,
+  ``<backend> raw`` the backend's implementation called directly with prepared arguments, ``add``
+  one ``torch.add`` forward + backward (the baseline: the cost of a single PyTorch op).
+
+Timing (:func:`time_variants`): the variants of a case run interleaved in this process (round r
+runs every variant once, so drift in machine load hits all alike): one first run each (lazy
+initialisation, ``torch.compile``), interleaved warm-up rounds, then timed rounds — at least
+``min_rounds``, more until ``min_time`` seconds per variant (up to ``max_rounds``), only 2 when
+rounds take more than ``max_seconds``. Reported: min and median, the interquartile range (IQR) as a
+% of the median, and ratios "baseline / variant" as the median of the per-round ratios (each
+compares runs seconds apart), in words ("2.00x faster", "2.78x slower"; see
+:mod:`qkernels.bench.report`). ``pytest benchmarks/`` cannot interleave: :func:`benchmark_case`
+gives each variant warm-up rounds and a number of rounds chosen from its run time
+(:func:`plan_rounds`), and benchmarks/conftest.py prints the same table from pytest-benchmark's
+statistics. Both warn when other processes load the machine (:mod:`qkernels.bench.report`).
+
+Peak memory: on a GPU, ``torch.cuda.max_memory_allocated`` growth during one run, in this process;
+on the CPU, the growth of the peak resident set size (VmHWM, reset just before the run) while the
+variant runs once in a fresh subprocess, after a warm-up: CPU tensors are invisible to
 tracemalloc, and the resident set sees every page the process touches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -25,7 +61,19 @@ from collections.abc import Callable
 
 import torch
 
-HOTPATHS = ("quantize", "kde", "hessian", "overhead")
+from qkernels.bench.report import (  # noqa: F401 - re-exported
+    HOTPATHS,
+    case_lines,
+    cpu_clock,
+    header,
+    legend_lines,
+    load_warning,
+    memory_text,
+    others_warning,
+    quartiles,
+    ratio_text,
+    wrap,
+)
 
 
 @dataclasses.dataclass
@@ -94,38 +142,148 @@ def _on_cuda(inputs: tuple) -> bool:
 
 
 def time_variants(
-    case: Case, names: list[str], *, min_time: float = 0.5, max_rounds: int = 20, max_seconds: float = 20.0
+    case: Case, names: list[str], *, min_time: float = 0.5, min_rounds: int = 5, max_rounds: int = 1000,
+    max_seconds: float = 20.0, warmup: float = 0.2,
 ) -> dict[str, list[float] | BaseException]:
-    """Wall seconds of forward + backward runs of each variant, interleaved (round r runs every
-    variant once, so drift in machine load hits all alike), after one warm-up run each; at least 3
-    rounds, more while under ``min_time`` per variant; only 2 when the rounds already took
-    ``max_seconds`` (variants of seconds per run). A variant that raises is reported as the
-    exception instead of times."""
+    """Wall seconds of forward + backward runs of each variant, interleaved: round r runs every
+    live variant once, in order, so drift in machine load hits all alike and ``times[v][r]`` of
+    two variants are runs seconds apart (pairs for per-round ratios).
+
+    First one run of each variant (lazy initialisation, ``torch.compile``; a variant that raises
+    is reported as the exception instead of times), then untimed warm-up rounds — at least one,
+    more while under ``warmup`` seconds per variant — then timed rounds: at least ``min_rounds``,
+    more while under ``min_time`` seconds per variant, at most ``max_rounds``; only 2 once the
+    rounds took ``max_seconds`` (variants of seconds per run). The garbage collector is off during
+    the timed rounds. A variant that raises in a later round is reported as the exception too."""
     inputs = case.make(1)
     cuda = _on_cuda(inputs)
     out: dict[str, list[float] | BaseException] = {}
-    live = []
-    for name in names:
+    live: list[str] = []
+
+    def one(name: str) -> float | None:
         try:
-            case.variants[name](*inputs)
-            live.append(name)
-            out[name] = []
-        except Exception as exc:  # noqa: BLE001 - reported in the table
-            out[name] = exc
-    start = time.perf_counter()
-    for r in range(max_rounds):
-        elapsed = time.perf_counter() - start
-        if (r >= 3 and elapsed >= min_time * max(1, len(live))) or (r >= 2 and elapsed >= max_seconds):
-            break
-        for name in live:
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             case.variants[name](*inputs)
             if cuda:
                 torch.cuda.synchronize()
-            out[name].append(time.perf_counter() - t0)
+            return time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            out[name] = exc
+            live.remove(name)
+            return None
+
+    for name in names:
+        out[name] = []
+        live.append(name)
+        one(name)
+    start = time.perf_counter()
+    while live:  # warm-up rounds
+        for name in list(live):
+            one(name)
+        if time.perf_counter() - start >= warmup * max(1, len(live)):
+            break
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for r in range(max_rounds):
+            if not live:
+                break
+            elapsed = time.perf_counter() - start
+            if (r >= min_rounds and elapsed >= min_time * max(1, len(live))) or (r >= 2 and elapsed >= max_seconds):
+                break
+            for name in list(live):
+                t = one(name)
+                if t is not None:
+                    out[name].append(t)
+    finally:
+        if enabled:
+            gc.enable()
     return out
+
+
+def summarize(case: Case, times: dict[str, list[float] | BaseException]) -> list[dict]:
+    """One row per variant of ``times`` (from :func:`time_variants`): ``min_s``, ``median_s``,
+    ``q1_s``, ``q3_s`` (quartiles of the runs), ``rounds``; ``vs_baseline`` and ``vs_compiled``:
+    the median over rounds of baseline (``reference_compiled``) time / variant time, and
+    ``vs_baseline_clear`` / ``vs_compiled_clear``: whether the interquartile range of those
+    per-round ratios excludes 1 (one variant won in over 3/4 of the rounds). A failed variant:
+    ``{"error": "Type: message"}``."""
+    rows = []
+    ok = {v: t for v, t in times.items() if not isinstance(t, BaseException) and t}
+
+    def vs(ref: str, name: str) -> tuple[float | None, bool]:
+        if ref not in ok or name not in ok:
+            return None, True
+        ratios = [a / b for a, b in zip(ok[ref], ok[name], strict=False) if b > 0]
+        if not ratios:
+            return None, True
+        q1, q3 = quartiles(ratios)
+        return statistics.median(ratios), not (q1 <= 1 <= q3)
+
+    for name, t in times.items():
+        row = {"hotpath": case.hotpath, "case": case.name, "variant": name}
+        if isinstance(t, BaseException) or not t:
+            msg = f"{type(t).__name__}: {t}" if isinstance(t, BaseException) else "no timed run"
+            rows.append({**row, "error": " ".join(msg.split())})
+            continue
+        q1, q3 = quartiles(t)
+        vb, vb_clear = vs(case.baseline, name)
+        vc, vc_clear = vs("reference_compiled", name)
+        rows.append({
+            **row, "min_s": min(t), "median_s": statistics.median(t), "q1_s": q1, "q3_s": q3, "rounds": len(t),
+            "vs_baseline": vb, "vs_baseline_clear": vb_clear, "vs_compiled": vc, "vs_compiled_clear": vc_clear,
+        })
+    return rows
+
+
+def plan_rounds(seconds: float, *, budget: float = 0.8, max_rounds: int = 1000) -> tuple[int, int]:
+    """(warm-up rounds, timed rounds) for pytest-benchmark's ``pedantic`` of a callable taking
+    ``seconds`` per run (already run twice, or once when that took >= 0.5 s): timed rounds to fill
+    ``budget`` seconds, at least 5 (3 from 1 s per run, 2 from 5 s), at most ``max_rounds``;
+    warm-up rounds for a tenth of that (1 to 100), none from 0.5 s per run."""
+    seconds = max(seconds, 1e-6)
+    least = 5 if seconds < 1 else 3 if seconds < 5 else 2
+    rounds = min(max(math.ceil(budget / seconds), least), max_rounds)
+    warm = 0 if seconds >= 0.5 else min(max(math.ceil(0.1 * budget / seconds), 1), 100)
+    return warm, rounds
+
+
+def pedantic(benchmark, fn: Callable, args: tuple = (), *, budget: float = 0.8):
+    """``benchmark.pedantic(fn, args)`` (pytest-benchmark) with warm-up and rounds from
+    :func:`plan_rounds`: one untimed first run (lazy initialisation, compilation) and, when that
+    took under 0.5 s, one more to estimate the time per run. The extra_info gets ``iqr_pct``
+    (interquartile range, % of the median). Returns ``fn``'s result."""
+    if getattr(benchmark, "disabled", False):
+        return benchmark.pedantic(fn, args=args)
+    t0 = time.perf_counter()
+    fn(*args)
+    seconds = time.perf_counter() - t0
+    if seconds < 0.5:
+        t0 = time.perf_counter()
+        fn(*args)
+        seconds = time.perf_counter() - t0
+    warm, rounds = plan_rounds(seconds, budget=budget)
+    result = benchmark.pedantic(fn, args=args, rounds=rounds, warmup_rounds=warm, iterations=1)
+    stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+    if stats is not None and stats.median:
+        benchmark.extra_info["iqr_pct"] = round(100 * stats.iqr / stats.median, 2)
+    return result
+
+
+def benchmark_case(benchmark, case: Case, name: str, *, memory: bool = True, budget: float = 0.8):
+    """One pytest-benchmark test of variant ``name`` of ``case``: group = the case, extra_info
+    ``hotpath``, ``case``, ``variant``, ``baseline`` (for the summary table of
+    benchmarks/conftest.py) and ``peak_mib`` (None when ``memory`` is False, benchmarks are
+    disabled, or it could not be measured), then :func:`pedantic`."""
+    benchmark.group = case.name
+    benchmark.extra_info.update(hotpath=case.hotpath, case=case.name, variant=name, baseline=case.baseline)
+    peak = peak_memory(case, name) if memory and not getattr(benchmark, "disabled", False) else None
+    benchmark.extra_info["peak_mib"] = None if peak is None else peak / 2**20
+    return pedantic(benchmark, case.variants[name], case.make(1), budget=budget)
 
 
 def _status_bytes(field: str) -> int:
@@ -177,7 +335,8 @@ def peak_memory(case: Case, variant: str, *, warm: bool = True) -> int | None:
         "import json, sys; from qkernels.bench import _probe; "
         f"print(json.dumps(_probe({case.hotpath!r}, {case.name!r}, {variant!r})))"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as many threads as the timing
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if res.returncode != 0:
         return None
     return int(json.loads(res.stdout.strip().splitlines()[-1]))
@@ -198,49 +357,65 @@ def machine() -> str:
     )
 
 
-def _cell(x: float | None, fmt: str) -> str:
-    return "-" if x is None else fmt.format(x)
+def run(
+    hotpaths=HOTPATHS, *, memory: bool = True, include_slow: bool = False, out=sys.stdout, min_time: float = 0.5,
+    threads: int | None = None,
+) -> list[dict]:
+    """Benchmark every case of every hot path; print one fixed-width table per hot path (every
+    line <= 100 columns: the case on a line of its own, a line per variant below it) with a
+    legend under it; return the rows (:func:`summarize`'s, plus ``peak_bytes`` and
+    ``memory_ratio`` = variant peak / baseline peak).
+
+    Ratios are per-round medians measured in the same run: "vs baseline" = baseline / variant and
+    "vs compiled" = compiled reference / variant, printed as "Nx faster" / "Nx slower". Warns when
+    the machine looks loaded (load average before a table, other processes' CPU time during it).
+    ``min_time``: seconds of timed runs per variant (:func:`time_variants`); ``threads``: torch's
+    intra-op threads during the run (``torch.set_num_threads``; default: as set)."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _run(hotpaths, memory, include_slow, out, min_time)
+    finally:
+        torch.set_num_threads(before)
 
 
-def run(hotpaths=HOTPATHS, *, memory: bool = True, include_slow: bool = False, out=sys.stdout) -> list[dict]:
-    """Benchmark every case of every hot path; print a markdown table; return the rows.
+def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float) -> list[dict]:
+    rows: list[dict] = []
 
-    Ratios are of medians measured in the same run: "vs baseline" = baseline / variant and "vs
-    compiled" = compiled reference / variant (> 1: the variant is faster)."""
-    rows = []
-    print(f"machine: {machine()}", file=out)
-    header = (
-        "| hot path | case | variant | min (ms) | median (ms) | vs baseline | vs compiled ref | peak MiB "
-        "| memory vs baseline |"
-    )
+    def say(*lines: str) -> None:
+        for line in lines:
+            print(line, file=out, flush=True)
+
+    say(*wrap(f"machine: {machine()}"))
     for hotpath in hotpaths:
-        print(f"\n{header}\n|---|---|---|---:|---:|---:|---:|---:|---:|", file=out, flush=True)
+        say("", f"== {hotpath}: one forward + backward per run ==")
+        warning = load_warning()
+        if warning:
+            say(*wrap(warning))
+        say(header())
+        clock, t0 = cpu_clock(), time.perf_counter()
+        names: list[str] = []
         for case in cases(hotpath):
+            names += list(case.variants)
             if case.slow and not include_slow:
-                print(f"| {hotpath} | {case.name} | (slow: run with --all) | | | | | | |", file=out)
+                say(*case_lines(case.name, [], note="slow case: run with --all"))
                 continue
-            times = time_variants(case, list(case.variants))
-            med = {v: statistics.median(t) for v, t in times.items() if not isinstance(t, BaseException)}
-            mems = {v: peak_memory(case, v, warm=False) if memory else None for v in med}
-            for name, t in times.items():
-                if isinstance(t, BaseException):
-                    msg = f"{type(t).__name__}: {t}".replace("\n", " ").replace("|", "/")[:160]
-                    print(f"| {hotpath} | {case.name} | {name} | failed: {msg} | | | | | |", file=out, flush=True)
-                    rows.append({"hotpath": hotpath, "case": case.name, "variant": name, "error": repr(t)})
-                    continue
-                mem, base_m = mems[name], mems.get(case.baseline)
-                row = {
-                    "hotpath": hotpath, "case": case.name, "variant": name, "min_s": min(t), "median_s": med[name],
-                    "vs_baseline": med[case.baseline] / med[name] if case.baseline in med else None,
-                    "vs_compiled": med["reference_compiled"] / med[name] if "reference_compiled" in med else None,
-                    "peak_bytes": mem, "memory_ratio": (mem / base_m) if mem and base_m else None,
-                }
-                rows.append(row)
-                print(
-                    f"| {hotpath} | {case.name} | {name} | {min(t) * 1e3:.3f} | {med[name] * 1e3:.3f} | "
-                    f"{_cell(row['vs_baseline'], '{:.2f}x')} | {_cell(row['vs_compiled'], '{:.2f}x')} | "
-                    f"{_cell(None if mem is None else mem / 2**20, '{:.1f}')} | "
-                    f"{_cell(row['memory_ratio'], '{:.3f}x')} |",
-                    file=out, flush=True,
-                )
+            times = time_variants(case, list(case.variants), min_time=min_time)
+            case_rows = summarize(case, times)
+            peaks = {r["variant"]: peak_memory(case, r["variant"], warm=False) if memory else None
+                     for r in case_rows if "error" not in r}
+            base = peaks.get(case.baseline)
+            for r in case_rows:
+                if "error" not in r:
+                    peak = peaks[r["variant"]]
+                    r["peak_bytes"] = peak
+                    r["memory_ratio"] = peak / base if peak and base else None
+            rounds = max((r["rounds"] for r in case_rows if "rounds" in r), default=None)
+            say(*case_lines(case.name, case_rows, baseline=case.baseline, rounds=rounds))
+            rows += case_rows
+        warning = others_warning(clock, cpu_clock(), time.perf_counter() - t0)
+        if warning:
+            say(*wrap(warning))
+        say(*legend_lines(names, hotpath))
     return rows

@@ -58,6 +58,21 @@ class ConvDecoder(nn.Module):
 DECODERS = {"mlp": MLPDecoder, "conv": ConvDecoder}
 
 
+LEGEND = {
+    **{b: f"qkernels' batched penalty (one decoder call on the 4k n stacked rows), curvature reduction on "
+          f"the {b} backend" for b in ("reference", "cpu", "triton", "cuda")},
+    "reference_compiled": "torch.compile of qkernels' batched penalty on the reference backend (decoder "
+    "included)",
+    "sequential": "the authors' penalty: one decoder call per perturbation (1 + 4k calls on n rows), torch "
+    "ops (training steps: the step plus that penalty)",
+    # training steps (benchmarks/test_hessian.py)
+    "none": "training step without the penalty (reconstruction only)",
+    "stacked": "training step plus one forward + backward of the regularized layers on the 4k n stacked "
+    "rows: the unavoidable work of any batched penalty",
+    "fused": "training step plus qkernels' batched penalty (backend auto)",
+}
+
+
 def sequential_nhp(fn, z, std, k=K, eps=EPS, generator=None):
     """The authors' formulation: one fn call per perturbation, then torch ops."""
     f0 = fn(z)

@@ -69,6 +69,14 @@ def _ops(device: str) -> dict[str, tuple]:
     }
 
 
+LEGEND = {
+    **{b: f"the public function on the {b} backend (validation, backend selection, autograd wrapper)"
+       for b in ("reference", "cpu", "triton", "cuda")},
+    **{f"{b} raw": f"the {b} backend's implementation called directly with prepared arguments"
+       for b in ("reference", "cpu", "triton", "cuda")},
+    "add": "one torch.add forward + backward (the baseline): the cost of a single PyTorch op",
+}
+
 _RAW_OF = {"categorical_latent": "relaxed_categorical", "cliff_loss": "cliff_terms", "klm_loss": "klm"}
 
 

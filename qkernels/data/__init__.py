@@ -28,6 +28,7 @@ from pathlib import Path
 from qkernels.data._files import (
     ENV_VAR,
     DatasetFormatError,
+    DataSource,
     convert_npz_to_npy,
     converted_path,
     require,
@@ -65,11 +66,36 @@ _PROCEDURAL = {
 }
 
 
+def _nvlabs_source(name: str, folder: str, labels: str) -> DataSource:
+    return DataSource(name, f"the folder {folder} (holding images/000000.png... and {labels})",
+                      NVLABS_URL)
+
+
+def _mpi3d_source(variant: str) -> DataSource:
+    file = MPI3D_FILES[variant]
+    converted = converted_path(Path(file), "images").name
+    return DataSource("mpi3d", f"the file {file} (variant={variant!r}; or its memory-mappable "
+                      f"conversion {converted})", MPI3D_URL)
+
+
+#: what each file dataset reads and where it is published (mpi3d: per variant, _mpi3d_source).
+_SOURCES = {
+    "shapes3d": DataSource("shapes3d", f"the file {SHAPES3D_FILE}", SHAPES3D_URL,
+                           standin="shapes3d_procedural"),
+    "dsprites": DataSource("dsprites", f"the file {DSPRITES_FILE}", DSPRITES_URL,
+                           standin="sprites"),
+    "falcor3d": _nvlabs_source("falcor3d", FALCOR3D_FOLDER, FALCOR3D_LABELS),
+    "isaac3d": _nvlabs_source("isaac3d", ISAAC3D_FOLDER, ISAAC3D_LABELS),
+}
+
+
 def load_dataset(name: str, root: str | os.PathLike | None = None, **kw):
     """Dataset ``name`` (see the module table); ``root`` (or ``$QKERNELS_DATA``) for file datasets.
 
-    A missing file raises FileNotFoundError naming the expected path and where the file is
-    published; a malformed one raises :class:`DatasetFormatError` naming file and mismatch.
+    Missing data (no data folder, or no file in it) raises FileNotFoundError saying which file
+    or folder is expected, the path looked at, how to give the data folder, where the data is
+    published and the procedural stand-in if there is one; a malformed file raises
+    :class:`DatasetFormatError` naming file and mismatch.
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
@@ -79,27 +105,29 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **kw):
         return _PROCEDURAL[name](**kw)
     if name not in FILE_DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
-    base = resolve_root(root, name)
-    if name == "shapes3d":
-        return Shapes3D(require(base / SHAPES3D_FILE, name, SHAPES3D_URL), **kw)
-    if name == "dsprites":
-        return DSprites(require(base / DSPRITES_FILE, name, DSPRITES_URL), **kw)
     if name == "mpi3d":
-        return _load_mpi3d(base, **kw)
-    folder_name, labels, url, make = (
-        (FALCOR3D_FOLDER, FALCOR3D_LABELS, NVLABS_URL, falcor3d) if name == "falcor3d"
-        else (ISAAC3D_FOLDER, ISAAC3D_LABELS, NVLABS_URL, isaac3d))
-    folder = require(base / folder_name, name, url, folder=True)
-    require(folder / labels, name, url)
+        return _load_mpi3d(root, **kw)
+    source = _SOURCES[name]
+    base = resolve_root(root, source)
+    if name == "shapes3d":
+        return Shapes3D(require(base / SHAPES3D_FILE, source), **kw)
+    if name == "dsprites":
+        return DSprites(require(base / DSPRITES_FILE, source), **kw)
+    folder_name, labels, make = (
+        (FALCOR3D_FOLDER, FALCOR3D_LABELS, falcor3d) if name == "falcor3d"
+        else (ISAAC3D_FOLDER, ISAAC3D_LABELS, isaac3d))
+    folder = require(base / folder_name, source, folder=True)
+    require(folder / labels, source)
     return make(folder, **kw)
 
 
-def _load_mpi3d(base: Path, *, variant: str = "complex", **kw) -> MPI3D:
+def _load_mpi3d(root: str | os.PathLike | None, *, variant: str = "complex", **kw) -> MPI3D:
     if variant not in MPI3D_FILES:
         raise ValueError(f"variant must be one of {tuple(MPI3D_FILES)}, got {variant!r}")
-    path = base / MPI3D_FILES[variant]
+    source = _mpi3d_source(variant)
+    path = resolve_root(root, source) / MPI3D_FILES[variant]
     if not converted_path(path, "images").is_file():
-        require(path, f"mpi3d ({variant})", MPI3D_URL)
+        require(path, source)
     ds = MPI3D(path, **kw)
     if kw.get("factor_sizes") is None:
         want = MPI3D_SIZES[460_800 if variant == "complex" else 1_036_800]

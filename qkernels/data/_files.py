@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import zipfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,28 +20,54 @@ class DatasetFormatError(ValueError):
     """A dataset file exists but is not in the expected format (names the file and the mismatch)."""
 
 
-def resolve_root(root: str | os.PathLike | None, dataset: str) -> Path:
+@dataclass(frozen=True)
+class DataSource:
+    """What a file dataset reads from the data folder and where it is published: everything a
+    missing-data error must say (see :func:`missing_data_message`).
+
+    ``expected``: a phrase naming the file or folder, e.g. ``"the file 3dshapes.h5"``; ``standin``:
+    the procedural dataset that stands in without a download, if any.
+    """
+
+    dataset: str
+    expected: str
+    url: str
+    standin: str | None = None
+
+
+def missing_data_message(source: DataSource, problem: str) -> str:
+    """The one-line message of every missing-data error: ``problem``, what is expected where, the
+    two ways to give the data folder, the publishing URL and the procedural stand-in."""
+    msg = (
+        f"{source.dataset}: {problem}; it expects {source.expected} in the data folder, given "
+        f"as root=<folder> or by the environment variable {ENV_VAR}; published at {source.url}"
+    )
+    if source.standin:
+        msg += (f"; or use load_dataset({source.standin!r}), a procedural stand-in that needs "
+                f"no download")
+    return msg
+
+
+def resolve_root(root: str | os.PathLike | None, source: DataSource) -> Path:
     """``root`` if given, else ``$QKERNELS_DATA``; FileNotFoundError when neither is set."""
     if root is None:
         root = os.environ.get(ENV_VAR)
         if not root:
-            raise FileNotFoundError(
-                f"{dataset}: no data folder given; pass root=... or set ${ENV_VAR}"
-            )
+            state = "unset" if root is None else "empty"
+            raise FileNotFoundError(missing_data_message(
+                source, f"no data folder given (root=None and ${ENV_VAR} is {state})"))
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"root must be a path, got {type(root).__name__}")
     return Path(root)
 
 
-def require(path: Path, dataset: str, url: str, *, folder: bool = False) -> Path:
-    """Return ``path`` if it exists, else FileNotFoundError naming it and where it is published."""
+def require(path: Path, source: DataSource, *, folder: bool = False) -> Path:
+    """Return ``path`` if it exists, else FileNotFoundError naming it (see
+    :func:`missing_data_message`)."""
     ok = path.is_dir() if folder else path.is_file()
     if not ok:
         kind = "folder" if folder else "file"
-        raise FileNotFoundError(
-            f"{dataset}: expected {kind} {path} (not found). It is published at {url}; "
-            f"put it under the data root (root=... or ${ENV_VAR})."
-        )
+        raise FileNotFoundError(missing_data_message(source, f"{kind} {path} not found"))
     return path
 
 

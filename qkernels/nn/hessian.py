@@ -34,13 +34,12 @@ class NormalizedHessianPenalty(_Penalty):
         eps: finite-difference step relative to each latent's std (Tripod: 0.1).
         reduction: "mean" or "none" (see :func:`qkernels.ops.hessian.normalized_hessian_penalty`).
         chunk_size: at most this many stacked rows per ``fn`` call (None: one call).
-        std_eps: added to the batch std when ``forward`` computes it from ``z`` (Tripod: 1e-6).
 
     ``forward(fn, z, std=None, generator=None)``: ``fn`` maps latents (N, d) to the regularized
     activations (N, ...) (a tensor, list or dict; e.g. the decoder's hidden layers, not its output
-    logits) and must be deterministic across rows. ``std`` (d,): per-latent scales; default
-    ``z.std(0, correction=0) + std_eps`` (Tripod computes it on the continuous latents before
-    quantization: pass it when ``z`` is quantized).
+    logits) and must be deterministic across rows. ``std``: per-latent scales (d,) or one number,
+    default the population std of z + 1e-6, as in the functional (Tripod computes it on the
+    continuous latents before quantization: pass it when ``z`` is quantized).
     """
 
     def __init__(
@@ -49,20 +48,16 @@ class NormalizedHessianPenalty(_Penalty):
         eps: float = 0.1,
         reduction: str = "mean",
         chunk_size: int | None = None,
-        std_eps: float = 1e-6,
     ) -> None:
         super().__init__(num_perturbations, eps, reduction, chunk_size)
-        self.std_eps = std_eps
 
     def forward(
         self,
         fn: Callable,
         z: torch.Tensor,
-        std: torch.Tensor | None = None,
+        std: torch.Tensor | float | None = None,
         generator: torch.Generator | None = None,
     ):
-        if std is None and isinstance(z, torch.Tensor) and z.dim() == 2:
-            std = z.std(dim=0, correction=0) + self.std_eps
         return normalized_hessian_penalty(fn, z, std, **self._settings(generator))
 
 

@@ -35,7 +35,12 @@ class CliffLoss(nn.Module):
         self.lambda_uni, self.lambda_biv, self.lambda_kl = lambda_uni, lambda_biv, lambda_kl
         self.return_terms = return_terms
 
-    def forward(self, z: torch.Tensor, cond_index: torch.Tensor | None = None, generator=None):
+    def forward(
+        self,
+        z: torch.Tensor,
+        cond_index: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ):
         return cliff_loss(
             z,
             sigma=self.sigma,
@@ -59,9 +64,13 @@ class CliffLoss(nn.Module):
 class KLMLoss(nn.Module):
     """Tripod's kernel latent multiinformation; see :func:`qkernels.klm_loss`.
 
-    forward(z (n, d), std=None) -> scalar. Tripod passes the std of the continuous
-    pre-quantization latents (plus 1e-6) as ``std`` while z is quantized.
+    forward(z (n, d), std=None) -> scalar; ``std``: (d,) scales or one number, default the
+    population std of z + 1e-6. Tripod passes the std of the continuous pre-quantization latents
+    (plus 1e-6) as ``std`` while z is quantized.
     """
 
-    def forward(self, z: torch.Tensor, std: torch.Tensor | None = None) -> torch.Tensor:
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, z: torch.Tensor, std: torch.Tensor | float | None = None) -> torch.Tensor:
         return klm_loss(z, std=std)

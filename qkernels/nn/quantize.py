@@ -33,6 +33,25 @@ def _lookup(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return values[torch.arange(values.shape[0], device=indices.device), indices]
 
 
+def _check_input(name: str, x: object, module: nn.Module, *, dtype: bool = True) -> None:
+    """``x`` on the device (and with the dtype when ``dtype``) of ``module.values``; the error says
+    how to convert either side. Anything else is left to the functional op's checks."""
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        return
+    kind, values = type(module).__name__, module.values
+    if x.device != values.device:
+        raise ValueError(
+            f"{name} is on device {x.device} but the {kind}'s values are on device {values.device}: "
+            f"move {name} with {name}.to({str(values.device)!r}) or the module with "
+            f"quantizer.to({str(x.device)!r})"
+        )
+    if dtype and x.dtype != values.dtype:
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the {kind}'s values have dtype {values.dtype}: convert "
+            f"{name} with {name}.to({values.dtype}) or the module with quantizer.to({x.dtype})"
+        )
+
+
 class LatentQuantizer(nn.Module):
     """QLAE latent quantization: a learnable scalar codebook per latent (or one global codebook).
 
@@ -63,6 +82,7 @@ class LatentQuantizer(nn.Module):
         self.values = nn.Parameter(line if global_codebook else line.repeat(num_latents, 1))
 
     def forward(self, z: torch.Tensor) -> Quantized:
+        _check_input("z", z, self)
         return latent_quantize(z, self.values)
 
     def indices_to_values(self, indices: torch.Tensor) -> torch.Tensor:
@@ -119,6 +139,7 @@ class GumbelQuantizer(nn.Module):
     def forward(
         self, z: torch.Tensor, tau: float = 1.0, *, generator: torch.Generator | None = None
     ) -> GumbelQuantized:
+        _check_input("z", z, self)
         if self.training:
             return gumbel_quantize(z, self.values, tau, hard=self.hard, generator=generator)
         # noiseless hard sample: the one-hot of the nearest value (ties -> lowest index)
@@ -164,6 +185,7 @@ class CategoricalLatent(nn.Module):
         hard: bool = False,
         generator: torch.Generator | None = None,
     ) -> CategoricalSample:
+        _check_input("logits", logits, self, dtype=False)  # values are cast to logits' dtype
         if noise_scale is None:
             noise_scale = 1.0 if self.training else 0.0
         return categorical_latent(

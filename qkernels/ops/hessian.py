@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from qkernels._backend import select
-from qkernels._validation import check_positive, check_same, check_tensor, is_finite_number, value_checks
+from qkernels._validation import check_positive, check_std, check_tensor, is_finite_number
 from qkernels.ops import _library as lib
 from qkernels.reference import hessian as ref
 
@@ -276,7 +276,7 @@ def _stack(z: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 def normalized_hessian_penalty(
     fn: Callable,
     z: torch.Tensor,
-    std: torch.Tensor,
+    std: torch.Tensor | float | None = None,
     *,
     num_perturbations: int = 2,
     eps: float = 0.1,
@@ -306,7 +306,10 @@ def normalized_hessian_penalty(
     Args:
         fn: maps latents (N, d) to one activation tensor (N, ...) or a list/tuple or dict of them.
         z: (n, d) latents (Tripod: the quantized ones). Gradients reach z, std and fn's parameters.
-        std: (d,) positive per-latent scales (Tripod: std of the continuous latents).
+        std: (d,) positive per-latent scales, or one scale (a number or 0-d tensor) for every
+            latent. Default: the population std of z itself, z.std(0, correction=0) + 1e-6
+            (differentiable in z); Tripod passes the std of the continuous (pre-quantization)
+            latents plus 1e-6 instead.
         num_perturbations: k >= 2. eps: > 0. generator: draws the Rademacher signs (k, n, d) first,
             then the Gaussians (k, n, d).
         reduction: "mean" (a scalar) or "none": per-entry, per-sample values (n,), in fn's
@@ -314,14 +317,7 @@ def normalized_hessian_penalty(
         chunk_size: at most this many rows per fn call (bounds the per-call batch).
     """
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
-    check_tensor("std", std, ndim=1)
-    check_same("std", std, "z", z)
-    if std.shape[0] != z.shape[1]:
-        raise ValueError(f"std must have shape (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
-    if value_checks(std) and not bool((std > 0).all()):
-        raise ValueError(
-            "std must be > 0 everywhere (a zero scale makes its latent's perturbation vanish)"
-        )
+    std = check_std(std, z)
     _check_choice("reduction", reduction, ("mean", "none"))
     n = z.shape[0]
     h = torch.cat(

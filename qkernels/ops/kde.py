@@ -26,6 +26,7 @@ from qkernels._validation import (
     check_positive,
     check_same,
     check_sigma,
+    check_std,
     check_tensor,
     in_range,
     value_checks,
@@ -335,7 +336,7 @@ def cliff_loss(
     return CliffTerms(total, uni, biv, kl) if return_terms else total
 
 
-def klm_loss(z: torch.Tensor, *, std: torch.Tensor | None = None) -> torch.Tensor:
+def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None) -> torch.Tensor:
     """Tripod's kernel latent multiinformation (Hsu et al., ICML 2024, eqs. 11-14).
 
     mean_b [log q(z_b) - sum_j log q_j(z_bj)] with Gaussian KDEs over the batch (no
@@ -344,20 +345,14 @@ def klm_loss(z: torch.Tensor, *, std: torch.Tensor | None = None) -> torch.Tenso
 
     Args:
         z: (n, d) latents (Tripod: the quantized ones), n >= 2.
-        std: (d,) positive scales, differentiable (Tripod: the std of the continuous latents plus
-            1e-6). Default: z.std(0, unbiased=False) + 1e-6 (differentiable in z).
+        std: (d,) positive scales, or one scale (a number or 0-d tensor) for every latent;
+            differentiable. Default: the population std of z itself, z.std(0, correction=0) + 1e-6
+            (differentiable in z); Tripod passes the std of the continuous (pre-quantization)
+            latents plus 1e-6 instead.
     Returns:
         Scalar loss (>= about 0 for independent latents, growing with dependence).
     """
     _check_latents(z)
-    if std is None:
-        std = ref.population_std(z) + 1e-6
-    else:
-        check_tensor("std", std, ndim=1)
-        check_same("std", std, "z", z)
-        if std.shape[0] != z.shape[1]:
-            raise ValueError(f"std must be (d,) with d = {z.shape[1]}, got shape {tuple(std.shape)}")
-        if value_checks(std) and not (std > 0).all():
-            raise ValueError("std must be > 0 everywhere")
+    std = check_std(std, z)
     _, impl = select("klm", z.device, z.dtype)
     return impl(z, std)[0]

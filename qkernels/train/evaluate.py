@@ -72,10 +72,11 @@ def evaluate_model(model, ds, cfg, *, num_samples: int) -> dict:
 def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: int | None = None) -> dict:
     """Final evaluation: metrics.json + figures; also an eval line in the log when ``log`` is given."""
     from qkernels.train import figures
+    from qkernels.train.checkpoint import write_text_atomic
 
     res = evaluate_model(model, ds, cfg, num_samples=num_samples or cfg.eval_samples)
     res = {"step": step, "model": cfg.model, "dataset": cfg.dataset, **res}
-    (Path(out) / METRICS_FILE).write_text(json.dumps(res, indent=1) + "\n")
+    write_text_atomic(json.dumps(res, indent=1) + "\n", Path(out) / METRICS_FILE)
     if log is not None:
         log({"type": "eval", **scalars(res)})
     figures.make_all(model, ds, cfg, Path(out) / "figures", res)

@@ -33,17 +33,22 @@ def _to_pil(img: torch.Tensor, min_size: int = 64) -> Image.Image:
     return im.convert("RGB")
 
 
-def image_grid(rows: list[list[torch.Tensor]], labels: list[str] | None = None) -> Image.Image:
-    """Grid of images (rows of (C, H, W) tensors) with optional row labels on the left."""
+def image_grid(rows: list[list[torch.Tensor]], labels: list[str] | None = None,
+               col_labels: list[str] | None = None) -> Image.Image:
+    """Grid of images (rows of (C, H, W) tensors) with optional row labels on the left and column labels on
+    top."""
     tiles = [[_to_pil(t) for t in r] for r in rows]
     w, h = tiles[0][0].size
-    left = 44 if labels else 0
-    ncol = max(len(r) for r in tiles)
-    canvas = Image.new("RGB", (left + ncol * (w + PAD) + PAD, len(tiles) * (h + PAD) + PAD), "white")
-    draw = ImageDraw.Draw(canvas)
     font = ImageFont.load_default()
+    left = 8 + 6 * max(len(t) for t in labels) if labels else 0
+    top = 14 if col_labels else 0
+    ncol = max(len(r) for r in tiles)
+    canvas = Image.new("RGB", (left + ncol * (w + PAD) + PAD, top + len(tiles) * (h + PAD) + PAD), "white")
+    draw = ImageDraw.Draw(canvas)
+    for j, text in enumerate(col_labels or []):
+        draw.text((left + PAD + j * (w + PAD) + 2, 1), text[: max(w // 6, 1)], fill="black", font=font)
     for i, r in enumerate(tiles):
-        y = PAD + i * (h + PAD)
+        y = top + PAD + i * (h + PAD)
         if labels:
             draw.text((4, y + h // 2 - 5), labels[i], fill="black", font=font)
         for j, t in enumerate(r):
@@ -61,30 +66,35 @@ def reconstructions(model, ds, seed: int, n: int = 8) -> Image.Image:
 
 @torch.no_grad()
 def interventions(model, ds, seed: int, max_values: int = 10) -> Image.Image:
-    """Row j: the base image's latents with latent j set to each of its values (codebook / range), decoded."""
+    """Columns: the input image, its reconstruction, then row j's decodings of the input's latents with
+    latent j set to each of its values (codebook / range, low to high; the row label gives the range)."""
     dev = next(model.parameters()).device
     x = ds.observations_from_factors(ds.sample_factors(256, generator(seed, 6))).to(dev)
     z = model.encode(x)
     values = model.latent_values(z.cpu())
     base = z[:1]
+    recon = model.decode(base).cpu()[0]
     rows, labels = [], []
     for j, v in enumerate(values):
         if len(v) > max_values:
             v = v[torch.linspace(0, len(v) - 1, max_values).round().long()]
         zz = base.repeat(len(v), 1)
         zz[:, j] = v.to(zz)
-        rows.append([x[0].cpu(), *model.decode(zz).cpu()])
-        labels.append(f"z{j}")
-    return image_grid(rows, labels)
+        rows.append([x[0].cpu(), recon, *model.decode(zz).cpu()])
+        labels.append(f"z{j} {float(v.min()):.2g}..{float(v.max()):.2g}")
+    ncol = max(len(r) for r in rows)
+    return image_grid(rows, labels, ["input", "recon", *(f"v{k + 1}" for k in range(ncol - 2))])
 
 
 def nmi_heatmap(nmi, factor_names, cell: int = 30) -> Image.Image:
-    """Heatmap of an (n_sources, n_latents) NMI matrix with values printed in the cells."""
+    """Heatmap of an (n_sources, n_latents) NMI matrix with values printed in the cells and a colour bar
+    (0 to 1) on the right."""
     m = np.asarray(nmi, dtype=np.float64)
     ns, nz = m.shape
     font = ImageFont.load_default()
-    left, top = 90, 24
-    img = Image.new("RGB", (left + nz * cell + 8, top + ns * cell + 8), "white")
+    left, top, bar = 90, 24, 14
+    height = top + ns * cell + 8
+    img = Image.new("RGB", (left + nz * cell + 16 + bar + 30, height), "white")
     d = ImageDraw.Draw(img)
     for j in range(nz):
         d.text((left + j * cell + cell // 2 - 6, 6), f"z{j}", fill="black", font=font)
@@ -97,6 +107,12 @@ def nmi_heatmap(nmi, factor_names, cell: int = 30) -> Image.Image:
             d.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=colormap(v))
             d.text((x0 + 3, y0 + cell // 2 - 5), f"{v:.2f}"[1:] if 0 <= v < 1 else f"{v:.0f}",
                    fill="white" if v < 0.6 else "black", font=font)
+    x0, y_top, y_bot = left + nz * cell + 12, top, top + ns * cell - 1
+    for y in range(y_top, y_bot + 1):  # colour bar: 1 at the top, 0 at the bottom
+        d.line([x0, y, x0 + bar - 1, y], fill=colormap((y_bot - y) / max(y_bot - y_top, 1)))
+    d.text((x0 + bar + 3, y_top - 2), "1", fill="black", font=font)
+    d.text((x0 + bar + 3, y_bot - 9), "0", fill="black", font=font)
+    d.text((x0 - 4, 6), "NMI", fill="black", font=font)
     return img
 
 

@@ -79,12 +79,14 @@ class Trainer:
             dspec = self.spec.disc_optim
             self.disc_opt = make_optimizer([(n, p, False) for n, p in self.disc.named_parameters()], dspec, dspec.lr)
         self.step = 0
+        self._made_dir = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
-        if resume and (self.out / CHECKPOINT).is_file():
-            self._restore()
-        else:
+        self.fresh = not (resume and (self.out / CHECKPOINT).is_file())
+        if self.fresh:
             cfg.save(self.out / CONFIG)
             (self.out / LOG).write_text("")
+        else:
+            self._restore()
         if cfg.compile:
             for name in ("encoder", "decoder"):
                 if name in self.model._modules:
@@ -158,10 +160,24 @@ class Trainer:
     def run(self, *, stop_after: int | None = None, final_eval: bool = True) -> dict | None:
         """Train to ``cfg.steps`` (or stop after ``stop_after`` steps without a final checkpoint: a simulated
         kill, for tests), then evaluate and draw the figures unless ``final_eval`` is False. Returns the final
-        metrics (None when stopped early or not evaluated)."""
+        metrics (None when stopped early or not evaluated). A fresh run that fails before its first checkpoint
+        removes what it wrote (nothing a later ``--resume`` or ``compare`` could mistake for a run)."""
+        try:
+            return self._run(stop_after, final_eval)
+        except BaseException:
+            if self.fresh and not (self.out / CHECKPOINT).is_file():
+                for name in (CONFIG, LOG):
+                    (self.out / name).unlink(missing_ok=True)
+                if self._made_dir and not any(self.out.iterdir()):
+                    self.out.rmdir()
+            raise
+
+    def _run(self, stop_after: int | None, final_eval: bool) -> dict | None:
         cfg = self.cfg
         self.model.train()
         bar = Progress(cfg.steps, self.step, enabled=cfg.progress)
+        bar.note(f"training {cfg.model} on {cfg.dataset}: step {self.step} of {cfg.steps}, batch {self.batch_size}, "
+                 f"lr {self.lr:g} -> {self.out}")
         while self.step < cfg.steps:
             if stop_after is not None and self.step >= stop_after:
                 return None
@@ -181,6 +197,7 @@ class Trainer:
         bar.close()
         if not final_eval:
             return None
+        bar.note(f"evaluating on {cfg.eval_samples} samples ({', '.join(cfg.metrics)}) and drawing figures ...")
         return finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log)
 
 
@@ -197,9 +214,10 @@ class Progress:
         if not self.enabled:
             return
         now = time.perf_counter()
-        if self.tty and now - self.last < 0.5 and step < self.total:
+        first = step == self.start + 1  # shown at once: the run is alive
+        if self.tty and now - self.last < 0.5 and step < self.total and not first:
             return
-        if not self.tty and step % self.every and step != self.total:
+        if not self.tty and step % self.every and step != self.total and not first:
             return
         self.last = now
         rate = (step - self.start) / max(now - self.t0, 1e-9)
@@ -212,6 +230,12 @@ class Progress:
     def close(self) -> None:
         if self.enabled and self.tty:
             sys.stderr.write("\n")
+
+    def note(self, text: str) -> None:
+        """One line on stderr (when enabled)."""
+        if self.enabled:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
