@@ -439,3 +439,13 @@ def test_nvlabs_errors(tmp_path):
     ds[1]
     with pytest.raises(FileNotFoundError, match="000002.png"):
         ds[2]
+
+
+def test_uint8_hwc_to_float_chw_by_hand():
+    from qkernels.data._files import uint8_hwc_to_float_chw
+
+    a = np.arange(2 * 3 * 4 * 3, dtype=np.uint8).reshape(2, 3, 4, 3)  # (n, H=3, W=4, C=3), not square
+    out = uint8_hwc_to_float_chw(a)
+    assert out.shape == (2, 3, 3, 4) and out.dtype == np.float32 and out.flags.c_contiguous
+    for n, c, h, w in ((0, 0, 0, 0), (1, 2, 2, 3), (0, 1, 2, 0), (1, 0, 0, 3)):
+        assert out[n, c, h, w] == np.float32(a[n, h, w, c]) / np.float32(255)

@@ -358,3 +358,13 @@ def test_balls_bins_by_hand():
     centres = ds.bin_centers(torch.tensor([[0, 1, 2, 3]]))
     torch.testing.assert_close(centres, torch.tensor([[0.2, 0.4, 0.6, 0.8]]))
     assert ds.discretize(centres).tolist() == [[0, 1, 2, 3]]
+
+
+def test_sprites_scale_grows_the_shape_quadratically():
+    # scale class k has value linspace(0.5, 1, n)[k] times the half extent: the covered area grows with k,
+    # ~ the square of the scale (a square of half extent h covers (2 h)^2 pixels)
+    sp = Sprites(n_shapes=1, n_scales=3, n_orientations=1, n_x=1, n_y=1, image_size=64)
+    torch.testing.assert_close(sp.factor_values[1], torch.tensor([0.5, 0.75, 1.0]))
+    area = sp.observations_from_factors(torch.tensor([[0, k, 0, 0, 0] for k in range(3)])).sum((1, 2, 3))
+    assert area[0] < area[1] < area[2]
+    assert float(area[2] / area[0]) == pytest.approx(4.0, rel=0.1)

@@ -176,6 +176,10 @@ def test_infomec_constant_latents_are_pruned_without_nan():
     zc = np.concatenate([s + 0.3 * rng.random(s.shape), 0.01 * rng.random((720, 1))], 1)
     assert infomec(s, zc)["active"].tolist() == [True, True, False]
     assert infomec(s, zc, prune_threshold=0.0)["active"].tolist() == [True, True, True]
+    # the threshold is 1/20 of the LARGEST range (3 here): 0.16 is kept, 0.14 pruned
+    t = np.linspace(0.0, 1.0, 720)
+    zr = np.stack([s[:, 0].astype(float), s[:, 1].astype(float), 0.16 * t, 0.14 * t[::-1]], 1)
+    assert infomec(s, zr)["active"].tolist() == [True, True, True, False]
 
     r = infomec(s, np.full((720, 3), 2.5))  # nothing active at all
     assert (r["infom"], r["infoc"], r["infoe"]) == (0.0, 0.0, 0.0)

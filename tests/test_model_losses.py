@@ -342,6 +342,7 @@ def test_factordvae_discriminator_uses_a_shuffle_of_the_same_batch():
     # lddr: the discriminator tells the batch's soft z from a per-latent shuffle of the SAME z (the
     # second batch is not used); LeakyReLU slope 0.01
     model, x = build("factordvae", num_values=4, **SMALL)
+    spread_latents(model, 40.0)  # logits that differ between images (at initialisation they barely do)
     slopes = {m.negative_slope for m in model.discriminator.modules() if isinstance(m, torch.nn.LeakyReLU)}
     assert slopes == {0.01}
     x2 = torch.rand(6, *IMG, generator=torch.Generator().manual_seed(2))

@@ -98,6 +98,31 @@ def test_latent_quantize_ties_and_out_of_range(backend):
     assert torch.equal(out.z_q.cpu(), values.cpu()[torch.arange(2), expected])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("global_codebook", [False, True])
+def test_latent_quantize_indices_exact_on_hard_inputs(backend, dtype, global_codebook):
+    # unsorted codebooks with repeated values, z on the values, halfway between them and far outside the
+    # range (where distances round together: the first index among equal rounded distances wins), and a
+    # codebook that changes between calls: indices exactly the float64 oracle's argmin of |z - v|
+    g = _gen(5)
+    d, nv = 6, 9
+    rows = 1 if global_codebook else d
+    base = torch.randint(-4, 5, (rows, nv), generator=g).to(dtype) / 2  # steps of 0.5, repeats
+    mid = (base[:, :-1] + base[:, 1:]) / 2
+    far = base.new_tensor([1e8, -1e8, 3e7, 1e18]).expand(rows, 4)
+    picks = torch.cat([base, mid, base + 1e-3, far], 1)  # (rows, P) candidate latents per codebook row
+    cols = torch.randint(0, picks.shape[1], (40, d), generator=g)
+    z = torch.stack([picks[0 if global_codebook else j, cols[:, j]] for j in range(d)], 1)
+    for values in (base, base.flip(-1) * 1.5):
+        arg = values[0] if global_codebook else values
+        out = qkernels.latent_quantize(z.to(DEVICE), arg.to(DEVICE))
+        full = values.expand(d, -1)
+        # |z - v| rounded in the input precision (as every backend computes it), argmin = first minimum
+        want = (z[:, :, None] - full[None]).abs().double().argmin(-1)
+        assert torch.equal(out.indices.cpu(), want)
+        assert torch.equal(out.z_q.cpu(), full[torch.arange(d), want])
+
+
 def test_latent_quantize_leading_dims(backend):
     z, values = _inputs(24, 5, 7, torch.float32, False)
     z4 = z.reshape(2, 3, 4, 5)

@@ -317,6 +317,9 @@ def test_cli_config_precedence(tmp_path):
     conf.write_text(json.dumps({"model": "qlae", "steps": 9, "batch_size": 100}))
     cfg = cfg_of("--config", str(conf), "--steps", "3")
     assert (cfg.model, cfg.steps, cfg.batch_size, cfg.lr, cfg.out) == ("qlae", 3, 100, None, "runs/qlae")
+    conf.write_text(json.dumps({"seed": 5, "eval_every": 50}))
+    cfg = cfg_of("--config", str(conf), "--seed", "0", "--eval-every", "0")  # a flag of 0 is a value, not unset
+    assert (cfg.seed, cfg.eval_every) == (0, 0)
     run = tmp_path / "r"
     run.mkdir()
     TrainConfig(model="dvae", steps=5, batch_size=16, out=str(run)).save(run / "config.json")

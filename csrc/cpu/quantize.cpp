@@ -7,6 +7,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "qkernels/quantize.h"
@@ -41,6 +43,47 @@ Tensor sum_partials(const std::vector<double>& partial, int64_t n_chunks, int64_
   return out;
 }
 
+// Each codebook row sorted ascending (stable: equal values keep index order) with the original index of
+// every sorted position. A compiler given the obvious formulation (distances to every value, argmin)
+// cannot know the values are few and may be searched: nearest value by binary search, O(log nv) per
+// element instead of O(nv). Sorting G rows of nv values per call costs microseconds: nothing to cache.
+template <typename scalar_t>
+void sort_codebook(const scalar_t* vp, int64_t G, int64_t nv, std::vector<scalar_t>& sorted,
+                   std::vector<int32_t>& order) {
+  sorted.resize(G * nv);
+  order.resize(G * nv);
+  for (int64_t g = 0; g < G; ++g) {
+    int32_t* o = order.data() + g * nv;
+    for (int64_t k = 0; k < nv; ++k) o[k] = static_cast<int32_t>(k);
+    const scalar_t* v = vp + g * nv;
+    std::stable_sort(o, o + nv, [v](int32_t a, int32_t b) { return v[a] < v[b]; });
+    for (int64_t k = 0; k < nv; ++k) sorted[g * nv + k] = v[o[k]];
+  }
+}
+
+// Index (into the caller's codebook order) of the value nearest to x, exactly as argmin over |x - v|
+// of every value with the first index on ties: the lower bound p splits the sorted values into < x and
+// >= x; the nearest is s[p - 1] or s[p]; every value at the same (rounded) distance lies next to them
+// in sorted order (equal values, or far-out x where distances round together), so the walk outwards
+// collects them all and keeps the smallest original index.
+template <typename scalar_t>
+inline int32_t nearest_sorted(scalar_t x, const scalar_t* s, const int32_t* order, int32_t nv) {
+  int32_t lo = 0, n = nv;
+  while (n > 1) {  // branch-free lower bound
+    const int32_t half = n >> 1;
+    lo = s[lo + half - 1] < x ? lo + half : lo;
+    n -= half;
+  }
+  const int32_t p = lo + (s[lo] < x ? 1 : 0);
+  const scalar_t d_lo = p > 0 ? x - s[p - 1] : std::numeric_limits<scalar_t>::infinity();
+  const scalar_t d_hi = p < nv ? s[p] - x : std::numeric_limits<scalar_t>::infinity();
+  const scalar_t best = d_lo < d_hi ? d_lo : d_hi;
+  int32_t idx = std::numeric_limits<int32_t>::max();
+  for (int32_t k = p - 1; k >= 0 && x - s[k] == best; --k) idx = std::min(idx, order[k]);
+  for (int32_t k = p; k < nv && s[k] - x == best; ++k) idx = std::min(idx, order[k]);
+  return idx;
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cpu(const Tensor& z_, const Tensor& values_) {
   check_codebook(z_, values_, "latent_quantize");
   const int64_t N = z_.size(0), d = z_.size(1);
@@ -55,24 +98,25 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cpu(const Tensor& z_,
     const scalar_t* vp = values.data_ptr<scalar_t>();
     scalar_t* qp = zq.data_ptr<scalar_t>();
     int64_t* ip = idx.data_ptr<int64_t>();
-    // transposed codebook (nv, d) so the scan over latents is contiguous
-    std::vector<scalar_t> vt(nv * d);
-    for (int64_t j = 0; j < d; ++j)
-      for (int64_t k = 0; k < nv; ++k) vt[k * d + j] = vp[(G == 1 ? 0 : j) * nv + k];
-    at::parallel_for(0, n_chunks, grain(n_chunks, rows * d * nv), [&](int64_t c0, int64_t c1) {
-      std::vector<scalar_t> best_d(d);
-      std::vector<int> best_k(d);
+    std::vector<scalar_t> sorted;
+    std::vector<int32_t> order;
+    sort_codebook(vp, G, nv, sorted, order);
+    int32_t levels = 0;  // binary-search steps per element, for the parallel grain
+    while ((int64_t(1) << levels) < nv) ++levels;
+    at::parallel_for(0, n_chunks, grain(n_chunks, rows * d * (levels + 2)), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double acc = 0.0;
         const int64_t r1 = std::min(N, (c + 1) * rows);
         for (int64_t i = c * rows; i < r1; ++i) {
-          const scalar_t* x = zp + i * d;
-          nearest_row(x, vt.data(), static_cast<int>(d), static_cast<int>(nv), best_d.data(), best_k.data());
           for (int64_t j = 0; j < d; ++j) {
-            const scalar_t q = vt[best_k[j] * d + j];
+            const int64_t g = G == 1 ? 0 : j;
+            const scalar_t x = zp[i * d + j];
+            const int32_t k = nearest_sorted(x, sorted.data() + g * nv, order.data() + g * nv,
+                                             static_cast<int32_t>(nv));
+            const scalar_t q = vp[g * nv + k];
             qp[i * d + j] = q;
-            ip[i * d + j] = best_k[j];
-            const double diff = static_cast<double>(x[j]) - static_cast<double>(q);
+            ip[i * d + j] = k;
+            const double diff = static_cast<double>(x) - static_cast<double>(q);
             acc += diff * diff;
           }
         }

@@ -388,11 +388,13 @@ def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float) -> li
             print(line, file=out, flush=True)
 
     say(*wrap(f"machine: {machine()}"))
+    # the load average before anything ran (later it counts this process's own work); each table then
+    # warns when OTHER processes took CPU time while it was measured
+    warning = load_warning()
+    if warning:
+        say(*wrap(warning))
     for hotpath in hotpaths:
         say("", f"== {hotpath}: one forward + backward per run ==")
-        warning = load_warning()
-        if warning:
-            say(*wrap(warning))
         say(header())
         clock, t0 = cpu_clock(), time.perf_counter()
         names: list[str] = []

@@ -26,26 +26,6 @@ QK_HOST_DEVICE int nearest_index(const T* values, int n_v, T x) {
   return best;
 }
 
-// Row-at-a-time form of nearest_index for CPUs: one row x[0..d) against a transposed codebook
-// vt (nv, d) (vt[k * d + j] = value k of latent j). The loop over j is branch-free and vectorizes;
-// scanning k upwards with a strict < gives the same first-minimum index as nearest_index.
-template <typename T>
-inline void nearest_row(const T* x, const T* vt, int d, int nv, T* best_d, int* best_k) {
-  for (int j = 0; j < d; ++j) {
-    best_d[j] = qk_abs(x[j] - vt[j]);
-    best_k[j] = 0;
-  }
-  for (int k = 1; k < nv; ++k) {
-    const T* vk = vt + static_cast<long>(k) * d;
-    for (int j = 0; j < d; ++j) {
-      const T dist = qk_abs(x[j] - vk[j]);
-      const bool better = dist < best_d[j];
-      best_d[j] = better ? dist : best_d[j];
-      best_k[j] = better ? k : best_k[j];
-    }
-  }
-}
-
 // Gumbel(0, 1) noise from a uniform sample, with u clamped into (0, 1) so the noise is finite.
 template <typename T>
 QK_HOST_DEVICE T gumbel_from_uniform(T u) {
