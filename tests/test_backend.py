@@ -202,7 +202,7 @@ def test_modules_have_real_signatures():
         cls = getattr(qnn, name)
         for sig in (inspect.signature(cls), inspect.signature(cls.__init__), inspect.signature(cls.forward)):
             assert not any(p.kind in varargs for p in sig.parameters.values()), (name, sig)
-    assert list(inspect.signature(qnn.KLMLoss.forward).parameters) == ["self", "z", "std"]
+    assert list(inspect.signature(qnn.KLMLoss.forward).parameters) == ["self", "z", "std", "group"]
 
 
 def test_all_finite_one_reduction_and_its_overflow_fallback():

@@ -368,3 +368,12 @@ def test_sprites_scale_grows_the_shape_quadratically():
     area = sp.observations_from_factors(torch.tensor([[0, k, 0, 0, 0] for k in range(3)])).sum((1, 2, 3))
     assert area[0] < area[1] < area[2]
     assert float(area[2] / area[0]) == pytest.approx(4.0, rel=0.1)
+
+
+def test_grid2d_cells_are_half_open_on_the_right():
+    # cell i of an axis is [t_i, t_{i+1}): a latent exactly on an inner threshold belongs to the upper cell
+    ds = QuantizedGrid2D(50)
+    t = ds.thresholds.to(torch.float32)
+    z = torch.stack([t[0, :4], t[1, :4]], 1)  # (4, 2): t_0..t_3 on each axis
+    assert ds.quantize(z).tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    assert torch.equal(ds.quantize(ds.z), ds.cells)

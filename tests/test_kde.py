@@ -183,6 +183,20 @@ def test_reference_kde_grid_matches_equations():
             np.testing.assert_allclose(got[j], want, rtol=1e-12, atol=1e-15)
 
 
+def test_public_kde_grid_matches_equations(backend):
+    # the public function (argument handling included) on every backend: density, then d/dt
+    z = latents(13, 3)
+    pts = torch.randn(3, 9, generator=_gen(3), dtype=torch.float64).to(DEVICE)
+    zz, pp = z.cpu().numpy(), pts.cpu().numpy()
+    for deriv in (False, True):
+        got = kde_grid(pts, z, 0.3, derivative=deriv).detach().cpu().numpy()
+        for j in range(3):
+            diff = pp[j][:, None] - zz[None, :, j]
+            ker = np_gauss(pp[j][:, None], zz[None, :, j], 0.3)
+            want = np.mean(-diff / 0.09 * ker if deriv else ker, axis=1)
+            np.testing.assert_allclose(got[j], want, rtol=1e-9, atol=1e-12)
+
+
 # ------------------------------------------------------------------ every backend vs reference
 
 # (n, d, K, M): M = 9 and 1 pad the cpu kernel's vectors of conditioning values (8 floats / 4 doubles)

@@ -712,3 +712,20 @@ def test_bad_input_specific():
         mcc(s, s, method="kendall")
     with pytest.raises(TypeError, match="seed"):
         infomec(s, s, seed=1.5)
+
+
+def test_sap_classifier_is_disentanglement_libs(monkeypatch):
+    # disentanglement_lib's SAP (discrete factors): LinearSVC(C=0.01, class_weight="balanced") per
+    # (source, latent) on the latent alone
+    sap_module = importlib.import_module("qkernels.metrics.sap")  # (the package re-exports the function)
+    made = []
+    real = sap_module.LinearSVC
+
+    def spy(**kw):
+        made.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(sap_module, "LinearSVC", spy)
+    s = full_grid([3, 2], 20)
+    sap(s, s.astype(float) + 0.1)
+    assert len(made) == 4 and all(kw["C"] == 0.01 and kw["class_weight"] == "balanced" for kw in made)

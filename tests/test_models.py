@@ -197,6 +197,24 @@ def test_qlae_style_layer_by_hand():
     # decoder: 3x3 output conv without bias, input map 0.1; encoder: conv (no bias) -> IN -> LeakyReLU 0.2
     dec = AdaINDecoder(4, 3, 16, widths=(8, 4), dense=8)
     assert dec.out.kernel_size == (3, 3) and dec.out.bias is None and bool((dec.start == 0.1).all())
+    # Tripod's conditioned conv: GELU_tanh(IN(conv3(h)) * (1 + scale) + shift), (scale, shift) = Linear(cond)
+    from qkernels.models.architectures import _ConvAdaINGELU
+
+    ada = _ConvAdaINGELU(5, 3).double()
+    h3, cond = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
+    c3 = torch.nn.functional.conv2d(h3, ada.conv.weight, ada.conv.bias, padding=1)
+    c3 = (c3 - c3.mean((2, 3), keepdim=True)) / torch.sqrt(c3.var((2, 3), unbiased=False, keepdim=True) + 1e-5)
+    sc, sh = (cond @ ada.proj.weight.T + ada.proj.bias).chunk(2, dim=1)
+    want = torch.nn.functional.gelu(c3 * (1 + sc[:, :, None, None]) + sh[:, :, None, None], approximate="tanh")
+    torch.testing.assert_close(ada(h3, cond), want)
+    # Tripod's encoder: global MEAN pool of the last stage, then Linear-LayerNorm-GELU(tanh), Linear
+    renc = ResidualEncoder(3, 16, 4, widths=(4, 8))
+    xx = torch.rand(2, 3, 16, 16)
+    feat = renc.conv(xx)
+    assert feat.shape == (2, 16, 4, 4)
+    lin1, ln, act = renc.head[0]
+    hand = renc.head[1](torch.nn.functional.gelu(ln(lin1(feat.mean((2, 3)))), approximate="tanh"))
+    torch.testing.assert_close(renc(xx), hand)
     enc = QLAEEncoder(3, 16, 4, widths=(4, 8), dense=8)
     kinds = [type(m).__name__ for m in enc.conv[:3]]
     assert kinds == ["Conv2d", "InstanceNorm2d", "LeakyReLU"] and enc.conv[2].negative_slope == 0.2

@@ -12,7 +12,7 @@ from qkernels.ops.kde import cliff_loss, klm_loss
 class CliffLoss(nn.Module):
     """The Cliff criterion (eq. 8) with fixed hyper-parameters; see :func:`qkernels.cliff_loss`.
 
-    forward(z (n, d), cond_index=None, generator=None) -> scalar (or CliffTerms when
+    forward(z (n, d), cond_index=None, generator=None, group=None) -> scalar (or CliffTerms when
     ``return_terms``). Defaults: the paper's Shapes3D optimum (sigma 0.1, grid (-5, 5, 100),
     lambdas 0.5 / 1.0 / 0.7) and M = 10 conditioning rows per latent.
     """
@@ -40,6 +40,7 @@ class CliffLoss(nn.Module):
         z: torch.Tensor,
         cond_index: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        group=None,
     ):
         return cliff_loss(
             z,
@@ -52,6 +53,7 @@ class CliffLoss(nn.Module):
             lambda_biv=self.lambda_biv,
             lambda_kl=self.lambda_kl,
             return_terms=self.return_terms,
+            group=group,
         )
 
     def extra_repr(self) -> str:
@@ -64,13 +66,14 @@ class CliffLoss(nn.Module):
 class KLMLoss(nn.Module):
     """Tripod's kernel latent multiinformation; see :func:`qkernels.klm_loss`.
 
-    forward(z (n, d), std=None) -> scalar; ``std``: (d,) scales or one number, default the
+    forward(z (n, d), std=None, group=None) -> scalar; ``std``: (d,) scales or one number, default the
     population std of z + 1e-6. Tripod passes the std of the continuous pre-quantization latents
-    (plus 1e-6) as ``std`` while z is quantized.
+    (plus 1e-6) as ``std`` while z is quantized. ``group``: the global-batch loss under
+    ``torch.distributed``.
     """
 
     def __init__(self) -> None:
         super().__init__()
 
-    def forward(self, z: torch.Tensor, std: torch.Tensor | float | None = None) -> torch.Tensor:
-        return klm_loss(z, std=std)
+    def forward(self, z: torch.Tensor, std: torch.Tensor | float | None = None, group=None) -> torch.Tensor:
+        return klm_loss(z, std=std, group=group)

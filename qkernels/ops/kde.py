@@ -31,6 +31,7 @@ from qkernels._validation import (
     in_range,
     value_checks,
 )
+from qkernels.distributed import gather_rows
 from qkernels.ops import _library as lib
 from qkernels.ops._library import zeros_if_none
 from qkernels.reference import kde as ref
@@ -291,6 +292,7 @@ def cliff_loss(
     lambda_biv: float = 1.0,
     lambda_kl: float = 0.7,
     return_terms: bool = False,
+    group=None,
 ):
     """The Cliff criterion (Barin-Pacela et al., ICML 2025, eq. 8) of a batch of latents.
 
@@ -308,6 +310,11 @@ def cliff_loss(
             values are latent j's conditioning values.
         lambda_uni, lambda_biv, lambda_kl: term weights (defaults: the paper's Shapes3D optimum).
         return_terms: return :class:`CliffTerms` instead of the total.
+        group: a ``torch.distributed`` process group (e.g. ``torch.distributed.group.WORLD``): the loss
+            of the GLOBAL batch, every rank's z gathered in rank order (n = the global batch size;
+            ``cond_index`` / ``num_cond`` index it), the same value on every rank, each rank's
+            gradient its own rows' share (:mod:`qkernels.distributed`). The conditioning rows must be
+            drawn identically on every rank: pass ``cond_index`` or a ``generator`` seeded alike.
     Returns:
         The scalar total, or ``CliffTerms(total, uni, biv, kl)``.
 
@@ -318,6 +325,8 @@ def cliff_loss(
     "medium" (bf16) round the product's inputs, which moves ``biv`` by up to 2e-5 / 5e-5 relative
     at the benchmark shapes (emulated on a CPU; benchmarks/RESULTS.md). float64 stays float64.
     """
+    if group is not None:
+        z = gather_rows(z, group)
     _check_latents(z)
     n, d = z.shape
     sigma = check_sigma(sigma)
@@ -336,7 +345,7 @@ def cliff_loss(
     return CliffTerms(total, uni, biv, kl) if return_terms else total
 
 
-def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None) -> torch.Tensor:
+def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None, group=None) -> torch.Tensor:
     """Tripod's kernel latent multiinformation (Hsu et al., ICML 2024, eqs. 11-14).
 
     mean_b [log q(z_b) - sum_j log q_j(z_bj)] with Gaussian KDEs over the batch (no
@@ -348,10 +357,15 @@ def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None) -> tor
         std: (d,) positive scales, or one scale (a number or 0-d tensor) for every latent;
             differentiable. Default: the population std of z itself, z.std(0, correction=0) + 1e-6
             (differentiable in z); Tripod passes the std of the continuous (pre-quantization)
-            latents plus 1e-6 instead.
+            latents plus 1e-6 instead (under ``group``: of the gathered batch,
+            :func:`qkernels.distributed.gather_rows`).
+        group: a ``torch.distributed`` process group: the KLM of the GLOBAL batch (every rank's z
+            gathered in rank order; the default std is then the global one), as in :func:`cliff_loss`.
     Returns:
         Scalar loss (>= about 0 for independent latents, growing with dependence).
     """
+    if group is not None:
+        z = gather_rows(z, group)
     _check_latents(z)
     std = check_std(std, z)
     _, impl = select("klm", z.device, z.dtype)
