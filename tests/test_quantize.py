@@ -170,6 +170,11 @@ def test_fsq_module_round_trip():
     out = fsq(torch.randn(50, 3, generator=_gen(3)) * 3)
     assert torch.equal(fsq.values_to_indices(out.z_q), out.indices)
     torch.testing.assert_close(fsq.indices_to_values(out.indices), out.z_q)
+    # values off the grid (e.g. after arithmetic) map to the NEAREST level: L = 5 levels at -1, -0.5, ..., 1
+    five = qnn.FSQ(5)
+    grid = torch.linspace(-1, 1, 5)[:, None]
+    for shift in (-0.2, -0.01, 0.01, 0.2):
+        assert five.values_to_indices((grid + shift).clamp(-1, 1)).flatten().tolist() == [0, 1, 2, 3, 4]
 
 
 # ---------------------------------------------------------------------------- Gumbel / categorical

@@ -280,6 +280,8 @@ def test_build_uses_the_authors_latent_counts_and_lambdas():
 
     model, ds = build(TrainConfig(model="qlae", dataset="sprites", image_size=16))
     assert ds.observation_shape == (1, 16, 16) and model.num_latents == 10  # 2 x 5 sources
+    _, balls = build(TrainConfig(model="ae", dataset="balls", image_size=16, seed=3))
+    assert balls.seed == 3  # a procedural dataset follows the run's seed (Balls draws its samples from it)
     assert default_num_latents("dvae", 5) == 10 and default_num_latents("cliff_ae", 2) == 2
     assert method_defaults("tripod", "mpi3d") == {"lambda_klm": 1e-8, "lambda_nhp": 1e-4}
     assert method_defaults("tripod", "shapes3d_procedural") == {"lambda_klm": 1e-4, "lambda_nhp": 1e-2}
