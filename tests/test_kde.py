@@ -757,3 +757,17 @@ def test_modules():
     assert math.isclose(KLMLoss()(zd, std).item(), np_klm(zd.cpu().numpy(), std.cpu().numpy()), rel_tol=1e-9)
     with pytest.raises(ValueError, match="sigma"):
         CliffLoss(sigma=-1.0)
+
+
+def test_cliff_loss_defaults_are_the_papers():
+    # Cliff (ICML 2025) eq. 15 and App. F.4 (Shapes3D optimum): sigma 0.1, K = 100 points on [-5, 5], M = 10
+    # conditioning rows, lambda_uni 0.5, lambda_biv 1, lambda_KL-uni 0.7; the module mirrors them
+    import inspect
+
+    from qkernels.nn.kde import CliffLoss
+
+    want = {"sigma": 0.1, "grid": (-5.0, 5.0, 100), "num_cond": 10, "lambda_uni": 0.5, "lambda_biv": 1.0,
+            "lambda_kl": 0.7}
+    for fn in (cliff_loss, CliffLoss.__init__):
+        params = inspect.signature(fn).parameters
+        assert {k: params[k].default for k in want} == want, fn
