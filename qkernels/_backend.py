@@ -35,13 +35,16 @@ AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
         # klm 1024x32: triton 1.47 ms, cuda 3.5, reference 10.4 (the CUDA KLM, 2-5x slower than the
         # triton one, only runs where triton is not installed)
         "klm": ("triton", "cuda", "reference"),
-        # latent_quantize 65536x64: triton 1.34 ms, cuda 1.58, reference 4.35 (the order issue 10 asked
-        # for; at 4096x64 triton 1.16 ms is slower than the reference's 0.95: issue 18 revisits it)
-        "latent_quantize": ("triton", "cuda", "reference"),
-        # cliff 1024x12: reference 5.6 ms, triton 20.7, cuda 147 (torch.compile of the reference: 2.9).
-        # The GEMM-shaped triton rewrite (issue 12, RESULTS.md "KDE on a GPU: design") is not
-        # measured on a GPU yet: the reference stays first until it is; the CUDA C++ Cliff (one
-        # block per latent) is not competitive and stays out
+        # latent_quantize, H100 (RESULTS.md "H100"), fwd + bwd medians: cuda faster than the reference
+        # at every shape (0.94 vs 1.33 ms at 128x12, 0.91 vs 1.34 at 4096x64, 1.48 vs 4.75 at
+        # 65536x64); triton slower than the reference below 65536 rows (1.43, 1.41 ms) and its
+        # per-call cost is 0.5 ms above cuda's. cuda's codebook gradient uses atomics (run-to-run
+        # rounding differences) except under torch.use_deterministic_algorithms(True)
+        "latent_quantize": ("cuda", "triton", "reference"),
+        # cliff, H100: the GEMM-shaped triton rewrite (issue 12) is 1.6-1.7x the eager reference at
+        # all four bench shapes with 5-10x less memory, but the suite run on that GPU was cut before
+        # naming its two failures: the reference stays first until a run shows the triton Cliff
+        # correct there. The CUDA C++ Cliff (one block per latent, 23-373x slower) stays out
         "cliff_terms": ("reference",),
         # categorical_latent 4096x10: reference 1.11 ms, cuda 1.20, triton 1.46
         "relaxed_categorical": ("reference",),

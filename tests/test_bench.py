@@ -255,3 +255,13 @@ def test_pytest_benchmark_summary_table():
     assert "1.00x" in compiled  # 0.5% apart: a tie
     assert any(line.startswith("klm n=64 d=12  (baseline reference; 7 rounds)") for line in lines)
     assert any(line.startswith("legend:") for line in lines)
+
+
+def test_compiled_baselines_use_static_shapes(monkeypatch):
+    """Cases share a loss's code object, so with automatic dynamic shapes every case after the first
+    would time code compiled for any size: not what a user compiling one training shape gets."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    bench.variant(bq.materialized_loss, compiled=True)
+    bench.backend_variants(bq._loss, "cpu")
+    assert seen and all(kw.get("dynamic") is False for kw in seen)

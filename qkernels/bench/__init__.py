@@ -91,11 +91,15 @@ class Case:
 
 def variant(loss: Callable[..., torch.Tensor], backend: str = "reference", *, compiled: bool = False):
     """A forward + backward callable: ``loss(*inputs).backward()`` on ``backend`` (``compiled``:
-    ``torch.compile`` of ``loss``, inductor, default mode), then the inputs' gradients (and those
-    of any module among them) are cleared."""
+    ``torch.compile`` of ``loss``, inductor, default mode, static shapes), then the inputs'
+    gradients (and those of any module among them) are cleared.
+
+    Static shapes: a user compiles a training step for one batch shape; with the default
+    (automatic dynamic) every case after the first of a hot path would time code compiled for any
+    size, because the cases share ``loss``'s code object and its compile cache."""
     from qkernels import use_backend
 
-    fn = torch.compile(loss) if compiled else loss
+    fn = torch.compile(loss, dynamic=False) if compiled else loss
 
     def forward_backward(*inputs):
         with use_backend(backend):

@@ -35,14 +35,19 @@ def _loss(z, values, upstream):
     return (out.z_q * upstream).sum() + 0.01 * out.loss_quantize + 0.01 * out.loss_commit
 
 
-def materialized_loss(z, values, upstream):
-    """Nearest value through an (n, d, n_v) distance tensor, straight-through, QLAE losses."""
+def materialized_outputs(z, values):
+    """Nearest value through an (n, d, n_v) distance tensor, straight-through: (z_q, loss_quantize,
+    loss_commit) as QLAE defines them."""
     vals = values.expand(z.shape[-1], -1)
     idx = (z.detach()[..., None] - vals.detach()).abs().argmin(-1)
     q = vals[torch.arange(z.shape[-1], device=z.device), idx]
     z_q = z + (q - z).detach()
-    loss_q = torch.nn.functional.mse_loss(q, z.detach())
-    loss_c = torch.nn.functional.mse_loss(z, q.detach())
+    return z_q, torch.nn.functional.mse_loss(q, z.detach()), torch.nn.functional.mse_loss(z, q.detach())
+
+
+def materialized_loss(z, values, upstream):
+    """:func:`materialized_outputs` in the benchmark's loss."""
+    z_q, loss_q, loss_c = materialized_outputs(z, values)
     return (z_q * upstream).sum() + 0.01 * loss_q + 0.01 * loss_c
 
 
