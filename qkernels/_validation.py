@@ -131,14 +131,15 @@ def check_std(std: object, z: torch.Tensor) -> torch.Tensor:
 
     ``std``: None -> ``z.std(0, correction=0) + 1e-6`` (differentiable in z, zero gradient for a
     constant column); a number (int or float) or a 0-d tensor -> broadcast to (d,); a (d,) tensor
-    as given. Tensors must match z's device and dtype; gradients flow back through them.
+    as given. Tensors must be on z's device (their dtype is the caller's rule,
+    :mod:`qkernels._precision`); gradients flow back through them.
     """
     d = z.shape[1]
     if std is None:
         return population_std(z) + 1e-6
     if isinstance(std, torch.Tensor):
         check_tensor("std", std, ndim=(0, 1))
-        check_same("std", std, "z", z)
+        check_same("std", std, "z", z, dtype=False)
         if std.dim() == 1 and std.shape[0] != d:
             raise ValueError(f"std must be a scalar or (d,) with d = {d}, got shape {tuple(std.shape)}")
         if value_checks(std) and not bool((std > 0).all()):

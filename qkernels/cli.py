@@ -203,7 +203,8 @@ def _add_train(sub) -> None:
     p.add_argument("--device", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--config", help="JSON file of TrainConfig fields (flags override it)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder and decoder")
-    p.add_argument("--amp", action="store_true", help="bfloat16 autocast on CUDA")
+    p.add_argument("--amp", action="store_true",
+                   help="bfloat16 autocast (CUDA or CPU) for the model and discriminator steps")
     p.set_defaults(func=_train)
     p = _debug_flag(sub.add_parser("eval", help="re-evaluate a saved run (metrics.json + figures)"))
     p.add_argument("run_dir")

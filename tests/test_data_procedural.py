@@ -377,3 +377,19 @@ def test_grid2d_cells_are_half_open_on_the_right():
     z = torch.stack([t[0, :4], t[1, :4]], 1)  # (4, 2): t_0..t_3 on each axis
     assert ds.quantize(z).tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
     assert torch.equal(ds.quantize(ds.z), ds.cells)
+
+
+def test_sample_factors_is_uniform_over_every_factors_classes():
+    # GroundTruthDataset.sample_factors: each factor uniform over its classes 0..size-1 (the metrics and
+    # the trainer's batches rely on it). Mutation audit 7: round(u * (size - 1)) -- the end classes drawn
+    # half as often -- passed every other test (they check ranges, dtypes and that every class occurs).
+    sizes = (3, 2, 5, 2, 7)
+    ds = Sprites(n_shapes=3, n_scales=2, n_orientations=5, n_x=2, n_y=7, image_size=8)
+    assert ds.factor_sizes == sizes
+    n = 70_000
+    f = ds.sample_factors(n, torch.Generator().manual_seed(0))
+    for k, size in enumerate(sizes):
+        freq = torch.bincount(f[:, k], minlength=size).double() / n
+        assert len(freq) == size
+        # binomial sd <= sqrt(0.25 / 70000) ~ 0.0019: 0.01 is > 5 sd, the mutant misses by >= 0.06
+        torch.testing.assert_close(freq, torch.full((size,), 1.0 / size, dtype=torch.float64), rtol=0, atol=0.01)

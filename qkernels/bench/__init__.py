@@ -125,6 +125,46 @@ def backend_variants(loss: Callable[..., torch.Tensor], device: str) -> dict[str
     return out
 
 
+def half_precision_case(case: Case, loss: Callable, plain: Callable, dtype=torch.bfloat16) -> Case:
+    """``case``'s shape with ``dtype`` (bfloat16) inputs (issue 15; :mod:`qkernels._precision`).
+
+    Variants: ``float32`` (the baseline: ``loss``, backend ``auto``, on float32 inputs), ``bf16``
+    (the same on bf16 inputs: cast to float32 for the kernel inside the op) and ``plain autocast``
+    (``plain``: the reference's PyTorch code without qkernels' wrapper, on bf16 inputs under
+    ``torch.autocast``: what plain PyTorch code gets). ``make`` returns the bf16 inputs, then the
+    float32 ones; each variant takes its half."""
+
+    def make(scale: int):
+        full = case.make(scale)
+        half = tuple(x.detach().to(dtype).requires_grad_(x.requires_grad)
+                     if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in full)
+        return (*half, *full)
+
+    def sliced(fn: Callable, first: bool) -> Callable:
+        def run(*inputs):
+            k = len(inputs) // 2
+            return fn(*(inputs[:k] if first else inputs[k:]))
+
+        return run
+
+    def under_autocast(*inputs):
+        kind = next(x.device.type for x in inputs if isinstance(x, torch.Tensor))
+        with torch.autocast(kind, dtype=dtype):
+            out = plain(*inputs)
+        out.float().backward()
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.grad = None
+
+    variants = {
+        "float32": sliced(variant(loss, "auto"), False),
+        "bf16": sliced(variant(loss, "auto"), True),
+        "plain autocast": sliced(under_autocast, True),
+    }
+    name = f"{case.name} {str(dtype).replace('torch.', '').replace('bfloat16', 'bf16')}"
+    return Case(case.hotpath, name, make, variants, baseline="float32", slow=case.slow)
+
+
 def cases(hotpath: str) -> list[Case]:
     return importlib.import_module(f"qkernels.bench.{hotpath}").cases()
 

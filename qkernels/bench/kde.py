@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from qkernels.bench import Case, backend_variants, variant
+from qkernels.bench import Case, backend_variants, half_precision_case, variant
 from qkernels.ops.kde import cliff_loss, kde_grid, klm_loss
 from qkernels.reference import kde as ref
 
@@ -127,9 +127,25 @@ def _kde_grid_case(shape, device):
     return Case("kde", f"kde_grid n={n} d={d} K={k}", make, backend_variants(_kde_grid_loss, device))
 
 
+def _plain_cliff(z, idx, kk):
+    return ref.cliff_loss(z, idx, grid=(-5.0, 5.0, kk))[0]
+
+
+def _plain_klm(z):
+    return ref.klm(z, ref.population_std(z) + 1e-6)[0]
+
+
+def _plain_kde_grid(points, samples, upstream):
+    return (ref.kde_grid(points, samples, 0.1, True) * upstream).sum()
+
+
 def cases(device: str | None = None) -> list[Case]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return (
-        [_cliff_case(s, device) for s in CLIFF] + [_klm_case(s, device) for s in KLM]
-        + [_kde_grid_case(s, device) for s in KDE_GRID]
-    )
+    cliff = {s: _cliff_case(s, device) for s in CLIFF}
+    klm = {s: _klm_case(s, device) for s in KLM}
+    grid = [_kde_grid_case(s, device) for s in KDE_GRID]
+    # bf16 (issue 15): the largest shape that runs in seconds, and the largest (slow, --all)
+    half = [half_precision_case(cliff[s], _cliff_loss, _plain_cliff) for s in ((1024, 12, 64, 100), CLIFF[-1])]
+    half += [half_precision_case(klm[(1024, 32)], _klm_loss, _plain_klm)]
+    half += [half_precision_case(grid[-1], _kde_grid_loss, _plain_kde_grid)]
+    return [*cliff.values(), *klm.values(), *grid, *half]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 import qkernels
-from qkernels.bench import Case, backend_variants, variant
+from qkernels.bench import Case, backend_variants, half_precision_case, variant
+from qkernels.reference import quantize as ref
 
 SHAPES = [(128, 12, 10), (4096, 64, 64), (65536, 64, 64)]  # (n, d, n_v)
 CATEGORICAL_SHAPES = [(64, 10, 64), (4096, 10, 64)]  # (n, d, K): D-VAE uses d = 10, K = 64
@@ -80,4 +81,20 @@ def cases(device: str | None = None) -> list[Case]:
     for n, d, k in CATEGORICAL_SHAPES:
         out.append(Case("quantize", f"categorical_latent n={n} d={d} K={k}", _make_categorical(n, d, k, device),
                         backend_variants(_categorical_loss, device)))
+    # bf16 (issue 15): the largest shape of each op
+    per_latent = next(c for c in out if c.name.startswith(f"latent_quantize n={SHAPES[-1][0]}"))
+    out.append(half_precision_case(per_latent, _loss, _plain_quantize))
+    out.append(half_precision_case(out[-2], _categorical_loss, _plain_categorical))
     return out
+
+
+def _plain_quantize(z, values, upstream):
+    z_q, _, loss_q, loss_c = ref.latent_quantize(z, values)
+    return (z_q * upstream).sum() + 0.01 * loss_q + 0.01 * loss_c
+
+
+def _plain_categorical(logits, uniform, upstream):
+    k = logits.shape[-1]
+    values = torch.linspace(-1, 1, k, device=logits.device, dtype=logits.dtype)[None]
+    z, _, kl = ref.relaxed_categorical(logits, values, uniform, 1.0, 1.0, False)
+    return (z * upstream).sum() + kl.sum()

@@ -35,6 +35,11 @@ VARIANTS = {
     "memory (quantize: (n, d, n_v) distances; Cliff: (d, d, M, K, n) products; KLM: (n, n, d) "
     "differences), eager",
     "materialized compiled": "torch.compile of materialized",
+    "float32": "(bf16 cases) the public function, backend auto, on float32 inputs: the baseline",
+    "bf16": "(bf16 cases) the public function, backend auto, on bfloat16 inputs (cast to float32 for the "
+    "kernel inside the op)",
+    "plain autocast": "(bf16 cases) the reference's PyTorch code without qkernels' wrapper, bfloat16 "
+    "inputs, under torch.autocast: what plain PyTorch code gets",
     "raw": "(<backend> raw) that backend's implementation called directly with prepared arguments: "
     "no validation, backend selection or autograd wrapper",
 }

@@ -24,6 +24,9 @@ class CliffAE(Method):
                  lambda_uni: float = 0.0, lambda_biv: float = 1.0, lambda_kl: float = 1.0, num_cond: int = 10,
                  fit_decoder: bool = True) -> None:
         super().__init__()
+        if len(tuple(obs_shape)) != 1:
+            raise ValueError(f"cliff_ae takes vector observations (dim,), e.g. --dataset quantized_grid2d, "
+                             f"not images: got {tuple(obs_shape)}")
         (dim,) = tuple(obs_shape)
         self.num_latents, self.fit_decoder = num_latents, fit_decoder
         self.encoder = MLP((dim, *hidden, num_latents))

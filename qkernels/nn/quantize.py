@@ -34,8 +34,9 @@ def _lookup(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 
 def _check_input(name: str, x: object, module: nn.Module, *, dtype: bool = True) -> None:
-    """``x`` on the device (and with the dtype when ``dtype``) of ``module.values``; the error says
-    how to convert either side. Anything else is left to the functional op's checks."""
+    """``x`` on the device of ``module.values`` (and, when ``dtype``, a dtype that mixes with theirs:
+    the same, or half precision with float32, :mod:`qkernels._precision`); the error says how to
+    convert either side. Anything else is left to the functional op's checks."""
     if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
         return
     kind, values = type(module).__name__, module.values
@@ -45,7 +46,7 @@ def _check_input(name: str, x: object, module: nn.Module, *, dtype: bool = True)
             f"move {name} with {name}.to({str(values.device)!r}) or the module with "
             f"quantizer.to({str(x.device)!r})"
         )
-    if dtype and x.dtype != values.dtype:
+    if dtype and x.dtype != values.dtype and torch.float64 in (x.dtype, values.dtype):
         raise TypeError(
             f"{name} has dtype {x.dtype} but the {kind}'s values have dtype {values.dtype}: convert "
             f"{name} with {name}.to({values.dtype}) or the module with quantizer.to({x.dtype})"

@@ -77,6 +77,7 @@ def define_backends(
     register(op, "reference")(reference)
     if _ext.has_kernel(op, "CPU"):
         wire(f"qkernels::{op}", f"qkernels::{op}_backward")
+        compute_in_float32_under_autocast(f"qkernels::{op}", f"qkernels::{op}_backward")
         native = getattr(torch.ops.qkernels, op)
         register(op, "cpu")(native)
         if _ext.has_kernel(op, "CUDA"):
@@ -86,7 +87,17 @@ def define_backends(
         forward = torch.library.custom_op(fwd, _checked(checks[0], getattr(triton, op)), mutates_args=())
         torch.library.custom_op(bwd, _checked(checks[1], getattr(triton, f"{op}_backward")), mutates_args=())
         wire(fwd, bwd)
+        compute_in_float32_under_autocast(fwd, bwd)
         register(op, "triton")(forward)
+
+
+def compute_in_float32_under_autocast(*ops: str) -> None:
+    """Under ``torch.autocast`` (cpu or cuda) these ops cast their float16 / bfloat16 inputs to
+    float32 and run with autocast off (so matmuls inside them stay float32; float64 is left alone):
+    the raw-op half of :mod:`qkernels._precision`'s rule."""
+    for name in ops:
+        for device_type in ("cpu", "cuda"):
+            torch.library.register_autocast(name, device_type, torch.float32)
 
 
 # ----------------------------------------------------------------------------- raw-argument checks

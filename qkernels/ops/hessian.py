@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from qkernels._backend import select
+from qkernels._precision import HALF, compute_dtype, no_autocast, upcast
 from qkernels._validation import check_positive, check_std, check_tensor, is_finite_number
 from qkernels.ops import _library as lib
 from qkernels.reference import hessian as ref
@@ -119,6 +120,16 @@ def _check_eps(eps: object) -> float:
     return float(eps)
 
 
+def _check_fd_dtype(name: str, a: torch.Tensor) -> None:
+    """Finite differences need float32 or float64 activations (:mod:`qkernels._precision`)."""
+    if a.dtype in HALF:
+        raise TypeError(
+            f"{name} has dtype {a.dtype}: finite differences of half-precision activations lose the "
+            f"curvature to rounding (errors as large as the value at eps = 0.1); compute them in float32 "
+            f"(the Hessian penalties call fn on float32 latents with autocast off: give fn float32 weights)"
+        )
+
+
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
@@ -155,8 +166,10 @@ def finite_difference_curvature(
         reduce: "mean" or "max" over the M columns of each sample.
     Returns:
         (groups, n): per group and sample, reduce_c var_l((f(z+h_l) - 2 f(z) + f(z-h_l)) / eps^2).
+        float16 / bfloat16 ``stacked`` is a TypeError: its rounding is as large as the curvature.
     """
     check_tensor("stacked", stacked, min_ndim=1, finite=False)
+    _check_fd_dtype("stacked", stacked)
     check_positive("n", n, integer=True)
     k = _check_k(num_perturbations)
     eps = _check_eps(eps)
@@ -181,9 +194,10 @@ def _call_fn(
     fn: Callable, zs: torch.Tensor, chunk_size: int | None
 ) -> tuple[Any, list[torch.Tensor]]:
     """fn on the stacked batch (in row chunks when ``chunk_size``): (structure, list of entries)."""
-    if chunk_size is None:
-        return _flatten(fn(zs))
-    parts = [_flatten(fn(c)) for c in zs.split(chunk_size)]
+    with no_autocast(zs.device):  # finite differences need float32 activations (qkernels._precision)
+        if chunk_size is None:
+            return _flatten(fn(zs))
+        parts = [_flatten(fn(c)) for c in zs.split(chunk_size)]
     keys = parts[0][0]
     for kp, ep in parts[1:]:
         if kp != keys or len(ep) != len(parts[0][1]):
@@ -230,6 +244,7 @@ def _check_outputs(
             raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
         if not a.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {a.dtype}")
+        _check_fd_dtype(name, a)
         if a.dim() == 0 or a.shape[0] != rows:
             raise ValueError(
                 f"{name} must have the stacked batch ({rows} rows) as its first dimension, "
@@ -315,9 +330,14 @@ def normalized_hessian_penalty(
         reduction: "mean" (a scalar) or "none": per-entry, per-sample values (n,), in fn's
             structure (a tensor, a list, or a dict).
         chunk_size: at most this many rows per fn call (bounds the per-call batch).
+
+    Precision: fn is called on float32 latents (half-precision z is cast) with autocast off;
+    half-precision activations are a TypeError (:mod:`qkernels._precision`).
     """
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
+    z = upcast(z, compute_dtype(z=z))
     std = check_std(std, z)
+    std = upcast(std, compute_dtype(z=z, std=std))
     _check_choice("reduction", reduction, ("mean", "none"))
     n = z.shape[0]
     h = torch.cat(
@@ -358,6 +378,7 @@ def hessian_penalty(
     """
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
     _check_choice("reduction", reduction, ("max", "mean", "none"))
+    z = upcast(z, compute_dtype(z=z))
     n = z.shape[0]
     h = eps * _directions("rademacher", k, z, generator)
     keys, entries = _call_fn(fn, _stack(z, h), chunk_size)

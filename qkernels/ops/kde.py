@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from qkernels._backend import select
+from qkernels._precision import compute_dtype, no_autocast, upcast
 from qkernels._validation import (
     check_grid,
     check_positive,
@@ -235,19 +236,22 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
     Returns:
         (d, K): out[j, k] = 1/n sum_s N(points[j, k]; samples[s, j], sigma^2) (or its d/dt).
         Differentiable in points and samples. The fused backends drop kernel terms more than
-        ``10 sigma`` from an evaluation point (relative size < 2e-22 of a term's peak).
+        ``10 sigma`` from an evaluation point (relative size < 2e-22 of a term's peak). Half-precision
+        inputs: computed and returned in float32 (:mod:`qkernels._precision`).
     """
     check_tensor("points", points, ndim=2)
     check_tensor("samples", samples, ndim=2)
-    check_same("points", points, "samples", samples)
+    check_same("points", points, "samples", samples, dtype=False)
     if samples.shape[1] != points.shape[0]:
         raise ValueError(
             f"samples must be (n, d) with d = {points.shape[0]} (points' first dimension), "
             f"got shape {tuple(samples.shape)}"
         )
     sigma = check_sigma(sigma)
-    _, impl = select("kde_grid", points.device, points.dtype)
-    return impl(points, samples, sigma, bool(derivative))
+    dt = compute_dtype(points=points, samples=samples)
+    _, impl = select("kde_grid", points.device, dt)
+    with no_autocast(points.device):
+        return impl(upcast(points, dt), upcast(samples, dt), sigma, bool(derivative))
 
 
 def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torch.Tensor:
@@ -316,7 +320,8 @@ def cliff_loss(
             gradient its own rows' share (:mod:`qkernels.distributed`). The conditioning rows must be
             drawn identically on every rank: pass ``cond_index`` or a ``generator`` seeded alike.
     Returns:
-        The scalar total, or ``CliffTerms(total, uni, biv, kl)``.
+        The scalar total, or ``CliffTerms(total, uni, biv, kl)``; float32 for half-precision z
+        (computed in float32 whatever autocast says: :mod:`qkernels._precision`).
 
     Backends: ``cpu`` drops Gaussian terms beyond 7.5 sigma in float32 / 10 sigma in float64 (below
     5e-12 / 2e-21 of a term's peak; csrc/include/qkernels/kde.h). ``triton`` computes the
@@ -335,12 +340,13 @@ def cliff_loss(
         if isinstance(lam, bool) or not isinstance(lam, (int, float)):
             raise TypeError(f"{name} must be a number, got {type(lam).__name__}")
     idx = _cond_index(cond_index, num_cond, generator, n, d, z.device)
-    x = ref.standardize(z)
-    t = torch.linspace(a, b, k, dtype=z.dtype, device=z.device)
+    dt = compute_dtype(z=z)
+    t = torch.linspace(a, b, k, dtype=dt, device=z.device)
     r3 = math.sqrt(3.0)
-    v = torch.linspace(-r3, r3, k, dtype=z.dtype, device=z.device)
-    _, impl = select("cliff_terms", z.device, z.dtype)
-    uni, biv, kl = impl(x, t, v, idx, sigma, (b - a) / k)
+    v = torch.linspace(-r3, r3, k, dtype=dt, device=z.device)
+    _, impl = select("cliff_terms", z.device, dt)
+    with no_autocast(z.device):
+        uni, biv, kl = impl(ref.standardize(upcast(z, dt)), t, v, idx, sigma, (b - a) / k)
     total = lambda_uni * uni + lambda_biv * biv + lambda_kl * kl
     return CliffTerms(total, uni, biv, kl) if return_terms else total
 
@@ -362,11 +368,14 @@ def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None, group=
         group: a ``torch.distributed`` process group: the KLM of the GLOBAL batch (every rank's z
             gathered in rank order; the default std is then the global one), as in :func:`cliff_loss`.
     Returns:
-        Scalar loss (>= about 0 for independent latents, growing with dependence).
+        Scalar loss (>= about 0 for independent latents, growing with dependence); float32 for
+        half-precision z or std (:mod:`qkernels._precision`).
     """
     if group is not None:
         z = gather_rows(z, group)
     _check_latents(z)
-    std = check_std(std, z)
-    _, impl = select("klm", z.device, z.dtype)
-    return impl(z, std)[0]
+    std = check_std(std, upcast(z, compute_dtype(z=z)))  # the default std in the compute dtype
+    dt = compute_dtype(z=z, std=std)
+    _, impl = select("klm", z.device, dt)
+    with no_autocast(z.device):
+        return impl(upcast(z, dt), upcast(std, dt))[0]

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from qkernels._backend import select
+from qkernels._precision import compute_dtype, no_autocast, upcast
 from qkernels._validation import check_positive, check_same, check_tensor, value_checks
 from qkernels.ops import _library as lib
 from qkernels.ops._library import zeros_if_none
@@ -225,15 +226,22 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
         gradient passed straight through to z; indices (..., d) int64; loss_quantize =
         mean((sg(z) - z_q)^2) (gradient to ``values`` only); loss_commit = mean((z - sg(z_q))^2)
         (gradient to ``z`` only).
+
+    float16 / bfloat16 z or values: computed in float32; z_q in z's dtype, losses float32
+    (:mod:`qkernels._precision`).
     """
     check_tensor("z", z, min_ndim=1)
     vals = _codebook("values", values, z.shape[-1])
-    check_same("z", z, "values", values)
-    _, impl = select("latent_quantize", z.device, z.dtype)
-    if z.dim() == 2:  # no reshape: each one is an autograd node, and the per-call cost counts at small n
-        return Quantized(*impl(z, vals))
-    z_q, indices, loss_q, loss_c = impl(z.reshape(-1, z.shape[-1]), vals)
-    return Quantized(z_q.reshape(z.shape), indices.reshape(z.shape), loss_q, loss_c)
+    check_same("z", z, "values", values, dtype=False)
+    dt = compute_dtype(z=z, values=values)
+    _, impl = select("latent_quantize", z.device, dt)
+    # no reshape for 2-D z: each one is an autograd node, and the per-call cost counts at small n
+    z2 = upcast(z if z.dim() == 2 else z.reshape(-1, z.shape[-1]), dt)
+    with no_autocast(z.device):
+        z_q, indices, loss_q, loss_c = impl(z2, upcast(vals, dt))
+    if z.dim() != 2:
+        z_q, indices = z_q.reshape(z.shape), indices.reshape(z.shape)
+    return Quantized(upcast(z_q, z.dtype), indices, loss_q, loss_c)
 
 
 def _levels(levels: int | Sequence[int] | torch.Tensor, d: int, device) -> torch.Tensor:
@@ -290,7 +298,7 @@ def _uniform(
             return torch.rand_like(like)
         return torch.rand(like.shape, generator=generator, device=like.device, dtype=like.dtype)
     check_tensor("uniform", uniform)
-    check_same("uniform", uniform, "logits", like)
+    check_same("uniform", uniform, "logits", like, dtype=False)
     if tuple(uniform.shape) != tuple(shape):
         raise ValueError(f"uniform must have shape {tuple(shape)}, got {tuple(uniform.shape)}")
     if value_checks(uniform) and ((uniform < 0) | (uniform > 1)).any():
@@ -298,9 +306,15 @@ def _uniform(
     return uniform.reshape(like.shape)
 
 
-def _relaxed(logits, vals, uniform, tau, noise_scale, hard):
-    _, impl = select("relaxed_categorical", logits.device, logits.dtype)
-    return impl(logits, vals, uniform, float(tau), float(noise_scale), bool(hard))
+def _relaxed(logits, vals, uniform, tau, noise_scale, hard, like):
+    """(z, y, kl) of the relaxed categorical on the compute dtype's backend (:mod:`qkernels._precision`):
+    z and y in ``like``'s dtype, kl in the compute dtype."""
+    dt = compute_dtype(logits=logits, values=vals, uniform=uniform)
+    _, impl = select("relaxed_categorical", logits.device, dt)
+    u = None if uniform is None else upcast(uniform, dt)
+    with no_autocast(logits.device):
+        z, y, kl = impl(upcast(logits, dt), upcast(vals, dt), u, float(tau), float(noise_scale), bool(hard))
+    return upcast(z, like.dtype), upcast(y, like.dtype), kl
 
 
 def gumbel_quantize(
@@ -322,17 +336,21 @@ def gumbel_quantize(
         tau: temperature > 0. generator: source of the Gumbel noise; ``uniform`` ((..., d, n_v) in
             [0, 1)) replaces it with explicit noise, so every backend draws the same sample.
     Returns:
-        :class:`GumbelQuantized` (z_q, weights, logits, kl_uniform (..., d)).
+        :class:`GumbelQuantized` (z_q, weights, logits, kl_uniform (..., d)); half-precision z:
+        computed in float32, z_q / weights / logits in z's dtype, kl_uniform float32.
     """
     check_tensor("z", z, min_ndim=1)
     vals = _codebook("values", values, z.shape[-1])
-    check_same("z", z, "values", values)
+    check_same("z", z, "values", values, dtype=False)
     check_positive("tau", tau)
-    z2 = z if z.dim() == 2 else z.reshape(-1, z.shape[-1])
-    logits = -((z2[:, :, None] - vals[None]) ** 2)
+    dt = compute_dtype(z=z, values=values)
+    z2 = upcast(z if z.dim() == 2 else z.reshape(-1, z.shape[-1]), dt)
+    with no_autocast(z.device):
+        logits = -((z2[:, :, None] - upcast(vals, dt)[None]) ** 2)
     k = vals.shape[-1]
     u = _uniform(uniform, (*z.shape, k), logits, generator)
-    z_q, y, kl = _relaxed(logits, vals, u, tau, 1.0, hard)
+    z_q, y, kl = _relaxed(logits, vals, u, tau, 1.0, hard, z)
+    logits = upcast(logits, z.dtype)
     if z.dim() == 2:
         return GumbelQuantized(z_q, y, logits, kl)
     return GumbelQuantized(
@@ -360,14 +378,15 @@ def categorical_latent(
         tau: temperature > 0; noise_scale >= 0 (0: no noise, the evaluation setting).
         generator / uniform: the Gumbel noise source, as in :func:`gumbel_quantize`.
     Returns:
-        :class:`CategoricalSample` (z (..., d), y (..., d, K), kl (..., d)).
+        :class:`CategoricalSample` (z (..., d), y (..., d, K), kl (..., d)); half-precision logits:
+        computed in float32, z and y in the logits' dtype, kl float32.
     """
     check_tensor("logits", logits, min_ndim=2)
     k = logits.shape[-1]
     if values is None:
         values = torch.linspace(-1, 1, k, device=logits.device, dtype=logits.dtype)
     vals = _codebook("values", values, logits.shape[-2])
-    check_same("logits", logits, "values", values)
+    check_same("logits", logits, "values", values, dtype=False)
     if vals.shape[-1] != k:
         raise ValueError(f"values must have K = {k} entries (logits' last dim), got {tuple(values.shape)}")
     check_positive("tau", tau)
@@ -376,7 +395,7 @@ def categorical_latent(
     u = None
     if noise_scale > 0:
         u = _uniform(uniform, tuple(logits.shape), lg, generator)
-    z, y, kl = _relaxed(lg, vals, u, tau, noise_scale, hard)
+    z, y, kl = _relaxed(lg, vals, u, tau, noise_scale, hard, logits)
     if logits.dim() == 3:
         return CategoricalSample(z, y, kl)
     lead = logits.shape[:-1]

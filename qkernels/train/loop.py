@@ -134,8 +134,8 @@ class Trainer:
         lr = lr_at(self.spec.optim, self.lr, s, cfg.steps)
         for g in self.opt.param_groups:
             g["lr"] = lr
-        amp = cfg.amp and dev.startswith("cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        kind = torch.device(dev).type  # --amp: bfloat16 autocast on CUDA and on the CPU
+        with torch.autocast(kind, dtype=torch.bfloat16, enabled=cfg.amp):
             terms = self.model.loss(x, s)
         self.opt.zero_grad(set_to_none=True)
         terms["total"].backward()
@@ -147,7 +147,7 @@ class Trainer:
             dspec = self.spec.disc_optim
             for g in self.disc_opt.param_groups:
                 g["lr"] = lr_at(dspec, dspec.lr, s, cfg.steps)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            with torch.autocast(kind, dtype=torch.bfloat16, enabled=cfg.amp):
                 dterms = self.model.discriminator_loss(x, x2, s)
             self.disc_opt.zero_grad(set_to_none=True)  # also drops the grads the TC term left on D
             dterms["total"].backward()

@@ -1,0 +1,60 @@
+"""Half precision (float16, bfloat16) and autocast: the one rule every op follows.
+
+- **Compute dtype.** float64 when the floating inputs are all float64; otherwise float32: float16 and
+  bfloat16 inputs are cast to float32 on entry (a differentiable cast: their gradients come back in
+  their own dtype) and may be mixed with each other and with float32 (bf16 latents with an fp32
+  codebook). float64 mixed with any other dtype is a ``TypeError`` naming the arguments.
+- **Results.** Tensors that mirror an input (z_q, relaxed samples and one-hots) come back in that
+  input's dtype; losses and other reductions (Cliff / KLM terms, KDE grids, KL, codebook losses) in
+  the compute dtype. Integer indices stay int64.
+- **Autocast.** The ops compute in the compute dtype whatever ``torch.autocast`` says: the functional
+  API runs its backend with autocast off, and the raw ``torch.ops.qkernels`` ops cast their floating
+  inputs to float32 under autocast (``torch.library.register_autocast``).
+- **Where half precision cannot be exact enough**: finite differences. ``finite_difference_curvature``
+  and the Hessian penalties reject float16 / bfloat16 activations (``TypeError``): bfloat16 rounds
+  each activation by up to 2^-8 of its size (float16: 2^-11), and a second difference divided by
+  eps^2 = 0.01 turns that into errors as large as the curvature itself (benchmarks/RESULTS.md,
+  "Mixed precision"). The penalties call ``fn`` on float32 latents with autocast off, so under
+  autocast the penalty pass runs in float32.
+
+Half inputs are cast, not loaded natively by the kernels: one extra elementwise pass over the
+inputs (n x d latents: small next to the KDE kernels' work; benchmarks/RESULTS.md measures it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(**tensors: torch.Tensor | None) -> torch.dtype:
+    """The dtype an op computes in for these floating inputs (None entries are ignored)."""
+    dtypes = {name: t.dtype for name, t in tensors.items() if t is not None}
+    wide = [n for n, dt in dtypes.items() if dt == torch.float64]
+    if not wide:
+        return torch.float32
+    if len(wide) < len(dtypes):
+        other = next(n for n in dtypes if n not in wide)
+        raise TypeError(
+            f"{wide[0]} has dtype torch.float64 but {other} has dtype {dtypes[other]}: convert one to the "
+            f"other's dtype, e.g. {wide[0]}.to({dtypes[other]}) or {other}.to(torch.float64) (float64 mixes "
+            f"with no other dtype; half precision mixes with float32)"
+        )
+    return torch.float64
+
+
+def upcast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` (``t`` itself when it already is: no autograd node)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def no_autocast(device: torch.device):
+    """A context that turns autocast off for ``device``'s type while a backend runs (a no-op
+    context when autocast is off: nothing to pay per call)."""
+    kind = device.type
+    if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+        return torch.autocast(kind, enabled=False)
+    return contextlib.nullcontext()
