@@ -105,6 +105,8 @@ def _train_config(args: argparse.Namespace):
         base["compile"] = True
     if args.amp:
         base["amp"] = True
+    if args.local_kde:
+        base["local_kde"] = True
     if args.data_root is not None:
         name = base.get("dataset", TrainConfig.dataset)
         if name not in FILE_DATASETS:
@@ -127,14 +129,41 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = _train_config(args)
     _check_device(cfg.device)
+    distributed = _init_distributed(cfg)
     try:
-        trainer = Trainer(cfg, resume=args.resume)
-    except (ValueError, TypeError, FileNotFoundError, DatasetFormatError) as err:
-        raise UsageError(f"{cfg.model} on {cfg.dataset}: {err}") from None
-    res = trainer.run()
-    print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict))}, indent=1))
-    print(f"run directory: {cfg.out}")
+        try:
+            trainer = Trainer(cfg, resume=args.resume)
+        except (ValueError, TypeError, FileNotFoundError, DatasetFormatError) as err:
+            raise UsageError(f"{cfg.model} on {cfg.dataset}: {err}") from None
+        res = trainer.run()
+    finally:
+        if distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    if res is not None:  # rank 0 (or the only process)
+        print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict))}, indent=1))
+        print(f"run directory: {cfg.out}")
     return 0
+
+
+def _init_distributed(cfg) -> bool:
+    """Under ``torchrun`` (WORLD_SIZE > 1): one process group, nccl on CUDA (each rank on GPU LOCAL_RANK),
+    gloo on the CPU, collectives failing after ``cfg.dist_timeout_s``. False for a single process."""
+    import os
+    from datetime import timedelta
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.device(cfg.device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        cfg.device = "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.dist_timeout_s))
+    return True
 
 
 def _run_dir(path: str, *files: str) -> None:
@@ -203,6 +232,8 @@ def _add_train(sub) -> None:
     p.add_argument("--device", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--config", help="JSON file of TrainConfig fields (flags override it)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder and decoder")
+    p.add_argument("--local-kde", action="store_true",
+                   help="under torchrun: KDE losses (Cliff, KLM) on each rank's shard, not the global batch")
     p.add_argument("--amp", action="store_true",
                    help="bfloat16 autocast (CUDA or CPU) for the model and discriminator steps")
     p.set_defaults(func=_train)

@@ -131,7 +131,7 @@ def fixed_draws(monkeypatch):
         i = torch.arange(like.numel(), device=like.device, dtype=like.dtype).reshape(like.shape)
         return 0.5 + 0.45 * torch.sin(1.3 * i)
 
-    def fixed_directions(kind, k, z, generator):
+    def fixed_directions(kind, k, z, generator, group=None):
         i = torch.arange(k * z.numel(), device=z.device, dtype=z.dtype).reshape(k, *z.shape)
         s = torch.sin(0.7 * i + (0.0 if kind == "rademacher" else 1.1))
         return torch.where(s >= 0, 1.0, -1.0).to(z.dtype) if kind == "rademacher" else 1.5 * s

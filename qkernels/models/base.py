@@ -65,6 +65,10 @@ class Method(nn.Module):
       parameters live in ``self.discriminator`` (absent otherwise: use :func:`discriminator_of`) and get their
       own optimizer, stepped AFTER the model step.
 
+    Data-parallel training (:mod:`qkernels.train.loop` under torchrun) sets ``dp_group`` (the ranks that share
+    one global batch: random draws are made for the global batch, each rank keeping its rows) and ``kde_group``
+    (the group the KDE losses gather the global batch over, or None for per-rank KDE).
+
     ``latent_values(z) -> list of d 1-D tensors``: the values each latent is swept over in intervention figures.
     ``no_decay(name, param) -> bool`` marks parameters excluded from weight decay: biases and codebooks (QLAE's
     code decays everything else, norm scales and the decoder's input map included).
@@ -76,6 +80,11 @@ class Method(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.total_steps = 1
+        self.dp_group = self.kde_group = None
+
+    def forward(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
+        """The training loss (so that DistributedDataParallel, which calls ``forward``, can wrap a method)."""
+        return self.loss(x, step)
 
     def set_total_steps(self, total: int) -> None:
         """Length of training, for schedules that anneal over it."""

@@ -42,7 +42,7 @@ class CliffAE(Method):
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         z = self.encoder(x)
-        cliff = cliff_loss(z, **self.cliff_kw)
+        cliff = cliff_loss(z, group=self.kde_group, **self.cliff_kw)
         terms = {"cliff": cliff}
         total = cliff
         if self.fit_decoder:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from qkernels.distributed import gather_rows
 from qkernels.models.base import QuantizedAutoencoder, build_encoder_decoder, recon_loss
 from qkernels.nn.quantize import FSQ
 from qkernels.ops.hessian import normalized_hessian_penalty
@@ -55,17 +56,18 @@ class Tripod(QuantizedAutoencoder):
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         z = self.encoder(x)
         z_q = self.quantizer(z).z_q
-        std = torch.tanh(z).std(dim=0, unbiased=False) + 1e-6
+        t = torch.tanh(z)  # the std of the global batch's continuous latents under data parallelism
+        std = (t if self.kde_group is None else gather_rows(t, self.kde_group)).std(dim=0, unbiased=False) + 1e-6
         rec = recon_loss(self.decoder(z_q), x, self.recon)
         terms = {"recon": rec}
         total = rec
         if self.lambda_klm > 0:
-            terms["klm"] = klm_loss(z_q, std=std)
+            terms["klm"] = klm_loss(z_q, std=std, group=self.kde_group)
             total = total + self.lambda_klm * terms["klm"]
         if self.lambda_nhp > 0:
             terms["nhp"] = normalized_hessian_penalty(
                 lambda u: self.decoder(u, return_activations=True)[1], z_q, std,
-                num_perturbations=self.num_perturbations, eps=self.eps)
+                num_perturbations=self.num_perturbations, eps=self.eps, group=self.dp_group)
             total = total + self.lambda_nhp * terms["nhp"]
         terms["total"] = total
         return terms

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from qkernels.distributed import randn_rows
 from qkernels.models.base import Method, build_encoder_decoder, recon_loss, to_image
 from qkernels.models.discriminator import Discriminator, discriminator_loss, tc_estimate
 from qkernels.ops.kde import cliff_loss
@@ -41,7 +42,7 @@ class BetaVAE(Method):
 
     def _forward(self, x: torch.Tensor):
         mu, logvar = self.posterior(x)
-        z = mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)
+        z = mu + torch.exp(0.5 * logvar) * randn_rows(mu, self.dp_group)
         rec = recon_loss(self.decoder(z), x, self.recon)
         kl = 0.5 * (mu**2 + logvar.exp() - 1 - logvar).sum(1).mean()
         return mu, logvar, z, rec, kl
@@ -83,7 +84,7 @@ class FactorVAE(BetaVAE):
 
     def _sample(self, x: torch.Tensor) -> torch.Tensor:
         mu, logvar = self.posterior(x)
-        return mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)
+        return mu + torch.exp(0.5 * logvar) * randn_rows(mu, self.dp_group)
 
     def discriminator_loss(self, x: torch.Tensor, x2: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         with torch.no_grad():
@@ -106,5 +107,5 @@ class CliffVAE(BetaVAE):
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         mu, _, _, rec, kl = self._forward(x)
-        cliff = cliff_loss(mu, **self.cliff_kw)
+        cliff = cliff_loss(mu, group=self.kde_group, **self.cliff_kw)
         return {"recon": rec, "kl": kl, "cliff": cliff, "total": rec + self.beta * kl + self.lambda_a * cliff}

@@ -31,6 +31,7 @@ import torch
 from qkernels._backend import select
 from qkernels._precision import HALF, compute_dtype, no_autocast, upcast
 from qkernels._validation import check_positive, check_std, check_tensor, is_finite_number
+from qkernels.distributed import rank_and_size, rank_rows
 from qkernels.ops import _library as lib
 from qkernels.reference import hessian as ref
 
@@ -269,17 +270,21 @@ def _check_common(fn, z, num_perturbations, eps, chunk_size):
     return k, eps
 
 
-def _directions(kind: str, k: int, z: torch.Tensor, generator) -> torch.Tensor:
+def _directions(kind: str, k: int, z: torch.Tensor, generator, group=None) -> torch.Tensor:
     """(k, n, d) Rademacher signs or standard normals, drawn on the generator's device (a CPU
     generator gives the same directions for CPU and CUDA latents) and moved to z's device
-    without blocking the host."""
-    shape = (k, *z.shape)
+    without blocking the host. Under a data-parallel ``group``: this rank's rows of the directions
+    of the global batch (world x n rows), as one process would draw them."""
+    _, world = rank_and_size(group) if group is not None else (0, 1)
+    shape = (k, world * z.shape[0], *z.shape[1:])
     # no generator=None keyword: it fails torch.compile with dynamic shapes
     kw = {"device": z.device} if generator is None else {"device": generator.device, "generator": generator}
     if kind == "rademacher":
         h = (2 * torch.randint(0, 2, shape, dtype=torch.int8, **kw) - 1).to(z.dtype)
     else:
         h = torch.randn(shape, dtype=z.dtype, **kw)
+    if group is not None:
+        h = rank_rows(h, group, dim=1)
     return h.to(z.device, non_blocking=True)
 
 
@@ -298,6 +303,7 @@ def normalized_hessian_penalty(
     generator: torch.Generator | None = None,
     reduction: str = "mean",
     chunk_size: int | None = None,
+    group=None,
 ):
     """Tripod's normalized Hessian penalty (Section 3.3, Prop. 3.2, Algorithm 1).
 
@@ -330,6 +336,9 @@ def normalized_hessian_penalty(
         reduction: "mean" (a scalar) or "none": per-entry, per-sample values (n,), in fn's
             structure (a tensor, a list, or a dict).
         chunk_size: at most this many rows per fn call (bounds the per-call batch).
+        group: a data-parallel ``torch.distributed`` group whose ranks hold equal shards of one batch
+            and share their RNG state: the directions are this rank's rows of those one process
+            would draw for the whole batch (the value stays this rank's mean).
 
     Precision: fn is called on float32 latents (half-precision z is cast) with autocast off;
     half-precision activations are a TypeError (:mod:`qkernels._precision`).
@@ -341,7 +350,7 @@ def normalized_hessian_penalty(
     _check_choice("reduction", reduction, ("mean", "none"))
     n = z.shape[0]
     h = torch.cat(
-        [_directions("rademacher", k, z, generator), _directions("gaussian", k, z, generator)]
+        [_directions("rademacher", k, z, generator, group), _directions("gaussian", k, z, generator, group)]
     )
     h = h * (eps * std)
     rows = 4 * k * n

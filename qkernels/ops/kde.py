@@ -316,9 +316,10 @@ def cliff_loss(
         return_terms: return :class:`CliffTerms` instead of the total.
         group: a ``torch.distributed`` process group (e.g. ``torch.distributed.group.WORLD``): the loss
             of the GLOBAL batch, every rank's z gathered in rank order (n = the global batch size;
-            ``cond_index`` / ``num_cond`` index it), the same value on every rank, each rank's
-            gradient its own rows' share (:mod:`qkernels.distributed`). The conditioning rows must be
-            drawn identically on every rank: pass ``cond_index`` or a ``generator`` seeded alike.
+            ``cond_index`` / ``num_cond`` index it), the same value on every rank; averaged over
+            ranks (as DistributedDataParallel does), the gradients are the single-process ones
+            (:mod:`qkernels.distributed`). The conditioning rows must be drawn identically on every
+            rank: pass ``cond_index`` or a ``generator`` seeded alike.
     Returns:
         The scalar total, or ``CliffTerms(total, uni, biv, kl)``; float32 for half-precision z
         (computed in float32 whatever autocast says: :mod:`qkernels._precision`).

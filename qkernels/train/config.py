@@ -17,6 +17,10 @@ class TrainConfig:
     ``load_dataset`` / the model class (override lambdas etc.). eval_every: steps between evaluations (0: only
     at the end); eval_samples: samples per evaluation; metrics: metric names for ``qkernels.metrics.evaluate``.
     checkpoint_every: steps between checkpoints (and at the end). log_every: steps between JSONL lines.
+    Data parallelism (``torchrun``; :class:`~qkernels.train.loop.Trainer`): batch_size is the GLOBAL batch;
+    world_size records the number of processes of the latest (re)start; local_kde: each rank's KDE losses
+    (Cliff, KLM) on its own shard instead of the global batch; dist_timeout_s: how long a collective waits
+    for a rank before the job fails.
     """
 
     model: str = "tripod"
@@ -39,6 +43,9 @@ class TrainConfig:
     device: str = "cpu"
     compile: bool = False
     amp: bool = False
+    world_size: int = 1
+    local_kde: bool = False
+    dist_timeout_s: int = 600
     progress: bool = True
 
     def to_dict(self) -> dict:

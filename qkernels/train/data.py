@@ -32,14 +32,17 @@ def num_sources(ds) -> int:
     return len(ds.factor_sizes)
 
 
-def get_batch(ds, batch_size: int, seed: int, step: int, stream: int = 0) -> torch.Tensor:
-    """Observations of batch ``step`` (stream 0: model step; 1: the discriminator's second batch)."""
+def get_batch(ds, batch_size: int, seed: int, step: int, stream: int = 0, shard: tuple[int, int] = (0, 1)
+              ) -> torch.Tensor:
+    """Observations of batch ``step`` (stream 0: model step; 1: the discriminator's second batch).
+    ``shard`` = (rank, world size): that rank's equal block of rows of the (global) batch, rendered alone."""
+    rank, world = shard
     if is_ground_truth(ds):
         f = ds.sample_factors(batch_size, generator(seed, step, stream, 0))
-        return ds.observations_from_factors(f)
+        return ds.observations_from_factors(f.chunk(world)[rank] if world > 1 else f)
     n = ds.x.shape[0]
     per_epoch = max(n // batch_size, 1)
     epoch, k = divmod(step, per_epoch)
     perm = torch.randperm(n, generator=generator(seed, epoch, stream, 1))
     idx = perm[k * batch_size:(k + 1) * batch_size] if batch_size <= n else perm
-    return ds.x[idx]
+    return ds.x[idx.chunk(world)[rank] if world > 1 else idx]

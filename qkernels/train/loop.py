@@ -7,6 +7,14 @@ matrices) and ``figures/*.png``.
 Determinism: the global torch RNG is re-seeded from (seed, step) before every step and batches are a function of
 (seed, step) (:mod:`qkernels.train.data`); LR and temperature schedules are functions of the step. So a run resumed
 from a checkpoint (model + optimizer states + step) continues bit-for-bit identically on CPU.
+
+Data parallelism: started by ``torchrun`` (the CLI initializes the process group), every rank trains a
+DistributedDataParallel copy on its equal block of the global batch (``batch_size`` is the global batch); random
+draws are made for the global batch and sliced (:mod:`qkernels.distributed`), the KDE losses see the global batch
+(``local_kde``: each rank's own), so the run follows the single-process run with the same seed up to float
+summation order. The discriminator (FactorVAE-style methods) is stepped on each rank's block, its gradients
+averaged over ranks (one all_reduce per parameter); its permuted batch permutes each rank's block. Rank 0 alone
+writes config, log, checkpoints, metrics and figures; logged terms are averaged over ranks.
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from qkernels.distributed import mean_over_ranks, rank_and_size
 from qkernels.models.base import discriminator_of
 from qkernels.models.registry import METHODS, OptimSpec
 from qkernels.train import checkpoint as ckpt
@@ -67,8 +77,20 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, resume: bool = False) -> None:
         self.cfg, self.out = cfg, Path(cfg.out)
         self.spec = METHODS[cfg.model]
+        self.rank, self.world = rank_and_size()
+        cfg.world_size = self.world
         self.model, self.ds = build(cfg)
         self.batch_size = batch_size_of(cfg)
+        if self.batch_size % self.world:
+            raise ValueError(f"batch_size {self.batch_size} (the global batch) must be divisible by the number of "
+                             f"processes, {self.world}")
+        self.ddp = self.model
+        if self.world > 1:
+            self.model.dp_group = dist.group.WORLD
+            self.model.kde_group = None if cfg.local_kde else dist.group.WORLD
+            ids = [torch.cuda.current_device()] if torch.device(cfg.device).type == "cuda" else None
+            self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids,
+                                                                 find_unused_parameters=True)
         self.lr = cfg.lr or self.spec.optim.lr
         named = [(n, p, self.model.no_decay(n, p)) for n, p in self.model.model_parameters()]
         self.clip_params = [p for _, p, nd in named if self.spec.optim.clip_undecayed or not nd]
@@ -82,11 +104,13 @@ class Trainer:
         self._made_dir = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         self.fresh = not (resume and (self.out / CHECKPOINT).is_file())
-        if self.fresh:
+        if self.fresh and self.rank == 0:
             cfg.save(self.out / CONFIG)
             (self.out / LOG).write_text("")
-        else:
+        elif not self.fresh:
             self._restore()
+            if self.rank == 0:
+                cfg.save(self.out / CONFIG)  # world_size of this restart
         if cfg.compile:
             for name in ("encoder", "decoder"):
                 if name in self.model._modules:
@@ -103,7 +127,8 @@ class Trainer:
         return s
 
     def save(self) -> None:
-        ckpt.save_atomic(self.state(), self.out / CHECKPOINT)
+        if self.rank == 0:
+            ckpt.save_atomic(self.state(), self.out / CHECKPOINT)
 
     def _restore(self) -> None:
         s = ckpt.load(self.out / CHECKPOINT, map_location=self.cfg.device)
@@ -119,9 +144,12 @@ class Trainer:
         log = self.out / LOG
         keep = [ln for ln in log.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step] \
             if log.is_file() else []
-        ckpt.write_text_atomic("".join(ln + "\n" for ln in keep), log)
+        if self.rank == 0:
+            ckpt.write_text_atomic("".join(ln + "\n" for ln in keep), log)
 
     def log(self, record: dict) -> None:
+        if self.rank != 0:
+            return
         with open(self.out / LOG, "a") as fh:
             fh.write(json.dumps(record) + "\n")
 
@@ -130,20 +158,21 @@ class Trainer:
         """One model step (+ one discriminator step AFTER it, on freshly computed detached latents)."""
         cfg, dev = self.cfg, self.cfg.device
         torch.manual_seed(derive_seed(cfg.seed, s, 3))
-        x = get_batch(self.ds, self.batch_size, cfg.seed, s).to(dev)
+        shard = (self.rank, self.world)
+        x = get_batch(self.ds, self.batch_size, cfg.seed, s, shard=shard).to(dev)
         lr = lr_at(self.spec.optim, self.lr, s, cfg.steps)
         for g in self.opt.param_groups:
             g["lr"] = lr
         kind = torch.device(dev).type  # --amp: bfloat16 autocast on CUDA and on the CPU
         with torch.autocast(kind, dtype=torch.bfloat16, enabled=cfg.amp):
-            terms = self.model.loss(x, s)
+            terms = self.ddp(x, s)
         self.opt.zero_grad(set_to_none=True)
         terms["total"].backward()
         clip_(self.clip_params, self.spec.optim)
         self.opt.step()
         out = {k: float(v.detach()) for k, v in terms.items()}
         if self.disc is not None:
-            x2 = get_batch(self.ds, self.batch_size, cfg.seed, s, stream=1).to(dev)
+            x2 = get_batch(self.ds, self.batch_size, cfg.seed, s, stream=1, shard=shard).to(dev)
             dspec = self.spec.disc_optim
             for g in self.disc_opt.param_groups:
                 g["lr"] = lr_at(dspec, dspec.lr, s, cfg.steps)
@@ -151,8 +180,14 @@ class Trainer:
                 dterms = self.model.discriminator_loss(x, x2, s)
             self.disc_opt.zero_grad(set_to_none=True)  # also drops the grads the TC term left on D
             dterms["total"].backward()
+            if self.world > 1:
+                for p in self.disc.parameters():
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad)
+                        p.grad /= self.world
             self.disc_opt.step()
             out.update({f"disc_{k}" if k == "total" else k: float(v.detach()) for k, v in dterms.items()})
+        out = mean_over_ranks(out)
         out["lr"] = lr
         out.update(self.model.schedules(s))
         return out
@@ -165,7 +200,7 @@ class Trainer:
         try:
             return self._run(stop_after, final_eval)
         except BaseException:
-            if self.fresh and not (self.out / CHECKPOINT).is_file():
+            if self.fresh and self.rank == 0 and not (self.out / CHECKPOINT).is_file():
                 for name in (CONFIG, LOG):
                     (self.out / name).unlink(missing_ok=True)
                 if self._made_dir and not any(self.out.iterdir()):
@@ -175,7 +210,7 @@ class Trainer:
     def _run(self, stop_after: int | None, final_eval: bool) -> dict | None:
         cfg = self.cfg
         self.model.train()
-        bar = Progress(cfg.steps, self.step, enabled=cfg.progress)
+        bar = Progress(cfg.steps, self.step, enabled=cfg.progress and self.rank == 0)
         bar.note(f"training {cfg.model} on {cfg.dataset}: step {self.step} of {cfg.steps}, batch {self.batch_size}, "
                  f"lr {self.lr:g} -> {self.out}")
         while self.step < cfg.steps:
@@ -188,14 +223,16 @@ class Trainer:
                 raise FloatingPointError(f"non-finite loss at step {self.step}: {terms}")
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 self.log({"type": "train", "step": self.step, **terms})
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps and self.rank == 0:
                 res = evaluate_model(self.model, self.ds, cfg, num_samples=cfg.eval_samples)
                 self.log({"type": "eval", "step": self.step, **scalars(res)})
                 self.model.train()
             if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                 self.save()
         bar.close()
-        if not final_eval:
+        if self.world > 1:  # every rank done with its collectives before any leaves (rank 0 then evaluates)
+            dist.barrier()
+        if not final_eval or self.rank != 0:
             return None
         bar.note(f"evaluating on {cfg.eval_samples} samples ({', '.join(cfg.metrics)}) and drawing figures ...")
         return finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log)
