@@ -175,3 +175,29 @@ def test_global_batch_must_divide_over_ranks(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "rank_and_size", lambda: (0, 3))
     with pytest.raises(ValueError, match="batch_size 16 .*divisible by the number of processes, 3"):
         Trainer(tiny_cfg("qlae", tmp_path / "x", batch_size=16))
+
+
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+def test_cli_under_torchrun(tmp_path):
+    """The README's command line: torchrun starts 2 ranks (gloo on the CPU); rank 0 alone prints and writes
+    the run; a global batch that does not divide fails on every rank with the one-line error."""
+    import json
+    import subprocess
+    import sys
+
+    def torchrun(*args):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "-m", "qkernels",
+               "train", "--model", "qlae", "--dataset", "sprites", "--image-size", "16", "--steps", "2",
+               "--eval-samples", "50", *args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+    out = tmp_path / "run"
+    r = torchrun("--batch-size", "8", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("run directory:") == 1  # one rank prints
+    assert json.loads((out / "config.json").read_text())["world_size"] == WORLD
+    assert (out / "metrics.json").is_file() and len((out / "log.jsonl").read_text().splitlines()) >= 2
+    r = torchrun("--batch-size", "7", "--out", str(tmp_path / "bad"))
+    assert r.returncode != 0
+    assert r.stderr.count("batch_size 7 (the global batch) must be divisible by the number of processes, 2") == WORLD
