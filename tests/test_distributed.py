@@ -136,7 +136,15 @@ def test_two_process_training_follows_the_single_process_run(tmp_path, model, st
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
     assert TrainConfig.load(tmp_path / "multi" / "config.json").world_size == WORLD
-    assert len((tmp_path / "multi" / "log.jsonl").read_text().splitlines()) == steps  # one writer
+    import json
+
+    logs = [[json.loads(ln) for ln in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+            for run in ("single", "multi")]
+    assert len(logs[1]) == steps  # one writer
+    for one, two in zip(*logs, strict=True):  # logged terms: the global batch's (averaged over ranks)
+        assert one.keys() == two.keys()
+        for k, v in one.items():
+            assert two[k] == (v if isinstance(v, str) else pytest.approx(v, rel=1e-6, abs=1e-9)), (k, one["step"])
 
 
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
