@@ -96,3 +96,16 @@ def mean_over_ranks(values: dict[str, float], group=None) -> dict[str, float]:
     t = torch.tensor(list(values.values()), dtype=torch.float64, device=device)
     dist.all_reduce(t, group=group)
     return dict(zip(values, (t / size).tolist(), strict=True))
+
+
+def average_gradients(params, group=None) -> None:
+    """Replace each parameter's gradient by its mean over the ranks of ``group`` (one all_reduce per
+    parameter; parameters without a gradient are skipped): what DistributedDataParallel does, for
+    parameters stepped outside it (the trainer's discriminator)."""
+    _, size = rank_and_size(group)
+    if size == 1:
+        return
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+            p.grad /= size

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import qkernels
-from qkernels.distributed import gather_rows
+from qkernels.distributed import average_gradients, gather_rows
 
 WORLD = 2
 ROWS = (7, 5)  # unequal shards
@@ -45,6 +45,10 @@ def _worker(rank, store, out):
             res[name] = (float(loss), w_r.grad)
         g = gather_rows(local, dist.group.WORLD)
         res["gathered"] = g
+        p, skipped = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(1))
+        p.grad = torch.full((3,), float(rank + 1))
+        average_gradients([p, skipped])
+        res["averaged"] = p.grad
         torch.save(res, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -57,6 +61,7 @@ def test_global_batch_losses_and_gradient_shares(tmp_path):
     z, w, idx = _data()
     for r in ranks:
         assert torch.equal(r["gathered"], z)  # rank order, unequal shards
+        assert torch.equal(r["averaged"], torch.full((3,), 1.5))  # (1 + 2) / 2 on every rank
     for name, i in (("cliff", 0), ("klm", 1)):
         w1 = w.clone().requires_grad_()
         loss = _losses(z, w1, idx)[i]
@@ -91,6 +96,7 @@ def _train_worker(rank, store, cfg_dict, stop_after, fail_rank):
 
             trainer.train_step = fail
         trainer.run(stop_after=stop_after, final_eval=False)
+        torch.save(trainer.model.state_dict(), os.path.join(cfg_dict["out"], f"rank{rank}.pt"))
         dist.barrier()  # no rank tears the group down while another still talks to it
     finally:
         dist.destroy_process_group()
@@ -160,6 +166,20 @@ def test_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(tmp_pa
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
     assert (tmp_path / "resumed" / "log.jsonl").read_text() == (tmp_path / "straight" / "log.jsonl").read_text()
+
+
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+def test_discriminator_methods_stay_in_sync_across_ranks(tmp_path):
+    """FactorVAE: DDP syncs the VAE, the trainer averages the discriminator's gradients: after 3 steps
+    every rank holds the same parameters, discriminator included, and they moved."""
+    from test_train import tiny_cfg
+
+    cfg = tiny_cfg("factorvae", tmp_path / "fv", batch_size=16)
+    _spawn_train(tmp_path, cfg, tag="fv")
+    ranks = [torch.load(tmp_path / "fv" / f"rank{r}.pt") for r in range(WORLD)]
+    assert any(k.startswith("discriminator.") for k in ranks[0])
+    for k in ranks[0]:
+        assert torch.equal(ranks[0][k], ranks[1][k]), k
 
 
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")

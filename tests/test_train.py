@@ -471,3 +471,18 @@ def test_grid2d_evaluation_scores_the_true_latents():
     assert want < 0.95
     assert res["mcc.mcc"] == pytest.approx(want, rel=1e-9)
     assert res["recon.mse"] == 0.0
+
+
+@pytest.mark.parametrize("dataset", ["sprites", "quantized_grid2d"])
+def test_shards_of_a_batch_are_its_rank_ordered_blocks(dataset):
+    """Data parallelism: rank r's shard of batch ``step`` is the r-th equal block of the single-process
+    batch, so the ranks' shards concatenated in rank order are that batch (noise drawn for the global
+    batch and gathered latents line up with it)."""
+    from qkernels.train.run import load_data
+
+    ds = load_data(TrainConfig(dataset=dataset, image_size=16))
+    for step in (0, 7):
+        whole = get_batch(ds, 12, 3, step)
+        shards = [get_batch(ds, 12, 3, step, shard=(r, 3)) for r in range(3)]
+        assert [len(s) for s in shards] == [4, 4, 4]
+        assert torch.equal(torch.cat(shards), whole)

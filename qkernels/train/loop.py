@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from qkernels.distributed import mean_over_ranks, rank_and_size
+from qkernels.distributed import average_gradients, mean_over_ranks, rank_and_size
 from qkernels.models.base import discriminator_of
 from qkernels.models.registry import METHODS, OptimSpec
 from qkernels.train import checkpoint as ckpt
@@ -180,11 +180,7 @@ class Trainer:
                 dterms = self.model.discriminator_loss(x, x2, s)
             self.disc_opt.zero_grad(set_to_none=True)  # also drops the grads the TC term left on D
             dterms["total"].backward()
-            if self.world > 1:
-                for p in self.disc.parameters():
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad)
-                        p.grad /= self.world
+            average_gradients(self.disc.parameters())
             self.disc_opt.step()
             out.update({f"disc_{k}" if k == "total" else k: float(v.detach()) for k, v in dterms.items()})
         out = mean_over_ranks(out)
