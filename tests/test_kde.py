@@ -771,3 +771,14 @@ def test_cliff_loss_defaults_are_the_papers():
     for fn in (cliff_loss, CliffLoss.__init__):
         params = inspect.signature(fn).parameters
         assert {k: params[k].default for k in want} == want, fn
+
+
+def test_num_cond_may_use_every_row():
+    # num_cond = n draws every row once (without replacement): the bivariate term averages over the M
+    # conditioning values, so it equals conditioning on the rows in order; n + 1 is an error
+    z = latents(9, 3)
+    whole = cliff_loss(z, num_cond=9, generator=torch.Generator().manual_seed(0), return_terms=True)
+    ordered = cliff_loss(z, cond_index=torch.arange(9, device=DEVICE).repeat(3, 1), return_terms=True)
+    torch.testing.assert_close(torch.stack(list(whole)), torch.stack(list(ordered)), rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="num_cond must be <= n = 9"):
+        cliff_loss(z, num_cond=10)

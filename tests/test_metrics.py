@@ -729,3 +729,29 @@ def test_sap_classifier_is_disentanglement_libs(monkeypatch):
     s = full_grid([3, 2], 20)
     sap(s, s.astype(float) + 0.1)
     assert len(made) == 4 and all(kw["C"] == 0.01 and kw["class_weight"] == "balanced" for kw in made)
+
+
+def test_split_sizes_round_to_the_nearest_row():
+    # fewer rows than requested: the ratio num_train : num_test, rounded (the docstring's example)
+    from qkernels.metrics._common import split_indices
+
+    train, test = split_indices(10000, 10000, 5000, seed=0)
+    assert (len(train), len(test)) == (6667, 3333)
+    assert sorted(np.concatenate([train, test]).tolist()) == list(range(10000))
+
+
+def test_dci_with_one_factor_by_hand():
+    # one factor: every code's importance sits on it (disentanglement 1); completeness is 1 minus the
+    # base-3 entropy of that factor's importance over the 3 codes
+    d, c = disentanglement_completeness(np.array([[0.2, 0.5, 0.3]]))
+    assert d == pytest.approx(1.0)
+    assert c == pytest.approx(1.0 - scipy_entropy([0.2, 0.5, 0.3], base=3), abs=1e-9)
+
+
+def test_info_ratio_counts_a_zero_column_as_uninformative():
+    # InfoM / InfoC's ratio: max / sum per column rescaled from [1/n, 1] to [0, 1]; an all-zero column
+    # counts as 1/n (uninformative), so [[0, .5], [0, .5]] scores ((1/2 + 1/2)/2 - 1/2) / (1 - 1/2) = 0
+    from qkernels.metrics.infomec import _ratio_score
+
+    assert _ratio_score(np.array([[0.0, 0.5], [0.0, 0.5]]), 2) == pytest.approx(0.0)
+    assert _ratio_score(np.array([[0.0, 0.9], [0.0, 0.0], [0.0, 0.0]]), 3) == pytest.approx(0.5)

@@ -56,6 +56,10 @@ def test_klm_half_inputs_and_mixed_std(backend, dtype):
         assert abs(loss.item() - want) <= REDUCTION_RTOL * abs(want)
     loss.backward()
     assert z.grad.dtype == dtype and torch.isfinite(z.grad).all()
+    # the default std (of z itself) is computed in float32 too, not in z's half dtype
+    zz = _rounded(z)
+    want = np_klm(zz, zz.std(0) + 1e-6)
+    assert abs(qkernels.klm_loss(z).item() - want) <= REDUCTION_RTOL * abs(want)
 
 
 @pytest.mark.parametrize("dtype", HALVES)

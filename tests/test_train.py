@@ -486,3 +486,34 @@ def test_shards_of_a_batch_are_its_rank_ordered_blocks(dataset):
         shards = [get_batch(ds, 12, 3, step, shard=(r, 3)) for r in range(3)]
         assert [len(s) for s in shards] == [4, 4, 4]
         assert torch.equal(torch.cat(shards), whole)
+
+
+def test_periodic_evaluations_and_the_final_one_are_logged_once(tmp_path):
+    # eval_every 3 over 6 steps: one evaluation at step 3, then the final one at step 6 (none twice)
+    cfg = tiny_cfg("ae", tmp_path / "run", eval_every=3, metrics=("mig",), eval_samples=60)
+    Trainer(cfg).run()
+    evals = [r["step"] for r in map(json.loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines())
+             if r["type"] == "eval"]
+    assert evals == [3, 6]
+
+
+def test_compare_shows_every_metric_some_run_has(tmp_path):
+    from qkernels.train.evaluate import compare_runs
+
+    for name, metrics in (("a", {"mig.mig": 0.5}), ("b", {"mig.mig": 0.25, "recon.psnr": 20.0})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps({"model": "ae", "step": 1, **metrics}))
+    lines = compare_runs([tmp_path / "a", tmp_path / "b"]).splitlines()
+    assert lines[0].split()[-2:] == ["mig.mig", "recon.psnr"]
+    assert lines[2].split()[-1] == "-" and lines[3].split()[-1] == "20.000"
+
+
+def test_progress_line_rate_and_eta(monkeypatch, capsys):
+    # resumed at step 50 of 100; 10 s later at step 60: 1.00 it/s, 40 steps left = 0.7 min
+    from qkernels.train import loop
+
+    clock = iter([0.0, 10.0])
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+    bar = loop.Progress(100, 50)
+    bar.update(60, {"total": 1.5})
+    assert capsys.readouterr().err.strip() == "step 60/100 | total 1.5 | 1.00 it/s | eta 0.7 min"
