@@ -265,3 +265,50 @@ def test_compiled_baselines_use_static_shapes(monkeypatch):
     bench.variant(bq.materialized_loss, compiled=True)
     bench.backend_variants(bq._loss, "cpu")
     assert seen and all(kw.get("dynamic") is False for kw in seen)
+
+
+def test_table_row_columns_by_hand():
+    """Audit (helper C): the numbers of a table row were checked only for width and ratio words. Each
+    column of one row written by hand: times in ms at 3 significant digits below 1 ms, 3 / 2 / 1
+    decimals below 10 / 100 / 1000 ms, none above; IQR in % of the median (1 decimal below 10 %);
+    peak in MiB (2**20 bytes) with 1 decimal; long variant names cut to 20 characters + "~"."""
+    report = bench.report
+    row = {"variant": "cpu", "min_s": 0.0004567, "median_s": 0.0123456, "q1_s": 0.010, "q3_s": 0.0135,
+           "vs_baseline": 2.0, "vs_compiled": 0.8, "vs_compiled_clear": False, "peak_bytes": 3 * 2**20,
+           "memory_ratio": 0.25}
+    # IQR: 100 * (13.5 - 10) / 12.3456 = 28.35 -> "28"
+    want = ["cpu", "0.457", "12.35", "28", "2.00x", "faster", "1.25x", "slower?", "3.0", "4.00x", "less"]
+    lines = report.case_lines("toy", [row])
+    assert lines[0] == "toy" and lines[1].split() == want
+    assert lines[1].startswith("  cpu ")
+    cases = [(0.0001234, "0.123"), (0.005, "5.000"), (0.0456789, "45.68"), (0.1234567, "123.5"),
+             (4.5678, "4568")]
+    for seconds, text in cases:
+        r = {"variant": "v", "min_s": seconds, "median_s": seconds, "q1_s": 0.97 * seconds, "q3_s": 1.02 * seconds,
+             "peak_bytes": 1.5 * 2**20}
+        # IQR 5 % of the median: one decimal below 10 %; 1.5 MiB
+        assert report.case_lines("c", [r])[1].split()[1:4] == [text, text, "5.0"], seconds
+        assert report.case_lines("c", [r])[1].split()[-2] == "1.5"
+    long = {"variant": "materialized compiled x", "min_s": 1e-3, "median_s": 1e-3}
+    assert report.case_lines("c", [long])[1][:24] == "  materialized compile~ "
+    assert report.case_lines("c", [{"variant": "skip", "note": "slow case"}])[1] == "  skip                 slow case"
+
+
+def test_quartiles_are_the_inclusive_ones():
+    """Audit (helper C): statistics' default (exclusive) quartiles survived. Inclusive method: linear
+    interpolation at positions 1 + (n - 1) p: [1, 2, 3, 4, 5] -> (2, 4) (exclusive: (1.5, 4.5))."""
+    assert bench.report.quartiles([5.0, 1.0, 3.0, 2.0, 4.0]) == (2.0, 4.0)
+    assert bench.report.quartiles([1.0, 2.0]) == (1.25, 1.75)
+    assert bench.report.quartiles([7.0]) == (7.0, 7.0)
+    q = bench.report.quartiles([])
+    assert q[0] != q[0] and q[1] != q[1]  # NaN
+
+
+def test_factor_digits_and_load_threshold():
+    """Audit (helper C): a factor with one decimal below 10 and a load warning from the CPU count (not half
+    of it) survived. Factors keep 3 significant digits; the warning starts above 0.5 x the CPUs."""
+    assert [bench.report.factor(x) for x in (1.234, 9.994, 12.34, 123.4, 1234.5)] == \
+        ["1.23", "9.99", "12.3", "123", "1234"]
+    assert bench.report.load_warning(1.0, 2) is None  # exactly half: no warning
+    assert "load average 1.5 on 2 CPUs (over 50% of them)" in bench.report.load_warning(1.5, 2)
+    assert bench.report.memory_text(0.5) == "2.00x less" and bench.report.memory_text(8) == "8.00x more"

@@ -449,3 +449,116 @@ def test_uint8_hwc_to_float_chw_by_hand():
     assert out.shape == (2, 3, 3, 4) and out.dtype == np.float32 and out.flags.c_contiguous
     for n, c, h, w in ((0, 0, 0, 0), (1, 2, 2, 3), (0, 1, 2, 0), (1, 0, 0, 3)):
         assert out[n, c, h, w] == np.float32(a[n, h, w, c]) / np.float32(255)
+
+
+# ---- mutation audit 8: edges of the index <-> factor maps and the loaders ------------------------
+def test_index_edges_and_negative_indices(tmp_path):
+    # the last class of every factor is valid and is the last row; negative factor classes and indices
+    # are rejected by the converters, while dataset[-1] (Python indexing) is the last item
+    img, _ = write_shapes3d(tmp_path / "3dshapes.h5")
+    ds = load_dataset("shapes3d", root=tmp_path)
+    last = [s - 1 for s in S3D_SIZES]
+    assert ds.index_of([last]).tolist() == [len(ds) - 1]
+    assert ds.factors_of(len(ds) - 1).tolist() == last
+    # one step in factor k alone moves the flat index by prod(sizes[k + 1:]) (hand-computed strides)
+    for k, stride in enumerate((72, 24, 12, 6, 3, 1)):
+        f = [0] * 6
+        f[k] = 1
+        assert ds.index_of([f]).tolist() == [stride]
+    with pytest.raises(ValueError, match="out of range"):
+        ds.index_of([[0, -1, 0, 0, 0, 0]])
+    with pytest.raises(ValueError, match="index out of range"):
+        ds.factors_of(-1)
+    x, f = ds[-1]
+    torch.testing.assert_close(x, _expected(img, [len(img) - 1])[0])
+    assert f.tolist() == last
+    batch = ds.__getitems__([-1, 0, -len(ds)])
+    assert [b[1].tolist() for b in batch] == [last, [0] * 6, [0] * 6]
+    torch.testing.assert_close(batch[0][0], x)
+    with pytest.raises(IndexError):
+        ds[-len(ds) - 1]
+    # sorted reads with a gap (not one contiguous slice) keep each row
+    for idx in ([5, 7], [7, 5, 8]):
+        torch.testing.assert_close(ds.observations_from_factors(ds.factors_of(idx)), _expected(img, idx))
+
+
+def test_default_generator_is_seeded_and_advances(tmp_path):
+    # seed seeds ONE generator that successive sample_factors calls advance (not a fresh one per call)
+    write_shapes3d(tmp_path / "3dshapes.h5")
+    a = load_dataset("shapes3d", root=tmp_path, seed=7)
+    first, second = a.sample_factors(30), a.sample_factors(30)
+    assert not torch.equal(first, second)
+    g = torch.Generator().manual_seed(7)
+    assert torch.equal(first, a.sample_factors(30, g)) and torch.equal(second, a.sample_factors(30, g))
+
+
+def test_float_noise_in_labels_does_not_split_classes(tmp_path):
+    # labels are floats: values equal to 6 decimals are one class (a stored 0.1 may read 0.1 + 1e-12)
+    path = tmp_path / "3dshapes.h5"
+    _, lab = write_shapes3d(path)
+    noisy = lab + np.where(np.arange(len(lab)) % 2 == 0, 1e-9, -1e-9)[:, None]
+    write_shapes3d(path, labels=noisy)
+    ds = load_dataset("shapes3d", root=tmp_path)
+    assert ds.factor_sizes == S3D_SIZES
+    for k in range(6):
+        np.testing.assert_allclose(ds.factor_values[k], S3D_VALUES[k], atol=1e-8)
+
+
+def test_convert_fortran_ordered_npz_member(tmp_path):
+    # an npz member stored in Fortran order is streamed in that order: the converted array equals the stored one
+    img = coded_images(48, h=3, w=5)
+    path = tmp_path / "f.npz"
+    np.savez(path, images=np.asfortranarray(img))
+    out = convert_npz_to_npy(path, "images", chunk_bytes=64)
+    np.testing.assert_array_equal(np.load(out), img)
+
+
+def test_mpi3d_full_complex_file_index_and_variant_check(tmp_path):
+    # the real complex size N = 460800 (1x1 images to stay small): sizes (4, 4, 2, 3, 3, 40, 40), row-major
+    # with strides 115200, 28800, 14400, 4800, 1600, 40, 1; a file of the wrong size for the variant is refused
+    n = 460_800
+    idx = np.arange(n)
+    img = np.stack([idx % 256, (idx // 256) % 256, idx // 65536], 1).astype(np.uint8).reshape(n, 1, 1, 3)
+    np.savez(tmp_path / "real3d_complicated_shapes_ordered.npz", images=img)
+    ds = load_dataset("mpi3d", root=tmp_path)
+    assert ds.factor_sizes == (4, 4, 2, 3, 3, 40, 40) and ds.variant == "complex"
+    factors = [[3, 3, 1, 2, 2, 39, 39], [1, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0, 0],
+               [0, 0, 0, 1, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0, 1]]
+    want = [n - 1, 115200, 28800, 14400, 4800, 1600, 40, 1]
+    assert ds.index_of(factors).tolist() == want
+    x = ds.observations_from_factors(factors)
+    torch.testing.assert_close(x, _expected(img, want))
+    (tmp_path / "real3d_complicated_shapes_ordered.npz").rename(tmp_path / "mpi3d_real.npz")
+    with pytest.raises(DatasetFormatError, match="another MPI3D variant"):
+        load_dataset("mpi3d", root=tmp_path, variant="real")
+
+
+def test_nvlabs_pixels_keep_their_rows_and_columns(tmp_path):
+    # CHW from the PNG's (row, column, channel): a non-symmetric image read at its stored size is exactly
+    # its pixels / 255 (no transposition, no resize); a PNG of another size than image 000000 is refused
+    folder = tmp_path / "Isaac3D_down128"
+    sizes = (2, 1, 1, 1, 1, 1, 1, 1, 1)
+    write_nvlabs(folder, sizes, "labels.npy", side=6)
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(folder / "images" / "000001.png")
+    native = load_dataset("isaac3d", root=tmp_path, image_size=None)
+    want = torch.from_numpy(pixels.transpose(2, 0, 1).astype(np.float32) / 255)
+    torch.testing.assert_close(native[1][0], want, rtol=0, atol=1e-7)
+    same = load_dataset("isaac3d", root=tmp_path, image_size=6)  # the stored size: no resampling
+    torch.testing.assert_close(same[1][0], want, rtol=0, atol=1e-7)
+    Image.fromarray(pixels[:5]).save(folder / "images" / "000001.png")
+    with pytest.raises(DatasetFormatError, match="000001.png"):
+        native[1]
+
+
+def test_dsprites_color_with_several_classes_needs_keep_color(tmp_path):
+    # dropping color is only lossless when it is constant (1 class, as in the real file)
+    path = tmp_path / "d.npz"
+    rows = grid_rows((2, 1, 1, 1, 1, 2))
+    imgs = np.zeros((4, 2, 2), np.uint8)
+    np.savez(path, imgs=imgs, latents_classes=rows, latents_values=rows.astype(np.float64))
+    with pytest.raises(ValueError, match="keep_color"):
+        DSprites(path)
+    ds = DSprites(path, keep_color=True)
+    assert ds.factor_sizes == (2, 1, 1, 1, 1, 2) and ds.factor_names[0] == "color"

@@ -393,3 +393,243 @@ def test_sample_factors_is_uniform_over_every_factors_classes():
         assert len(freq) == size
         # binomial sd <= sqrt(0.25 / 70000) ~ 0.0019: 0.01 is > 5 sd, the mutant misses by >= 0.06
         torch.testing.assert_close(freq, torch.full((size,), 1.0 / size, dtype=torch.float64), rtol=0, atol=0.01)
+
+
+# ---- mutation audit 8: geometry, samplers and reporting paths pinned to independent values -------
+def test_coverage_over_and_pixel_grid_by_hand():
+    from qkernels.data.render import coverage, over, pixel_grid
+
+    # coverage = clamp(0.5 - d, 0, 1): half covered on the boundary, linear over one pixel
+    d = torch.tensor([-1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 2.0])
+    torch.testing.assert_close(coverage(d), torch.tensor([1.0, 1.0, 0.75, 0.5, 0.25, 0.0, 0.0]))
+    # over: canvas (1 - a) + color a, per pixel, for (n, C) and (n, C, H, W) colours
+    canvas = torch.ones(1, 3, 1, 2)
+    color = torch.tensor([[0.2, 0.4, 0.6]])
+    over(canvas, color, torch.tensor([[[0.25, 1.0]]]))
+    want = torch.tensor([[0.8, 0.2], [0.85, 0.4], [0.9, 0.6]])[None, :, None]
+    torch.testing.assert_close(canvas, want)
+    canvas = torch.zeros(1, 3, 1, 2)
+    over(canvas, torch.full((1, 3, 1, 2), 0.5), torch.tensor([[[0.5, 0.0]]]))
+    torch.testing.assert_close(canvas[0, :, 0], torch.tensor([[0.25, 0.0]] * 3))
+    # pixel centres: x = column, y = row
+    x, y = pixel_grid(2, 3)
+    assert x.tolist() == [[[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]]
+    assert y.tolist() == [[[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]]
+
+
+def test_balls_quantized_latents_follow_each_balls_grid():
+    # the quantized sampler maps ball b's ManhattanUniform grid affinely onto [0.1, 0.9]^2: the mapped thresholds
+    # 0.1 + 0.8 (t_i - t_0) / (t_4 - t_0) cut each coordinate into 4 cells whose frequencies are the marginal cell
+    # priors (cell k = (k % 4, k // 4)); each ball has its own grid
+    n = 6000
+    q = Balls(n, "quantized")
+    assert len(q.grids) == 2 and not torch.equal(q.grids[0][0], q.grids[1][0])
+    for b, (t, priors) in enumerate(q.grids):
+        p = priors.double().numpy().reshape(4, 4)  # [k // 4, k % 4]
+        for axis, marginal in ((0, p.sum(0)), (1, p.sum(1))):
+            ta = t[axis].double().numpy()
+            edges = 0.1 + 0.8 * (ta - ta[0]) / (ta[-1] - ta[0])
+            lat = q.latents[:, 2 * b + axis].double().numpy()
+            assert lat.min() < edges[0] + 0.02 and lat.max() > edges[-1] - 0.02  # fills [0.1, 0.9]
+            freq = np.bincount(np.searchsorted(edges[1:-1], lat, side="right"), minlength=4) / n
+            np.testing.assert_allclose(freq, marginal, atol=0.03, err_msg=f"ball {b} axis {axis}")
+
+
+def test_balls_scm_children_fill_their_whole_quadrant():
+    # ball 2 of the SCM samplers: U(0.1, 0.5) x U(0.5, 0.9) or U(0.5, 0.9) x U(0.1, 0.5), each side reached
+    for sampler in ("scm_linear", "scm_nonlinear"):
+        z = Balls(3000, sampler).latents.double()
+        x1, y1 = z[:, 0], z[:, 1]
+        up = (x1 + y1 >= 1) if sampler == "scm_linear" else (1.25 * (x1**2 + y1**2) >= 1)
+        for col in (0, 1):
+            assert z[:, col].min() < 0.12 and z[:, col].max() > 0.88  # ball 1: U(0.1, 0.9)
+        for sel, (xlo, xhi), (ylo, yhi) in ((up, (0.1, 0.5), (0.5, 0.9)), (~up, (0.5, 0.9), (0.1, 0.5))):
+            x2, y2 = z[sel, 2], z[sel, 3]
+            assert x2.min() < xlo + 0.02 and x2.max() > xhi - 0.02, sampler
+            assert y2.min() < ylo + 0.02 and y2.max() > yhi - 0.02, sampler
+            # uniform: the mean is the interval's midpoint
+            assert abs(float(x2.mean()) - (xlo + xhi) / 2) < 0.02 and abs(float(y2.mean()) - (ylo + yhi) / 2) < 0.02
+
+
+def test_balls_items_render_the_stored_latents():
+    # dataset[i]: the image of the stored continuous latents (not of a bin centre) and their bins
+    b = Balls(6, "iid", seed=2)
+    lat = b.latents.double()
+    bins = ((lat - 0.1) / 0.8 * 8).floor().clamp(0, 7).long()
+    for i in (0, 5):
+        x, f = b[i]
+        torch.testing.assert_close(x, b.render(b.latents[i:i + 1])[0], rtol=0, atol=0)
+        assert f.tolist() == bins[i].tolist()
+    batch = b.__getitems__([4, 1])
+    for (x, f), i in zip(batch, (4, 1), strict=True):
+        torch.testing.assert_close(x, b.render(b.latents[i:i + 1])[0], rtol=0, atol=0)
+        assert f.tolist() == bins[i].tolist()
+    # observations_from_factors renders at bin centres: a bin-centre latent renders identically
+    centre = (0.1 + 0.8 * (bins[:1].double() + 0.5) / 8).float()
+    torch.testing.assert_close(b.observations_from_factors(bins[:1]), b.render(centre), rtol=0, atol=1e-6)
+
+
+def test_grid2d_mixing_singular_values_and_fresh_samples():
+    # A and B = R diag(s) R with s ~ U(0.5, 1): singular values in [0.5, 1]; sample() returns (mix(z), z)
+    ds = QuantizedGrid2D(20, "nonlinear", seed=3)
+    for m in (ds.A, ds.B):
+        sv = torch.linalg.svdvals(m)
+        assert ((sv >= 0.5 - 1e-12) & (sv <= 1.0 + 1e-12)).all()
+    x, z = ds.sample(40, torch.Generator().manual_seed(1))
+    zc = z.double().numpy() - ds.center.numpy()
+    want = np.tanh((0.5 * zc) @ ds.A.numpy().T) @ ds.B.numpy().T
+    np.testing.assert_allclose(x.numpy(), want, rtol=0, atol=1e-5)
+    lo, hi = ds.thresholds[:, 0].numpy(), ds.thresholds[:, -1].numpy()
+    assert ((z.numpy() >= lo - 1e-5) & (z.numpy() <= hi + 1e-5)).all()
+
+
+def test_contact_sheet_scale_is_a_nearest_neighbour_upscale(tmp_path):
+    ds = small_sprites()
+    one = contact_sheet(ds, tmp_path / "1.png", rows=2, cols=2, scale=1, generator=torch.Generator().manual_seed(3))
+    three = contact_sheet(ds, tmp_path / "3.png", rows=2, cols=2, scale=3, generator=torch.Generator().manual_seed(3))
+    a, b = np.asarray(Image.open(one)), np.asarray(Image.open(three))
+    assert b.shape == (3 * a.shape[0], 3 * a.shape[1], 3)
+    np.testing.assert_array_equal(b, np.repeat(np.repeat(a, 3, 0), 3, 1))
+
+
+class _ThreePoints:
+    """A 2-D dataset stand-in for the contact sheet's scatter: three fixed points and their cells."""
+
+    priors = torch.full((16,), 1 / 16)
+    points = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    cells = torch.tensor([[0, 0], [3, 0], [1, 2]])
+
+    def sample(self, n, generator):
+        i = torch.arange(n) % 3
+        return self.points[i], i
+
+    def quantize(self, z):
+        return self.cells[z]
+
+
+def test_contact_sheet_scatter_places_and_colours_points(tmp_path):
+    # points scaled to [2, size - 3] with y up (the lowest y on the bottom row), 3 x 3 dots, coloured by
+    # cell k = c0 + 4 c1 with hue (0.618034 k) mod 1, HSV (hue, 0.8, 0.85) (colorsys as the oracle)
+    import colorsys
+
+    path = contact_sheet(_ThreePoints(), tmp_path / "s.png", scale=1)
+    im = np.asarray(Image.open(path)).astype(int)
+    size = 256
+    assert im.shape == (size, size, 3)
+
+    def rgb(k):
+        return np.array(colorsys.hsv_to_rgb((0.618034 * k) % 1.0, 0.8, 0.85)) * 255
+
+    for (row, col), k in (((size - 3, 2), 0), ((size - 3, size - 3), 3), ((2, 2), 9)):
+        block = im[row - 1:row + 2, col - 1:col + 2].reshape(-1, 3)
+        assert (np.abs(block - rgb(k)) <= 1.0).all(), (row, col, block[4], rgb(k))
+    assert (im[2, size - 3] == 255).all() and (im[size // 2, size // 2] == 255).all()
+    assert (im != 255).any(-1).sum() == 27  # three 3 x 3 dots, nothing else
+
+
+def test_shapes3d_sphere_silhouette_geometry(shapes3d):
+    # the fully covered pixels (where no floor / wall colour shows) of the sphere: a disc of radius
+    # 1.15 x 8 x scale px standing on row 52 at the centre column, the same at every orientation (the sphere is
+    # round), mirror-symmetric about the centre; the cube's silhouette turns with the orientation
+    def solid(scale, shape, o):
+        f = torch.tensor([[2, 5, 8, scale, shape, o], [6, 0, 8, scale, shape, o]])
+        a, b = shapes3d.observations_from_factors(f)
+        return (a - b).abs().amax(0) == 0  # background hidden exactly
+
+    sphere = solid(7, 2, 0)
+    r = 1.15 * 8 * 1.25
+    assert math.pi * (r - 1.5) ** 2 < sphere.sum() < math.pi * (r + 0.5) ** 2
+    assert torch.equal(sphere, sphere.flip(1))
+    rows, cols = sphere.nonzero().double().unbind(1)
+    assert abs(cols.mean().item() - 31.5) < 1e-9
+    assert abs(rows.mean().item() - (52.0 - r - 0.5)) < 0.3  # pixel i has its centre at i + 0.5
+    for o in (7, 14):
+        assert torch.equal(solid(7, 2, o), sphere)
+        assert torch.equal(solid(3, 1, o), solid(3, 1, 0))  # cylinder: round too
+    r0 = 1.15 * 8 * 0.75  # scale class 0
+    assert math.pi * (r0 - 1.5) ** 2 < solid(0, 2, 0).sum() < math.pi * (r0 + 0.5) ** 2
+    assert not torch.equal(solid(7, 0, 0), solid(7, 0, 14))  # the cube turns
+
+
+def test_sprites_position_extent_orientation_by_hand():
+    # square half extent 0.16 S at scale 1 (area (0.32 S)^2), centred at S (0.2 + 0.6 pos) - 0.5 (pixel-centre
+    # coordinates; pos_y grows down; the corners' approximate distances shift it by ~0.01 px); area is rotation
+    # invariant (45 degrees: nothing is cut off);
+    # the ellipse (axes 1 : 0.5) lies along x at orientation 0; the heart's lobes are on top
+    sp = Sprites(n_shapes=3, n_scales=1, n_orientations=8, n_x=3, n_y=3, image_size=64)
+    f = torch.tensor([[0, 0, 0, 0, 2], [0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [1, 0, 0, 1, 1], [1, 0, 2, 1, 1],
+                      [2, 0, 0, 1, 1]])
+    x = sp.observations_from_factors(f)[:, 0].double()
+    cols, rows = torch.arange(64.0, dtype=torch.float64)[None, :], torch.arange(64.0, dtype=torch.float64)[:, None]
+
+    def moments(img):
+        m = img.sum()
+        cx, cy = (img * cols).sum() / m, (img * rows).sum() / m
+        return m.item(), cx.item(), cy.item(), ((img * (cols - cx) ** 2).sum() / m).item(), \
+            ((img * (rows - cy) ** 2).sum() / m).item()
+
+    h = 0.16 * 64
+    area, cx, cy, _, _ = moments(x[0])
+    assert area == pytest.approx((2 * h) ** 2, rel=0.005)
+    assert cx == pytest.approx(0.2 * 64 - 0.5, abs=0.05) and cy == pytest.approx(0.8 * 64 - 0.5, abs=0.05)
+    area_c, cx, cy, _, _ = moments(x[1])
+    assert cx == pytest.approx(31.5, abs=0.01) and cy == pytest.approx(31.5, abs=0.01)
+    assert moments(x[2])[0] == pytest.approx(area_c, rel=0.01)  # turned by 45 degrees
+    # ... and still whole: its tips reach sqrt(2) h from the centre, mirror-symmetric about it
+    torch.testing.assert_close(x[2], x[2].flip(1), rtol=0, atol=1e-4)
+    torch.testing.assert_close(x[2], x[2].flip(0), rtol=0, atol=1e-4)
+    assert x[2][31, round(31.5 - math.sqrt(2) * h)] > 0 and x[2][:, :17].max() == 0
+    area_e, _, _, vx, vy = moments(x[3])
+    assert area_e == pytest.approx(math.pi * 0.5 * h**2, rel=0.03)
+    assert vx / vy == pytest.approx(4.0, rel=0.1)  # (a / b)^2
+    _, _, _, vx90, vy90 = moments(x[4])  # turned by 90 degrees
+    assert vy90 / vx90 == pytest.approx(4.0, rel=0.1)
+    # a single position class is the centre of the image
+    one = Sprites(n_shapes=1, n_scales=1, n_orientations=1, n_x=1, n_y=1, image_size=64)
+    assert one.factor_values[3].tolist() == [0.5] and one.factor_values[4].tolist() == [0.5]
+    _, cx, cy, _, _ = moments(one.observations_from_factors(torch.zeros(1, 5, dtype=torch.long))[0, 0].double())
+    assert cx == pytest.approx(31.5, abs=0.05) and cy == pytest.approx(31.5, abs=0.05)
+    heart = x[5]
+    filled = heart.sum(1).nonzero().flatten()
+    assert moments(heart)[2] < (filled.min() + filled.max()).item() / 2 - 1.0  # mass above the box centre
+
+
+def test_balls_antialiased_edge_pixels_by_hand():
+    # ball 1 at (x, y) = (0.5, 0.5): centre column 64 x = 32, row 63 - 64 y = 31, radius 10.24 px; a pixel
+    # 10 px from the centre is covered 0.5 - (10 - 10.24) = 0.74 (white behind it), one 11 px away not at all
+    b = Balls(4)
+    x = b.render(torch.tensor([[0.5, 0.5, 0.15, 0.15]]))[0]
+    teal = torch.tensor([2, 156, 154]) / 255
+    edge = 0.26 * torch.ones(3) + 0.74 * teal
+    for row, col in ((31, 42), (31, 22), (21, 32), (41, 32)):
+        torch.testing.assert_close(x[:, row, col], edge, rtol=0, atol=1e-5)
+    for row, col in ((31, 43), (31, 21), (20, 32), (42, 32)):
+        torch.testing.assert_close(x[:, row, col], torch.ones(3))
+
+
+def test_shapes3d_lambert_shading_floor_gradient_and_contact_shadow(shapes3d):
+    # at yaw 0 (orientation 7) the camera sees the world light L = (-0.55, 0.65, -0.52) / |L| (x right, y up,
+    # z away). A red sphere's fully covered pixels have red = 0.3 + 0.7 max(0, n . L) (Lambert, ambient 0.3)
+    # with n its outward normal at the pixel centre; the floor brightens towards the viewer; the contact
+    # shadow is pushed away from the light (to the right).
+    def render(f):
+        return shapes3d.observations_from_factors(torch.tensor([f]))[0].double()
+
+    img = render([0, 5, 0, 7, 2, 7])  # red floor, red sphere at scale 1.25
+    other = render([6, 0, 0, 7, 2, 7])
+    solid = (img - other).abs().amax(0) == 0
+    r = 1.15 * 8 * 1.25
+    light = torch.tensor([-0.55, 0.65, -0.52], dtype=torch.float64)
+    light = light / light.norm()
+    rows, cols = solid.nonzero().unbind(1)
+    u, v = (cols.double() + 0.5 - 32.0) / r, (rows.double() + 0.5 - (52.0 - r)) / r
+    normal = torch.stack([u, -v, -(1 - u * u - v * v).clamp_min(0).sqrt()], 1)
+    want = 0.3 + 0.7 * (normal @ light).clamp_min(0)
+    torch.testing.assert_close(img[0, rows, cols], want, rtol=0, atol=1e-4)
+    assert img[1:, rows, cols].abs().max() < 1e-6  # hue 0 is pure red
+    # the floor (red) at a column clear of the object and its shadow: brighter on every lower row
+    floor = img[0, 45:64, 2]
+    assert (floor.diff() > 0).all() and floor[-1] > floor[0] + 0.15
+    # the shadow below the base: darker right of the object (away from the light) than at the mirrored column
+    assert img[0, 53, 42] < 0.7 * img[0, 53, 21]
+    assert img[0, 53, 21] > 0.9 * img[0, 53, 2]  # the lit side: (almost) no shadow

@@ -229,3 +229,32 @@ def test_cli_under_torchrun(tmp_path):
     r = torchrun("--batch-size", "7", "--out", str(tmp_path / "bad"))
     assert r.returncode != 0
     assert r.stderr.count("batch_size 7 (the global batch) must be divisible by the number of processes, 2") == WORLD
+
+
+def test_rank_blocks_and_global_noise_by_hand(monkeypatch):
+    """Single process with a faked (rank 1, world 3): rank_rows is the 2nd of 3 equal blocks along ``dim``;
+    randn_rows is that block of ONE (3n, ...) draw (what a single process draws for the global batch); with no
+    group it is plain randn_like. Without a process group: (0, 1), averaging is a no-op and values are copied."""
+    from qkernels import distributed as D
+
+    assert D.rank_and_size() == (0, 1)
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad = torch.tensor([1.0, 3.0])
+    D.average_gradients([p])
+    assert torch.equal(p.grad, torch.tensor([1.0, 3.0]))
+    vals = {"a": 1.5, "b": -2.0}
+    got = D.mean_over_ranks(vals)
+    assert got == vals and got is not vals
+    like = torch.empty(2, 3)
+    torch.manual_seed(5)
+    want = torch.randn(2, 3)
+    torch.manual_seed(5)
+    assert torch.equal(D.randn_rows(like), want)
+    monkeypatch.setattr(D, "rank_and_size", lambda group=None: (1, 3))
+    full = torch.arange(24.0).view(6, 4)
+    assert torch.equal(D.rank_rows(full, object()), full[2:4])
+    assert torch.equal(D.rank_rows(full.T, object(), dim=1), full.T[:, 2:4])
+    torch.manual_seed(5)
+    want = torch.randn(6, 3)[2:4]
+    torch.manual_seed(5)
+    assert torch.equal(D.randn_rows(like, object()), want)

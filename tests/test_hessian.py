@@ -551,3 +551,34 @@ def test_functional_op_flattens_trailing_dims():
     got = finite_difference_curvature(x, 3, 2, 0.1)
     exp = ref.finite_difference_curvature(x.reshape(24, 20), 3, 2, 0.1, 2, False, "mean")[0]
     torch.testing.assert_close(got, exp)
+
+
+def test_modules_forward_their_settings():
+    """Audit (helper C): a module that ignored its own eps (using 0.1) passed, as every module test used the
+    defaults. NHP module with eps 0.3, k 3, reduction "none" and a chunked fn; HP module with eps 0.25,
+    k 3, reduction "mean": both against the float64 oracle (directions replayed from the generator)."""
+    n, d, k = 5, 3, 3
+    fn, _ = _mlp(d)
+    z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    std = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64, device=DEVICE)
+    calls = []
+
+    def counted(x):
+        calls.append(x.shape[0])
+        return fn(x)
+
+    m = NormalizedHessianPenalty(num_perturbations=k, eps=0.3, reduction="none", chunk_size=8)
+    got = m(counted, z, std, generator=torch.Generator().manual_seed(1))
+    assert calls and max(calls) <= 8 and sum(calls) == 4 * k * n
+    r, g = _directions_like_api(z, k, 1, gaussian=True)
+    fd_num, fd_den = _oracle_fd(fn, z, 0.3 * std * r, 0.3), _oracle_fd(fn, z, 0.3 * std * g, 0.3)
+    assert isinstance(got, list) and len(got) == 2
+    for e in range(2):
+        want = _var([f[e] for f in fd_num], 0).mean(1) / (_var([f[e] for f in fd_den], 0).mean(1) + 1e-10)
+        torch.testing.assert_close(got[e], want, rtol=1e-7, atol=1e-12)
+    hp = HessianPenalty(num_perturbations=k, eps=0.25, reduction="mean")
+    r, _ = _directions_like_api(z, k, 2, gaussian=False)
+    fd = _oracle_fd(fn, z, 0.25 * r, 0.25)
+    want = sum(_var([f[e] for f in fd], 1).mean() for e in range(2))
+    torch.testing.assert_close(hp(fn, z, generator=torch.Generator().manual_seed(2)), want, rtol=1e-7, atol=0)
+    assert "eps=0.3" in repr(m) and "reduction='none'" in repr(m) and "num_perturbations=3" in repr(m)

@@ -782,3 +782,42 @@ def test_num_cond_may_use_every_row():
     torch.testing.assert_close(torch.stack(list(whole)), torch.stack(list(ordered)), rtol=1e-12, atol=1e-14)
     with pytest.raises(ValueError, match="num_cond must be <= n = 9"):
         cliff_loss(z, num_cond=10)
+
+
+def test_generator_draws_independent_rows_per_latent():
+    """Audit (helper C): drawing ONE set of conditioning rows shared by every latent survived. Each latent j
+    gets its own M rows, randperm(n)[:M] drawn from the generator in latent order (the third-party
+    re-implementation's randperm per latent): the loss equals the float64 equations on those rows."""
+    n, d, m = 12, 3, 4
+    z = latents(n, d)
+    got = cliff_loss(z, num_cond=m, generator=_gen(21), sigma=0.3, grid=(-4.0, 4.0, 15), return_terms=True)
+    idx = cond_rows(n, d, m, seed=21)
+    assert len({tuple(r) for r in idx.tolist()}) == d  # different rows per latent here
+    uni, biv, kl = np_cliff(z.cpu(), idx.cpu(), 0.3, (-4.0, 4.0, 15))
+    assert math.isclose(got.biv.item(), biv, rel_tol=1e-9)
+    assert math.isclose(got.uni.item(), uni, rel_tol=1e-9) and math.isclose(got.kl.item(), kl, rel_tol=1e-9)
+    # the module draws its own num_cond rows the same way (not the default M = 10)
+    from qkernels.nn.kde import CliffLoss
+
+    mod = CliffLoss(num_cond=m, sigma=0.3, grid=(-4.0, 4.0, 15), lambda_uni=1.0, lambda_biv=0.0, lambda_kl=0.0)
+    crit = CliffLoss(num_cond=m, sigma=0.3, grid=(-4.0, 4.0, 15), lambda_uni=0.0, lambda_biv=1.0, lambda_kl=0.0)
+    assert math.isclose(crit(z, generator=_gen(21)).item(), biv, rel_tol=1e-9)
+    assert math.isclose(mod(z, generator=_gen(21)).item(), uni, rel_tol=1e-9)
+
+
+def test_booleans_and_infinite_scales_are_rejected_by_name():
+    """Audit (helper C): True accepted as a bandwidth, a tau or a grid size (bool is an int subclass), and an
+    infinite std accepted, survived. Each is an error that names the argument."""
+    z = latents(8, 2)
+    with pytest.raises(TypeError, match="sigma must be a number, got bool"):
+        cliff_loss(z, sigma=True)
+    with pytest.raises(TypeError, match=r"grid\[2\] \(K\) must be an int, got True"):
+        cliff_loss(z, grid=(-5.0, 5.0, True))
+    with pytest.raises(TypeError, match="num_cond must be an int, got bool"):
+        cliff_loss(z, num_cond=True)
+    with pytest.raises(TypeError, match="tau must be a number, got bool"):
+        qkernels.gumbel_quantize(z, torch.randn(4, dtype=z.dtype, device=DEVICE), True)
+    with pytest.raises(ValueError, match="std must be a finite number > 0, got inf"):
+        klm_loss(z, std=math.inf)
+    with pytest.raises(TypeError, match="std must be None, a number or a tensor"):
+        klm_loss(z, std=True)

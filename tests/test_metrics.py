@@ -755,3 +755,239 @@ def test_info_ratio_counts_a_zero_column_as_uninformative():
 
     assert _ratio_score(np.array([[0.0, 0.5], [0.0, 0.5]]), 2) == pytest.approx(0.0)
     assert _ratio_score(np.array([[0.0, 0.9], [0.0, 0.0], [0.0, 0.0]]), 3) == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------------------------
+# mutation audit 8: one-line bugs the tests above did not see
+# ----------------------------------------------------------------------------------------------
+
+
+def test_histogram_discretize_by_hand():
+    # disentanglement_lib: num_bins equal-width bins over the column's range (np.histogram edges);
+    # [0, 1] in 4 bins has edges 0, .25, .5, .75, 1: the maximum falls in the LAST bin (not past it),
+    # a value on an inner edge in the upper bin. Guards edges vs edges[:-1], num_bins -/+ 1, per-column range.
+    from qkernels.metrics._common import histogram_discretize
+
+    z = np.array([[0.0, 10.0], [0.24, 10.0], [0.25, 11.0], [0.5, 13.0], [0.99, 15.9], [1.0, 18.0]])
+    codes, sizes = histogram_discretize(z, 4)
+    assert sizes.tolist() == [4, 4]
+    assert codes[:, 0].tolist() == [0, 0, 1, 2, 3, 3]
+    # the second column's own range [10, 18]: edges 10, 12, 14, 16, 18
+    assert codes[:, 1].tolist() == [0, 0, 0, 1, 2, 3]
+
+
+def test_mig_single_latent_and_constant_source():
+    # one latent: the second largest MI is 0, so MIG = mean_i I(s_i; z) / H(s_i); z = s_0 on a balanced
+    # binary grid: (1 + 0) / 2. A constant source has H = 0: an error, not a NaN.
+    s = balanced_binary_grid()
+    assert mig(s, s[:, :1].astype(float))["mig"] == pytest.approx(0.5, abs=1e-12)
+    const = np.concatenate([s, np.zeros((len(s), 1), dtype=np.int64)], 1)
+    with pytest.raises(ValueError, match="constant"):
+        mig(const, s.astype(float))
+
+
+def test_modularity_squares_the_mi_and_divides_by_n_s_minus_1():
+    # three sources on a full grid (sizes 4, 2, 2: exactly independent). Latent 0 = 2 s0 + s1 has
+    # MI (log 4, log 2, 0): delta = (log 2)^2 / ((log 4)^2 (3 - 1)) = 1/8, score 7/8. Latent 1 = s2: MI
+    # (0, 0, log 2), score 1. Latent 2 constant: no information, score 0. Modularity = (7/8 + 1 + 0) / 3.
+    # (Unsquared MI or no (n_s - 1) would give 3/4 for latent 0.)
+    s = full_grid([4, 2, 2], 5)
+    z = np.stack([2 * s[:, 0] + s[:, 1], s[:, 2], np.zeros(len(s))], 1).astype(np.float64)
+    assert modularity(s, z)["modularity"] == pytest.approx((7 / 8 + 1 + 0) / 3, abs=1e-12)
+    # one source: every informative latent scores 1, an uninformative one 0
+    assert modularity(s[:, :1], z[:, [0, 2]])["modularity"] == pytest.approx(0.5, abs=1e-12)
+
+
+def test_splits_are_seeded_disjoint_and_forward_the_seed():
+    from qkernels.metrics._common import split_indices
+
+    for split in (lambda seed: split_indices(100, 60, 40, seed), lambda seed: split_test_fraction(100, 0.1, seed)):
+        tr, te = split(3)
+        tr2, te2 = split(3)
+        assert np.array_equal(tr, tr2) and np.array_equal(te, te2)
+        assert not set(tr.tolist()) & set(te.tolist())
+        other_tr, _ = split(4)
+        assert not np.array_equal(tr, other_tr)  # the seed reaches the permutation
+    # more rows than requested: exactly num_train / num_test rows, the rest unused
+    tr, te = split_indices(200, 60, 40, seed=0)
+    assert (len(tr), len(te)) == (60, 40) and len(set(tr.tolist()) | set(te.tolist())) == 100
+
+
+def _row_recorder(records):
+    """A fit/predict stand-in whose single feature is the row index: records which rows it saw."""
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            records.append({"kwargs": kwargs})
+
+        def fit(self, x, y):
+            records[-1]["fit_rows"] = np.asarray(x)[:, 0].astype(int).tolist()
+            records[-1]["fit_y"] = np.asarray(y).tolist()
+            self.y0 = np.asarray(y)[0]
+            self.feature_importances_ = np.ones(x.shape[1]) / x.shape[1]
+            return self
+
+        def predict(self, x):
+            records[-1]["test_rows"] = np.asarray(x)[:, 0].astype(int).tolist()
+            return np.full(len(x), self.y0)
+
+    return Recorder
+
+
+def test_sap_and_dci_fit_on_train_rows_and_score_on_the_disjoint_test_rows(monkeypatch):
+    # the latent is the row index, so the classifiers' inputs reveal the rows: fitted on one part of the split,
+    # scored on the other (never the train rows), labels of the same rows, splits sized as documented
+    sap_module = importlib.import_module("qkernels.metrics.sap")
+    n = 300
+    s = random_sources(n, [3, 2], seed=5)
+    rows = np.arange(n, dtype=np.float64)[:, None]
+    for module, name, call, sizes in (
+        (sap_module, "LinearSVC", lambda seed: sap(s, rows, seed=seed), (200, 100)),
+        (dci_module, "GradientBoostingClassifier", lambda seed: dci(s, rows, preset="dlib", seed=seed), (200, 100)),
+        (dci_module, "RandomForestClassifier", lambda seed: dci(s, rows, seed=seed), (270, 30)),
+    ):
+        records = []
+        monkeypatch.setattr(module, name, _row_recorder(records))
+        call(3)
+        call(2)
+        assert len(records) == 4, name  # one per source and call
+        assert set(records[0]["test_rows"]) != set(records[2]["test_rows"]), name  # the seed reaches the split
+        records = records[2:]
+        for i, rec in enumerate(records):
+            fit_rows, test_rows = rec["fit_rows"], rec["test_rows"]
+            assert (len(fit_rows), len(test_rows)) == sizes, name
+            assert not set(fit_rows) & set(test_rows), name
+            assert len(set(fit_rows) | set(test_rows)) == sum(sizes)
+            assert rec["fit_y"] == s[fit_rows, i].tolist(), name  # source i of the same rows
+        assert records[0]["fit_rows"] == records[1]["fit_rows"]  # one split for all sources
+
+
+def test_infoe_matches_sklearn_logistic_regression_oracle():
+    # InfoE (eqs. 10-14, the authors' code): per source, LogisticRegression(penalty=None,
+    # class_weight='balanced') on the standardized latents; NMI_V = (log(n_classes) - log_loss) / log(n_classes)
+    # (the balanced null model predicts uniform); InfoE = the mean over sources.
+    rng = np.random.default_rng(21)
+    s = random_sources(500, [3, 4], seed=21)
+    z = s + 0.8 * rng.standard_normal(s.shape)
+    zs = (z - z.mean(0)) / z.std(0)
+    want = []
+    for i, k in enumerate((3, 4)):
+        ref = LogisticRegression(C=np.inf, class_weight="balanced", tol=1e-12, max_iter=10000).fit(zs, s[:, i])
+        h1 = log_loss(s[:, i], ref.predict_proba(zs))
+        want.append((math.log(k) - h1) / math.log(k))
+    assert 0.1 < min(want) and max(want) < 0.9  # a non-trivial case
+    got = infomec(s, z, discrete_latents=False, max_iter=5000, tol=1e-9)["infoe"]
+    assert got == pytest.approx(np.mean(want), abs=1e-6)
+    # the iteration cap reaches the fit: one L-BFGS step is far from the optimum
+    assert infomec(s, z, max_iter=1)["infoe"] < np.mean(want) - 0.02
+
+
+def test_infoe_uses_latents_pruned_from_infom_infoc():
+    # pruning (range < 1/20 of the largest) applies to InfoM / InfoC only: a tiny-range latent that is
+    # a copy of the source still makes InfoE ~1, while InfoM / InfoC see only the wide noise latent
+    rng = np.random.default_rng(22)
+    s = full_grid([3], 200)
+    z = np.stack([100.0 * rng.random(len(s)), 0.01 * s[:, 0] + 0.001 * rng.random(len(s))], 1)
+    r = infomec(s, z)
+    assert r["active"].tolist() == [True, False]
+    assert r["infoe"] > 0.9
+    assert r["nmi"][0, 1] > 0.9 and r["nmi"][0, 0] < 0.05
+
+
+def test_infomec_knn_estimator_configuration(monkeypatch):
+    # continuous latents: Ross's kNN estimator (mutual_info_classif) on the standardized latents with
+    # n_neighbors=k and continuous features, one call per source, seeded (deterministic)
+    infomec_module = importlib.import_module("qkernels.metrics.infomec")
+    calls = []
+    real = infomec_module.mutual_info_classif
+
+    def spy(x, y, **kw):
+        calls.append((np.array(x), np.array(y), kw))
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(infomec_module, "mutual_info_classif", spy)
+    rng = np.random.default_rng(23)
+    s = random_sources(200, [3, 2], seed=23)
+    z = s * np.array([5.0, 0.5]) + rng.random(s.shape)
+    infomec(s, z, k=7, seed=4)
+    assert len(calls) == 2
+    for i, (x, y, kw) in enumerate(calls):
+        assert kw["n_neighbors"] == 7 and kw["discrete_features"] is False
+        assert isinstance(kw["random_state"], int)
+        np.testing.assert_allclose(x, (z - z.mean(0)) / z.std(0), atol=1e-12)
+        assert y.tolist() == s[:, i].tolist()
+
+
+def test_evaluate_draws_factors_from_the_seeded_generator_without_grad(monkeypatch):
+    # all factors at once from torch.Generator().manual_seed(seed); latents = encode(observations of those
+    # factors) in order; encode runs under no_grad
+    seen = {}
+
+    def record(sources, latents):
+        seen["sources"], seen["latents"] = sources, latents
+        return {}
+
+    grad_flags = []
+
+    def encode(x):
+        grad_flags.append(torch.is_grad_enabled())
+        return encode_pixels(x) * 6.0
+
+    monkeypatch.setitem(METRICS, "record", record)
+    evaluate(encode, TinyDataset(), metrics=("record",), num_samples=50, seed=11, batch_size=8)
+    want = TinyDataset().sample_factors(50, torch.Generator().manual_seed(11))
+    assert seen["sources"].dtype == np.int64
+    np.testing.assert_array_equal(seen["sources"], want.numpy())
+    # pixel (0, 1) = f1 / 3 and (0, 0) = f0 / 2, permuted, times 6
+    np.testing.assert_allclose(seen["latents"], np.stack([2.0 * want[:, 1], 3.0 * want[:, 0]], 1), atol=1e-5)
+    assert grad_flags and not any(grad_flags)
+
+
+def test_depth_search_picks_accuracy_then_log_loss_then_the_shallowest(monkeypatch):
+    # the documented selection among depth limits: highest test accuracy; ties -> lower test log loss; then the
+    # shallowest. Hand-made predictions per limit (the forest itself is irrelevant here), importances tag the limit.
+    y_te = np.array([0, 1, 1, 0])
+    right, wrong = np.eye(2)[y_te], np.eye(2)[1 - y_te]
+    sure_but_wrong_once = 0.95 * right + 0.05 * wrong
+    sure_but_wrong_once[0] = [0.4, 0.6]
+    cases = {  # predictions per limit -> the limit that must win
+        "accuracy first": ([0.6 * right + 0.4 * wrong, sure_but_wrong_once, 0.7 * right + 0.3 * wrong], 2),
+        "then log loss, then shallowest": (
+            [0.6 * right + 0.4 * wrong, 0.9 * right + 0.1 * wrong, 0.9 * right + 0.1 * wrong], 1),
+    }
+    x_tr, y_tr = np.array([[0.0], [1.0], [0.0], [1.0]]), np.array([0, 1, 0, 1])
+    for name, (proba, want) in cases.items():
+        imps = [np.array([float(q), 1.0]) for q in range(3)]
+        monkeypatch.setattr(dci_module, "truncated_forest", lambda forest, x, limits, p=proba, i=imps: (p, i))
+        imp, acc = dci_module._forest_best_depth(x_tr, y_tr, np.zeros((4, 1)), y_te, [1, 2, 3], 0, None)
+        assert imp.tolist() == [float(want), 1.0], name
+        assert acc == float(np.mean(proba[want].argmax(1) == y_te)), name
+
+
+def test_depth_search_fits_the_deepest_candidate_including_unlimited(monkeypatch):
+    seen = []
+    real = dci_module.RandomForestClassifier
+    monkeypatch.setattr(dci_module, "RandomForestClassifier", lambda **kw: seen.append(kw["max_depth"]) or real(**kw))
+    s = random_sources(120, [2])
+    for depths, deepest in (((None, 3), None), ((5, 2), 5)):
+        seen.clear()
+        dci(s, s.astype(float), preset="depth_search", max_depths=depths)
+        assert seen == [deepest], depths
+
+
+def test_info_ratio_with_a_single_source_or_latent_is_one():
+    # documented degenerate cases: one source -> InfoM = 1; one active latent -> InfoC = 1
+    s = full_grid([3, 4], 5)
+    one_source = infomec(s[:, :1], np.concatenate([s, s], 1))
+    assert one_source["infom"] == 1.0
+    one_latent = infomec(s, s[:, :1])
+    assert one_latent["infoc"] == 1.0
+    assert one_latent["infom"] == pytest.approx(1.0, abs=1e-12)  # that latent informs source 0 only
+
+
+def test_sap_continuous_constant_source_scores_zero_gap():
+    # R^2 with a constant source is 0 (not 0 / 0): sources (s0, s1, constant) on a balanced binary grid,
+    # latents (s0, s1): gaps 1, 1, 0 -> SAP = 2 / 3
+    s = balanced_binary_grid()
+    s3 = np.concatenate([s, np.zeros((len(s), 1), dtype=np.int64)], 1)
+    assert sap(s3, s.astype(float), continuous_factors=True)["sap"] == pytest.approx(2 / 3, abs=1e-12)

@@ -391,3 +391,120 @@ def test_tc_term_trains_the_encoder(name):
     assert g_tc.abs().max() > 0
     torch.testing.assert_close(grad(terms["total"]), grad(terms["recon"]) + w_kl * grad(terms["kl"]) + 7.0 * g_tc,
                                rtol=1e-4, atol=1e-6)
+
+
+def test_factorqvae_discriminator_loss_by_hand():
+    """Audit (helper C): permuting the FIRST batch's one-hots (instead of the second batch's) survived.
+    FactorQVAE: class 0 the soft one-hots of x (flattened, n x d K), class 1 those of x2 with each
+    latent's one-hot moved to another row of the batch (the same permutation for its K entries);
+    Gumbel-softmax of logits -(z - c)^2 at tau = exp(-1e-5 step); replayed draws."""
+    model, x = build("factorqvae", num_values=5, **SMALL)
+    spread_latents(model, 30.0)
+    with torch.no_grad():  # N(0, 1) weights: logits that tell inputs apart (N(0, 0.02) gives ~0)
+        for m in model.discriminator.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.mul_(50.0)
+    x2 = torch.rand(6, *IMG, generator=torch.Generator().manual_seed(2))
+    step = 20_000
+    torch.manual_seed(5)
+    got = model.discriminator_loss(x, x2, step)["disc"].item()
+    torch.manual_seed(5)
+    tau = math.exp(-1e-5 * step)
+    c = f64(model.quantizer.values)
+
+    def soft_one_hots(xx):
+        with torch.no_grad():
+            z = f64(model.encoder(xx))
+        u = f64(torch.rand(6, 3, 5))
+        a = (-((z[:, :, None] - c) ** 2) - np.log(-np.log(u))) / tau
+        p = np.exp(a - a.max(-1, keepdims=True))
+        return p / p.sum(-1, keepdims=True)
+
+    w1, w2 = soft_one_hots(x), soft_one_hots(x2)
+    order = torch.argsort(torch.rand(6, 3), dim=0).numpy()  # per latent, a permutation of the rows
+    perm = w2[order, np.arange(3)[None]]
+    assert not np.allclose(perm, w2)
+    with torch.no_grad():
+        l1 = f64(model.discriminator(torch.from_numpy(w1).float()))
+        l2 = f64(model.discriminator(torch.from_numpy(perm).float()))
+    lse = lambda a: np.log(np.exp(a).sum(1))  # noqa: E731
+    want = 0.5 * ((lse(l1) - l1[:, 0]).mean() + (lse(l2) - l2[:, 1]).mean())
+    close(got, want, rel=1e-4)
+    with torch.no_grad():  # the first batch permuted instead: a clearly different loss
+        l1p = f64(model.discriminator(torch.from_numpy(w1[order, np.arange(3)[None]]).float()))
+    assert abs(want - 0.5 * ((lse(l1) - l1[:, 0]).mean() + (lse(l1p) - l1p[:, 1]).mean())) > 1e-3 * abs(want)
+
+
+def test_tripod_drops_a_zero_weighted_term():
+    """Audit (helper C): computing (and logging) the KLM at lambda_KLM = 0 survived. A term whose weight is 0
+    is neither computed nor in the terms (no KDE work for NHP-only runs); total = recon + lambda * term."""
+    model, x = build("tripod", levels=5, lambda_klm=0.0, lambda_nhp=0.2)
+    terms = seeded_loss(model, x)
+    assert set(terms) == {"recon", "nhp", "total"}
+    close(terms["total"], float(terms["recon"]) + 0.2 * float(terms["nhp"]))
+    model, x = build("tripod", levels=5, lambda_klm=0.3, lambda_nhp=0.0)
+    terms = seeded_loss(model, x)
+    assert set(terms) == {"recon", "klm", "total"}
+    close(terms["total"], float(terms["recon"]) + 0.3 * float(terms["klm"]))
+
+
+def test_tripod_forwards_its_nhp_settings():
+    """Audit (helper C): Tripod calling the NHP with k = 2 and eps = 0.1 whatever it was built with survived
+    (every test used the defaults). With k = 3 and eps = 1.5 the term is the normalized Hessian penalty at
+    those settings (same random draws replayed); eps this large leaves the quadratic regime, where the
+    ratio no longer depends on eps, so either setting changes the value."""
+    from qkernels.ops.hessian import normalized_hessian_penalty
+
+    model, x = build("tripod", levels=5, lambda_klm=0.0, lambda_nhp=1.0, num_perturbations=3, eps=1.5)
+    spread_latents(model, 10.0)
+    terms = seeded_loss(model, x)
+
+    def nhp(**kw):
+        torch.manual_seed(3)
+        with torch.no_grad():
+            zc = model.encoder(x)
+            std = torch.tanh(zc).std(0, unbiased=False) + 1e-6
+            return float(normalized_hessian_penalty(lambda u: model.decoder(u, return_activations=True)[1],
+                                                    model.quantizer(zc).z_q, std, **kw))
+
+    want = nhp(num_perturbations=3, eps=1.5)
+    assert math.isclose(float(terms["nhp"]), want, rel_tol=1e-4, abs_tol=0), (float(terms["nhp"]), want)
+    for other in (nhp(num_perturbations=2, eps=1.5), nhp(num_perturbations=3, eps=0.1)):
+        assert not math.isclose(want, other, rel_tol=1e-2), (want, other)
+
+
+def test_cliff_ae_weights_and_sizes():
+    """Audit (helper C): Cliff-AE swapping lambda_uni and lambda_KL-uni, or ignoring ``hidden``, survived
+    (the defaults 0 and 1 were never varied). Cliff = lambda_uni l_uni + lambda_biv l_biv + lambda_kl
+    l_KL-uni on the encoder's z (float64 equations, replayed rows); the encoder is MLP(dim, *hidden, d)."""
+    torch.manual_seed(0)
+    model = build_model("cliff_ae", (2,), 2, lambda_uni=0.2, lambda_biv=0.5, lambda_kl=0.9, num_cond=4, sigma=0.3,
+                        hidden=(7, 5), fit_decoder=False)
+    sizes = [(m.in_features, m.out_features) for m in model.encoder.modules() if isinstance(m, torch.nn.Linear)]
+    assert sizes == [(2, 7), (7, 5), (5, 2)]
+    sizes = [(m.in_features, m.out_features) for m in model.decoder.modules() if isinstance(m, torch.nn.Linear)]
+    assert sizes == [(2, 5), (5, 7), (7, 2)]
+    x = torch.randn(16, 2, generator=torch.Generator().manual_seed(1)) * 2
+    terms = seeded_loss(model, x)
+    assert set(terms) == {"cliff", "total"}
+    torch.manual_seed(3)
+    with torch.no_grad():
+        z = model.encoder(x)
+        idx = torch.stack([torch.randperm(16)[:4] for _ in range(2)])
+    uni, biv, kl = np_cliff(f64(z), idx.numpy(), 0.3, (-5.0, 5.0, 100))
+    assert min(uni, kl) > 1e-3 and abs(uni - kl) > 1e-3 * max(uni, kl)
+    close(terms["cliff"], 0.2 * uni + 0.5 * biv + 0.9 * kl, rel=1e-4)
+    close(terms["total"], terms["cliff"])
+
+
+def test_forward_is_the_loss_at_the_given_step():
+    """Audit (helper C): forward (what DistributedDataParallel calls) dropping the step survived. D-VAE's
+    noise scale depends on the step, so forward(x, s) must be loss(x, s), not loss(x, 0)."""
+    model, x = build("dvae", num_values=4)
+    spread_latents(model, 20.0)
+    model.set_total_steps(100)
+    got = seeded_loss(model, x, step=100)["recon"]  # via loss
+    torch.manual_seed(3)
+    via_forward = model(x, 100)["recon"].detach()
+    close(via_forward, got, rel=1e-6)
+    assert not math.isclose(float(seeded_loss(model, x, step=0)["recon"]), float(got), rel_tol=1e-4)

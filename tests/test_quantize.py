@@ -454,3 +454,63 @@ def test_gumbel_and_categorical_modules():
     idx = torch.randint(0, 64, (8, 5), generator=_gen(17))
     assert torch.equal(cl.values_to_indices(cl.indices_to_values(idx)), idx)
     assert not any(p.requires_grad for p in cl.parameters())  # D-VAE's values are fixed
+
+
+def test_gumbel_quantizer_codebook_init_is_standard_normal():
+    """Audit (helper C): a U(0, 1) codebook init survived. FactorQVAE's codebook of scalars is initialised
+    N(0, 1) (its code: torch.randn): about half negative, mean ~0 and std ~1 over 4096 draws."""
+    torch.manual_seed(0)
+    v = qnn.GumbelQuantizer(4096).values.detach().double()
+    assert abs(float(v.mean())) < 0.06 and abs(float(v.std()) - 1.0) < 0.05
+    assert 0.45 < float((v < 0).double().mean()) < 0.55 and float(v.abs().max()) > 3.0
+    assert qnn.GumbelQuantizer(64).values.requires_grad  # learned
+
+
+def test_modules_forward_hard_and_tau():
+    """Audit (helper C): GumbelQuantizer(hard=True) sampling soft weights in training, and CategoricalLatent
+    ignoring its tau, survived (tests used the defaults). hard: straight-through one-hots, z_q one of
+    the codebook values, gradients still reach z; tau: y = softmax(logits / tau) without noise."""
+    gq = qnn.GumbelQuantizer(6, hard=True)
+    z = torch.randn(10, 3, generator=_gen(30), requires_grad=True)
+    out = gq(z, tau=0.7, generator=_gen(31))
+    w = out.weights.detach()
+    assert torch.equal(w.sum(-1), torch.ones(10, 3)) and torch.equal(w.max(-1).values, torch.ones(10, 3))
+    vals = gq.values.detach()
+    torch.testing.assert_close(out.z_q.detach(), vals[w.argmax(-1)])
+    out.z_q.sum().backward()
+    assert z.grad is not None and z.grad.abs().sum() > 0
+    cl = qnn.CategoricalLatent(3, 5, tau=0.5).eval()
+    logits = torch.randn(4, 3, 5, generator=_gen(32), dtype=torch.float64)
+    lg = logits.numpy()
+    p = np.exp(lg / 0.5 - (lg / 0.5).max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(cl(logits).y.numpy(), p, rtol=1e-10)
+    np.testing.assert_allclose(cl(logits).z.numpy(), p @ np.linspace(-1, 1, 5), rtol=1e-10, atol=1e-12)
+
+
+def test_leading_dims_keep_every_output_shaped_like_the_input():
+    """Audit (helper C): gumbel_quantize / categorical_latent returning kl flattened to (N, d), and fsq
+    returning flat indices, for latents with extra leading dimensions survived. Each output of a
+    (2, 3, d) input is the (6, d) result reshaped, the KL by the float64 formula sum p log(p K)."""
+    g = _gen(40)
+    z = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    v = torch.randn(5, generator=g, dtype=torch.float64)
+    u = torch.rand(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    out = qkernels.gumbel_quantize(z, v, 0.7, uniform=u)
+    flat = qkernels.gumbel_quantize(z.reshape(6, 4), v, 0.7, uniform=u.reshape(6, 4, 5))
+    assert out.z_q.shape == out.kl_uniform.shape == (2, 3, 4) and out.weights.shape == out.logits.shape == u.shape
+    lg = -((z.numpy()[..., None] - v.numpy()) ** 2)
+    p = np.exp(lg - lg.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out.kl_uniform.numpy(), (p * np.log(p * 5)).sum(-1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out.weights, flat.weights.reshape(u.shape))
+    logits = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    s = qkernels.categorical_latent(logits, uniform=u)
+    s_flat = qkernels.categorical_latent(logits.reshape(6, 4, 5), uniform=u.reshape(6, 4, 5))
+    assert s.z.shape == s.kl.shape == (2, 3, 4) and s.y.shape == logits.shape
+    torch.testing.assert_close(s.kl, s_flat.kl.reshape(2, 3, 4))
+    torch.testing.assert_close(s.z, s_flat.z.reshape(2, 3, 4))
+    q = qkernels.fsq(z, 5)
+    assert q.z_q.shape == q.indices.shape == (2, 3, 4)
+    want = np.round((np.tanh(z.numpy()) + 1) / 2 * 4)
+    assert torch.equal(q.indices, torch.from_numpy(want).long())

@@ -517,3 +517,621 @@ def test_progress_line_rate_and_eta(monkeypatch, capsys):
     bar = loop.Progress(100, 50)
     bar.update(60, {"total": 1.5})
     assert capsys.readouterr().err.strip() == "step 60/100 | total 1.5 | 1.00 it/s | eta 0.7 min"
+
+
+# ------------------------------------------------------------------ mutation audit 8: the trainer's reporting
+# paths, schedules and optimizer wiring pinned against hand-computed values
+
+def _np_seed(*keys):
+    """derive_seed recomputed with numpy's SeedSequence (63 bits)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence(list(keys)).generate_state(2, dtype=np.uint64)[0] >> 1)
+
+
+def _log(out):
+    return [json.loads(ln) for ln in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_cosine_lr_is_logged_and_applied_at_each_step(tmp_path, monkeypatch):
+    """Cosine lr from 1e-3 to 0 with T_max 4 (then periodic): step s uses 0.5e-3 (1 + cos(pi s / 4)) and the log
+    line of step k shows the lr of the step it completed (s = k - 1). Guards: lr_at(s + 1), the lr computed but
+    not written into the optimizer's groups, lr_decay_steps 0 not meaning the run length, unknown schedules."""
+    from dataclasses import replace
+
+    from qkernels.models.registry import OptimSpec
+
+    ae = METHODS["ae"]
+    monkeypatch.setitem(METHODS, "ae", replace(ae, optim=replace(ae.optim, lr_schedule="cosine", lr_decay_steps=4)))
+    tr = Trainer(tiny_cfg("ae", tmp_path, checkpoint_every=100))
+    c = 0.5e-3 * (1 + math.cos(math.pi / 4))
+    want = [1e-3, c, 0.5e-3, 1e-3 - c, 0.0, 1e-3 - c]
+    tr.run(final_eval=False)
+    assert [r["lr"] for r in _log(tmp_path)] == pytest.approx(want, abs=1e-12)
+    assert [g["lr"] for g in tr.opt.param_groups] == pytest.approx([want[-1]] * 2, abs=1e-12)  # decay, no decay
+    spec = OptimSpec(lr_schedule="cosine", lr_min=0.1)  # lr_decay_steps 0: T_max = the run length
+    assert lr_at(spec, 1.1, 5, 10) == pytest.approx(0.6) and lr_at(spec, 1.1, 10, 10) == pytest.approx(0.1)
+    assert lr_at(OptimSpec(lr_schedule=None), 0.3, 7, 10) == 0.3
+    with pytest.raises(ValueError, match="unknown lr_schedule 'linear'"):
+        lr_at(OptimSpec(lr_schedule="linear"), 1.0, 0, 10)
+
+
+def test_logged_model_schedules_follow_the_step_and_the_run_length(tmp_path):
+    """D-VAE's noise scale: cosine from 0.5 (step 0) to 2.0 over the run's 4 steps; the log line of step k shows
+    step k - 1's. Guards: set_total_steps(cfg.steps) dropped (the schedule ends after 1 step), schedules(s + 1),
+    the schedules not logged."""
+    Trainer(tiny_cfg("dvae", tmp_path, steps=4, checkpoint_every=100)).run(final_eval=False)
+    c = math.cos(math.pi / 4)
+    want = [0.5, 2 - 0.75 * (1 + c), 1.25, 2 - 0.75 * (1 - c)]
+    lines = _log(tmp_path)
+    assert [r["noise_scale"] for r in lines] == pytest.approx(want, rel=1e-12)
+    assert [r["lr"] for r in lines] == [1e-4] * 4  # dlib's Adam 1e-4, unscheduled
+
+
+def test_discriminator_optimizer_is_kim_and_mnih_adam_and_ignores_cfg_lr(tmp_path):
+    """FactorVAE: the VAE's Adam (betas 0.9, 0.999) takes --lr; the discriminator's own Adam (lr 1e-4, betas 0.5,
+    0.9; Kim & Mnih 2018) does not, and holds only the discriminator's parameters. Guards: the discriminator built
+    with the model's spec or lr, cfg.lr ignored, the model optimizer also stepping the discriminator."""
+    tr = Trainer(tiny_cfg("factorvae", tmp_path, lr=0.05))
+    named = dict(tr.model.named_parameters())
+    disc = {id(p) for n, p in named.items() if n.startswith("discriminator.")}
+    assert disc and type(tr.opt) is torch.optim.Adam and type(tr.disc_opt) is torch.optim.Adam
+    assert {id(p) for g in tr.opt.param_groups for p in g["params"]} == {id(p) for p in named.values()} - disc
+    assert {id(p) for g in tr.disc_opt.param_groups for p in g["params"]} == disc
+    terms = tr.train_step(0)
+    assert terms["lr"] == 0.05
+    for g in tr.opt.param_groups:
+        assert (g["lr"], g["betas"], g["weight_decay"], g["eps"]) == (0.05, (0.9, 0.999), 0.0, 1e-8)
+    for g in tr.disc_opt.param_groups:
+        assert (g["lr"], g["betas"], g["weight_decay"], g["eps"]) == (1e-4, (0.5, 0.9), 0.0, 1e-8)
+
+
+def test_qlae_step_is_adamw_on_decay_groups_with_the_decayed_group_clipped(tmp_path):
+    """Two QLAE trainer steps against steps written out here from the authors' recipe (optax AdamW lr 1e-3,
+    decay 0.1 except biases and the codebook, grads of the decayed group clamped to [-1, 1]). Guards: clipping
+    dropped or applied to the wrong group, lr/decay/betas not those of the recipe, zero_grad dropped."""
+    import copy
+
+    from qkernels.train.data import derive_seed
+
+    tr = Trainer(tiny_cfg("qlae", tmp_path, model_kwargs={"recon": "bce_sum"}))  # summed: gradients above 1
+    m = copy.deepcopy(tr.model)
+    named = dict(m.named_parameters())
+    undecayed = [p for n, p in named.items() if n.endswith(".bias") or n == "quantizer.values"]
+    decayed = [p for n, p in named.items() if not (n.endswith(".bias") or n == "quantizer.values")]
+    opt = torch.optim.AdamW([{"params": decayed, "weight_decay": 0.1}, {"params": undecayed, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.999))
+    big = 0.0
+    for s in (0, 1):
+        torch.manual_seed(derive_seed(0, s, 3))
+        x = get_batch(tr.ds, 8, 0, s)
+        opt.zero_grad(set_to_none=True)
+        m.loss(x, s)["total"].backward()
+        big = max(big, max(float(p.grad.abs().max()) for p in undecayed + decayed))
+        for p in decayed:
+            p.grad.clamp_(-1.0, 1.0)
+        opt.step()
+        tr.train_step(s)
+    assert big > 1.0  # the clipping did bite
+    for n, p in tr.model.named_parameters():
+        torch.testing.assert_close(p, named[n], rtol=1e-6, atol=1e-7, msg=n)
+
+
+def test_resume_restores_rng_step_and_optimizer_and_a_missing_checkpoint_starts_fresh(tmp_path):
+    """Resume: step, model, optimizer AND the global torch RNG as saved (the checkpoint's rng, not what building
+    the model left). --resume without a checkpoint starts a fresh run (step 0, empty log)."""
+    out = tmp_path / "r"
+    Trainer(tiny_cfg("ae", out)).run(stop_after=4, final_eval=False)  # checkpoint of step 3
+    s = _state(out)
+    torch.manual_seed(1234)
+    tr = Trainer(tiny_cfg("ae", out), resume=True)
+    assert tr.step == 3 and torch.equal(torch.get_rng_state(), s["torch_rng"])
+    _assert_same(tr.opt.state_dict(), s["opt"])
+    _assert_same(tr.model.state_dict(), s["model"])
+    assert s["config"] == tiny_cfg("ae", out).to_dict()
+    fresh = tmp_path / "f"
+    fresh.mkdir()
+    (fresh / "log.jsonl").write_text('{"type": "train", "step": 1}\n')
+    tr = Trainer(tiny_cfg("ae", fresh), resume=True)
+    assert tr.step == 0 and (fresh / "log.jsonl").read_text() == ""
+
+
+def test_non_finite_term_stops_the_run_and_a_run_with_a_checkpoint_keeps_its_files(tmp_path, monkeypatch):
+    """Any non-finite logged term (not only the total) raises FloatingPointError naming the 1-based step; a run
+    that fails after writing a checkpoint keeps config, log and checkpoint (a later --resume continues it)."""
+    def fake(self, s):
+        return {"total": 1.0, "recon": float("nan") if s == 2 else 0.5, "lr": 0.1}
+
+    monkeypatch.setattr(Trainer, "train_step", fake)
+    out = tmp_path / "run"
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
+        Trainer(tiny_cfg("ae", out, checkpoint_every=1)).run(final_eval=False)
+    assert _state(out)["step"] == 2 and (out / "config.json").is_file()
+    assert [r["step"] for r in _log(out)] == [1, 2]
+
+
+def test_progress_without_a_tty_prints_the_first_step_every_tenth_and_the_last(monkeypatch, capsys):
+    """Not a tty: a line at the first step of the (re)start, every total // 10 steps and at the last; lr not
+    shown; total < 10 prints every step; disabled prints nothing."""
+    import itertools
+
+    from qkernels.train import loop
+
+    clock = itertools.count(1.0)
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+
+    def shown(total, start, **kw):
+        bar = loop.Progress(total, start, **kw)
+        for s in range(start + 1, total + 1):
+            bar.update(s, {"total": 1.0, "lr": 0.5})
+        bar.note("done")
+        lines = capsys.readouterr().err.splitlines()
+        assert all("lr" not in ln for ln in lines)
+        return [int(ln.split()[1].split("/")[0]) for ln in lines if ln.startswith("step ")]
+
+    assert shown(25, 0) == [1, *range(2, 25, 2), 25]
+    assert shown(25, 6) == [7, *range(8, 25, 2), 25]
+    assert shown(5, 0) == [1, 2, 3, 4, 5]
+    assert shown(25, 0, enabled=False) == [] and capsys.readouterr().err == ""
+
+
+def test_progress_on_a_tty_redraws_at_most_every_half_second(monkeypatch, capsys):
+    """A tty: redrawn in place (\\r ... erase to end of line) at the first step, then only once 0.5 s passed since
+    the last redraw, and always at the last step; close() ends the line."""
+    from qkernels.train import loop
+
+    clock = iter([0.0, 0.25, 0.5, 0.75, 1.0, 1.25])
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+    bar = loop.Progress(5, 0)
+    bar.tty = True
+    for s in range(1, 6):
+        bar.update(s, {"total": 2.0})
+    bar.close()
+    err = capsys.readouterr().err
+    assert err == ("\rstep 1/5 | total 2 | 4.00 it/s | eta 0.0 min\x1b[K"
+                   "\rstep 3/5 | total 2 | 4.00 it/s | eta 0.0 min\x1b[K"
+                   "\rstep 5/5 | total 2 | 4.00 it/s | eta 0.0 min\x1b[K\n")
+
+
+def test_fixed_size_batches_are_slices_of_per_epoch_permutations():
+    """n 20, batch 8: 2 batches per epoch (the last 4 rows of a permutation unused), epoch e's permutation from
+    randperm seeded by (seed, e, stream, 1); a batch larger than the data is a whole permutation. Guards:
+    ceil vs floor batches per epoch, epoch/offset swapped, the stream or epoch not in the seed."""
+    from qkernels.data import QuantizedGrid2D
+
+    grid = QuantizedGrid2D(20, seed=0)
+
+    def perm(epoch, stream=0):
+        return torch.randperm(20, generator=torch.Generator().manual_seed(_np_seed(3, epoch, stream, 1)))
+
+    for step, epoch, k in ((0, 0, 0), (1, 0, 1), (2, 1, 0), (5, 2, 1)):
+        assert torch.equal(get_batch(grid, 8, 3, step), grid.x[perm(epoch)[8 * k:8 * k + 8]]), step
+    assert torch.equal(get_batch(grid, 8, 3, 1, stream=1), grid.x[perm(0, 1)[8:16]])
+    assert torch.equal(get_batch(grid, 32, 3, 3), grid.x[perm(3)])
+
+
+def test_load_data_and_build_follow_the_config(tmp_path):
+    """dataset_kwargs win over image_size / the run's seed; quantized_grid2d keeps its own fixed seed; the
+    parameters are initialized from torch.manual_seed(derive_seed(seed, 2**32 - 1)); num_latents, model_kwargs
+    (over the method's lambdas) and the run length reach the model."""
+    from qkernels.data import QuantizedGrid2D, load_dataset
+    from qkernels.models.registry import build_model
+    from qkernels.train.run import build, load_data
+
+    assert load_data(TrainConfig(dataset="sprites", image_size=16, dataset_kwargs={"image_size": 8})
+                     ).observation_shape == (1, 8, 8)
+    assert load_data(TrainConfig(dataset="sprites", image_size=None)).observation_shape == (1, 64, 64)
+    assert load_data(TrainConfig(dataset="balls", seed=3, dataset_kwargs={"seed": 7, "n": 50})).seed == 7
+    grid = load_data(TrainConfig(dataset="quantized_grid2d", seed=5, dataset_kwargs={"n": 50}))
+    assert torch.equal(grid.x, QuantizedGrid2D(50).x)
+    cfg = TrainConfig(model="tripod", dataset="sprites", image_size=16, seed=4, steps=77, num_latents=3,
+                      model_kwargs={"lambda_nhp": 0.5})
+    model, _ = build(cfg)
+    assert (model.num_latents, model.total_steps, model.lambda_nhp, model.lambda_klm) == (3, 77, 0.5, 1e-4)
+    torch.manual_seed(_np_seed(4, 2**32 - 1))
+    ref = build_model("tripod", load_dataset("sprites", image_size=16).observation_shape, 3, arch="small",
+                      lambda_klm=1e-4, lambda_nhp=0.5)
+    _assert_same(model.state_dict(), ref.state_dict())
+    other, _ = build(TrainConfig(model="tripod", dataset="sprites", image_size=16, seed=5, num_latents=3))
+    assert any(not torch.equal(a, b) for a, b in zip(other.state_dict().values(), model.state_dict().values(),
+                                                      strict=True))
+
+
+class _Half(torch.nn.Module):
+    """A fake model on 1 x 16 x 16 images: latents = half the pixels, decode = reshape (recon = x / 2)."""
+
+    def __init__(self, codes=False):
+        super().__init__()
+        self.unused, self.with_codes = torch.nn.Parameter(torch.zeros(1)), codes
+
+    def encode(self, x):
+        return x.flatten(1) * 0.5
+
+    def decode(self, z):
+        return z.view(-1, 1, 16, 16)
+
+    def codes(self, x):
+        return (x.flatten(1) > 0.5).long() if self.with_codes else None
+
+
+def test_evaluate_model_wiring_and_reconstruction_scores(monkeypatch):
+    """Image data: qkernels.metrics.evaluate called with the config's metrics, the given sample count, seed
+    cfg.seed + 1 (not the training batches' seed) and the integer codes when the model has them; recon MSE /
+    PSNR (mean of per-image dB) on 256 images of generator(seed, 2), recomputed in float64 numpy; the
+    model's train/eval mode restored; arrays made JSON lists."""
+    import numpy as np
+
+    from qkernels import metrics as M
+    from qkernels.data import load_dataset
+    from qkernels.train.evaluate import evaluate_model
+
+    calls = []
+
+    def spy(enc, ds, **kw):
+        calls.append((enc, kw))
+        return {"mig.mig": np.float32(0.25), "mig.matrix": np.eye(2)}
+
+    monkeypatch.setattr(M, "evaluate", spy)
+    ds = load_dataset("sprites", image_size=16)
+    cfg = TrainConfig(model="ae", dataset="sprites", image_size=16, seed=7, metrics=("mig",))
+    model = _Half()
+    res = evaluate_model(model, ds, cfg, num_samples=123)
+    enc, kw = calls[0]
+    assert kw == {"metrics": ("mig",), "num_samples": 123, "seed": 8, "batch_size": 256}
+    assert res["mig.mig"] == 0.25 and res["mig.matrix"] == [[1.0, 0.0], [0.0, 1.0]] and model.training
+    x = ds.observations_from_factors(ds.sample_factors(256, torch.Generator().manual_seed(_np_seed(7, 2))))
+    torch.testing.assert_close(enc(x[:3]), x[:3].flatten(1) * 0.5)
+    x = x.double().numpy().reshape(256, -1)
+    per = ((0.5 * x - x) ** 2).mean(1)
+    assert res["recon.mse"] == pytest.approx(per.mean(), rel=1e-5)
+    assert res["recon.psnr"] == pytest.approx(np.mean(10 * np.log10(1 / per)), rel=1e-5)
+    coded = _Half(codes=True).eval()
+    evaluate_model(coded, ds, cfg, num_samples=50)
+    x = ds.observations_from_factors(ds.sample_factors(4, torch.Generator().manual_seed(0)))
+    assert not coded.training and torch.equal(calls[1][0](x), (x.flatten(1) > 0.5).long())
+
+
+def test_compare_table_is_aligned_and_formats_cells(tmp_path, monkeypatch):
+    """The exact table: columns left-aligned to their widest cell, two spaces apart, a dashed rule; a float
+    below 1000 in magnitude with 3 decimals, else 4 significant digits (a large negative too), an int as is,
+    a missing value '-'; --columns picks and orders the columns."""
+    from qkernels.train.evaluate import compare_runs
+
+    monkeypatch.chdir(tmp_path)
+    for name, m in (("a", {"model": "qlae", "dataset": "sprites", "step": 3, "mig.mig": -12345.6,
+                           "recon.mse": 1000.0}),
+                    ("bb", {"model": "ae", "step": 10, "mig.mig": 5})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(m))
+    assert compare_runs(["a", "bb"]).splitlines() == [
+        "run  model  dataset  step  mig.mig     recon.mse",
+        "---  -----  -------  ----  ----------  ---------",
+        "a    qlae   sprites  3     -1.235e+04  1000",
+        "bb   ae              10    5           -",
+    ]
+    assert compare_runs(["bb"], columns=["recon.mse", "mig.mig"]).splitlines()[0].split()[-2:] == \
+        ["recon.mse", "mig.mig"]
+    from qkernels.train.evaluate import _fmt
+
+    assert (_fmt(999.9994), _fmt(-0.5), _fmt(None), _fmt(2)) == ("999.999", "-0.500", "-", "2")
+
+
+def test_colormap_clips_and_images_round_and_clamp():
+    """colormap clips to [0, 1] (0.75 is the 4th stop); _to_pil rounds (127.5 -> 128, not truncation),
+    clamps to [0, 1] (no uint8 wrap-around), keeps RGB channel order, upscales by nearest neighbour."""
+    import numpy as np
+
+    from qkernels.train.figures import _to_pil, colormap
+
+    assert colormap(-0.5) == (68, 1, 84) and colormap(1.5) == (253, 231, 37) and colormap(0.75) == (94, 201, 98)
+    a = np.asarray(_to_pil(torch.tensor([[[0.5, 1.5], [-0.2, 0.2]]]), min_size=4))
+    assert (a[..., 0] == np.array([[128, 128, 255, 255]] * 2 + [[0, 0, 51, 51]] * 2)).all()
+    assert (a[..., 0] == a[..., 2]).all()
+    rgb = np.asarray(_to_pil(torch.tensor([0.2, 0.4, 0.6]).view(3, 1, 1), min_size=4))
+    assert rgb.shape == (4, 4, 3) and (rgb == np.array([51, 102, 153])).all()
+
+
+def test_image_grid_canvas_and_tile_positions():
+    """Canvas: left labels 8 + 6 x the longest label, 14 px of column labels, tiles of 64 px with 2 px gaps."""
+    import numpy as np
+
+    from qkernels.train.figures import image_grid
+
+    black, grey = torch.zeros(1, 16, 16), torch.full((1, 16, 16), 0.5)
+    assert image_grid([[black] * 3, [black]]).size == (3 * 66 + 2, 2 * 66 + 2)
+    im = image_grid([[black] * 3, [grey]], ["ab", "c"], ["u"])
+    assert im.size == (20 + 3 * 66 + 2, 14 + 2 * 66 + 2)
+    a = np.asarray(im)
+    assert tuple(a[14 + 2 + 66, 20 + 2]) == (128, 128, 128) and tuple(a[14 + 2 + 66 + 63, 20 + 2 + 63]) == \
+        (128, 128, 128)
+    assert tuple(a[14 + 2, 20 + 2 + 2 * 66 + 63]) == (0, 0, 0) and tuple(a[14 + 2 + 66, 20 + 2 + 66]) == \
+        (255, 255, 255)
+
+
+def test_interventions_decode_each_latent_at_its_values():
+    """Row j, column 2 + k: the input's latents with latent j set to its k-th value; more than 10 values are
+    subsampled at linspace(0, n - 1, 10) ROUNDED (13 values: indices 0 1 3 4 5 7 8 9 11 12). A fake model whose
+    decoding paints z0 in the top half and z1 in the bottom half of a 4 x 4 image (upscaled to 64 px)."""
+    import numpy as np
+
+    from qkernels.data import load_dataset
+    from qkernels.train.figures import interventions
+
+    class Paint(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))
+
+        def encode(self, x):
+            return torch.stack([x.flatten(1).mean(1), torch.full((len(x),), 0.25)], 1)
+
+        def decode(self, z):
+            img = torch.empty(len(z), 1, 4, 4)
+            img[:, :, :2], img[:, :, 2:] = z[:, 0, None, None, None], z[:, 1, None, None, None]
+            return img
+
+        def latent_values(self, z):
+            return [torch.arange(13.0) / 12, torch.tensor([0.0, 1.0])]
+
+    a = np.asarray(interventions(Paint(), load_dataset("sprites", image_size=16), seed=1))[..., 0]
+    left, top = 8 + 6 * len("z0 0..1"), 14
+    assert a.shape == (top + 2 * 66 + 2, left + 12 * 66 + 2)
+
+    def tile(row, col):  # (top half, bottom half) pixel values
+        x0, y0 = left + 2 + col * 66, top + 2 + row * 66
+        return int(a[y0 + 16, x0 + 32]), int(a[y0 + 48, x0 + 32])
+
+    want = [round(k / 12 * 255) for k in (0, 1, 3, 4, 5, 7, 8, 9, 11, 12)]
+    assert [tile(0, 2 + k)[0] for k in range(10)] == want
+    assert {tile(0, c)[1] for c in range(1, 12)} == {64}  # z1 of the input (0.25) kept
+    z0 = tile(0, 1)[0]  # the reconstruction's
+    assert [tile(1, c) for c in (1, 2, 3)] == [(z0, 64), (z0, 0), (z0, 255)]
+    assert a[top + 2 + 66 + 16, left + 2 + 4 * 66 + 32] == 255  # latent 1 has 2 values: no 5th column
+
+
+def test_nmi_heatmap_cells_sit_at_row_source_column_latent():
+    """A 2 x 3 matrix: cell (i, j) at x = 90 + 30 j, y = 24 + 30 i, coloured colormap(nmi[i, j]); image
+    90 + 3 * 30 + 16 + 14 + 30 wide, 24 + 2 * 30 + 8 high. Guards: rows and columns swapped (a square matrix's
+    diagonal cannot tell)."""
+    import numpy as np
+
+    from qkernels.train.figures import colormap, nmi_heatmap
+
+    m = [[0.0, 1.0, 0.25], [0.5, 0.75, 0.0]]
+    a = np.asarray(nmi_heatmap(m, ["a", "b"]))
+    assert a.shape == (92, 240, 3)
+    for i in range(2):
+        for j in range(3):
+            assert tuple(a[24 + 30 * i + 1, 90 + 30 * j + 28]) == colormap(m[i][j]), (i, j)
+
+
+def test_latent_scatter_places_and_colours_points():
+    """2-D data: latent u -> x = 10 + 380 (u - lo) / (hi - lo) (0.5 / 99.5 percentiles), v -> y = 400 - that,
+    coloured colormap((c0 + 4 c1) / 15) of the ground-truth cell (c0, c1)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from qkernels.train.figures import colormap, latent_scatter
+
+    class Identity(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))
+
+        def encode(self, x):
+            return x.clone()
+
+    z = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.5, 0.0]]).repeat_interleave(100, 0)
+    cells = torch.tensor([[0, 0], [3, 3], [1, 2]]).repeat_interleave(100, 0)
+    a = np.asarray(latent_scatter(Identity(), SimpleNamespace(x=z, cells=cells)))
+    assert tuple(a[390, 10]) == colormap(0.0) and tuple(a[10, 390]) == colormap(1.0)
+    assert tuple(a[390, 200]) == colormap(9 / 15)
+    assert (a[200, :] == 255).all()  # nothing at the mid height
+
+
+def test_make_all_writes_nmi_only_with_the_matrix_and_restores_train_mode(tmp_path):
+    from qkernels.train import figures
+    from qkernels.train.run import build
+
+    cfg = TrainConfig(model="ae", dataset="sprites", image_size=16, num_latents=2)
+    model, ds = build(cfg)
+    paths = figures.make_all(model, ds, cfg, tmp_path / "f", {"mig.mig": 0.5})
+    assert sorted(p.name for p in paths) == ["interventions.png", "reconstructions.png"] and model.training
+    assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["interventions.png", "reconstructions.png"]
+    paths = figures.make_all(model, ds, cfg, tmp_path / "g", {"infomec.nmi": [[0.5, 0.5]] * 5})
+    assert sorted(p.name for p in paths) == ["interventions.png", "nmi.png", "reconstructions.png"]
+
+
+def test_reconstruction_figure_rows_are_data_then_recon():
+    """Top row: 8 images of generator(seed, 5); bottom row: their reconstructions (x / 2 here)."""
+    import numpy as np
+
+    from qkernels.data import load_dataset
+    from qkernels.train.figures import _to_pil, reconstructions
+
+    ds = load_dataset("sprites", image_size=16)
+    a = np.asarray(reconstructions(_Half(), ds, seed=3))
+    x = ds.observations_from_factors(ds.sample_factors(8, torch.Generator().manual_seed(_np_seed(3, 5))))
+    left = 8 + 6 * len("recon")
+    for col in (0, 7):
+        x0 = left + 2 + col * 66
+        assert (a[2:66, x0:x0 + 64] == np.asarray(_to_pil(x[col]))).all(), col
+        assert (a[68:132, x0:x0 + 64] == np.asarray(_to_pil(x[col] * 0.5))).all(), col
+
+
+def test_config_defaults_are_the_documented_ones():
+    """The bare `qkernels train`: the authors' Tripod on shapes3d_procedural at 32 x 32 for 600 steps, small
+    widths, method defaults for batch/lr/latents, evaluation at the end on 2000 samples (InfoMEC, DCI, MIG)."""
+    cfg = TrainConfig()
+    assert (cfg.model, cfg.dataset, cfg.steps, cfg.image_size, cfg.arch, cfg.out) == \
+        ("tripod", "shapes3d_procedural", 600, 32, "small", "runs/tripod")
+    assert (cfg.batch_size, cfg.lr, cfg.num_latents, cfg.seed, cfg.eval_every, cfg.eval_samples) == \
+        (None, None, None, 0, 0, 2000)
+    assert cfg.metrics == ("infomec", "dci", "mig") and (cfg.device, cfg.compile, cfg.amp, cfg.local_kde) == \
+        ("cpu", False, False, False)
+    assert (cfg.checkpoint_every, cfg.log_every, cfg.world_size, cfg.dist_timeout_s) == (250, 10, 1, 600)
+
+
+def test_cli_every_train_flag_reaches_its_config_field(tmp_path):
+    """Each flag lands in its own field (no two swapped); a --config file's out and dataset_kwargs are kept
+    (--data-root adds root to them); --out overrides the file's out."""
+    from qkernels.cli import _train_config, parser
+
+    def cfg_of(*argv):
+        return _train_config(parser().parse_args(["train", *argv]))
+
+    cfg = cfg_of("--model", "dvae", "--dataset", "balls", "--steps", "7", "--batch-size", "6", "--seed", "3",
+                 "--lr", "0.5", "--arch", "paper", "--image-size", "16", "--num-latents", "4", "--eval-samples",
+                 "21", "--eval-every", "2", "--device", "cuda:1", "--out", "o", "--compile", "--amp",
+                 "--local-kde")
+    assert cfg == TrainConfig(model="dvae", dataset="balls", steps=7, batch_size=6, seed=3, lr=0.5, arch="paper",
+                              image_size=16, num_latents=4, eval_samples=21, eval_every=2, device="cuda:1",
+                              out="o", compile=True, amp=True, local_kde=True)
+    conf = tmp_path / "c.json"
+    conf.write_text(json.dumps({"out": "x/y", "dataset": "shapes3d", "dataset_kwargs": {"seed": 5}}))
+    cfg = cfg_of("--config", str(conf), "--data-root", "R")
+    assert cfg.out == "x/y" and cfg.dataset_kwargs == {"seed": 5, "root": "R"}
+    assert cfg_of("--config", str(conf), "--out", "z").out == "z"
+    run = tmp_path / "r"
+    run.mkdir()
+    TrainConfig(model="dvae", steps=5, out=str(run)).save(run / "config.json")
+    assert cfg_of("--resume", "--out", str(run), "--device", "cuda:1").device == "cuda:1"
+    assert cfg_of("--resume", "--out", str(tmp_path / "new"), "--model", "ae").model == "ae"  # nothing to resume
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--steps", "x"], "--steps: expected an integer, got 'x'"),
+    (["--eval-samples", "19"], "--eval-samples: must be >= 20, got 19"),
+    (["--lr", "nan"], "--lr: must be > 0, got nan"),
+    (["--lr", "abc"], "--lr: expected a number, got 'abc'"),
+    (["--image-size", "7"], "--image-size: must be >= 8, got 7"),
+])
+def test_cli_flag_bounds(argv, says, capsys):
+    """The smallest accepted values pass (--steps 1, --batch-size 2, --eval-samples 20, --eval-every 0); the ones
+    below fail with argparse's one line."""
+    from qkernels.cli import parser
+
+    a = parser().parse_args(["train", "--steps", "1", "--batch-size", "2", "--eval-samples", "20",
+                             "--eval-every", "0", "--image-size", "8", "--lr", "1e-9"])
+    assert (a.steps, a.batch_size, a.eval_samples, a.eval_every, a.image_size, a.lr) == (1, 2, 20, 0, 8, 1e-9)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["train", *argv])
+    assert says in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("content, says", [
+    ("{not json", "--config CONF: Expecting property name"),
+    ("[1, 2]", "--config CONF: expected a JSON object of TrainConfig fields"),
+    ('{"bogus": 1}', "--config CONF: unknown config keys ['bogus']"),
+])
+def test_cli_bad_config_file_is_a_usage_error(content, says, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "CONF").write_text(content)
+    assert main(["train", "--config", "CONF"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("qkernels: error: " + says), last
+
+
+def test_cli_train_passes_resume_and_prints_the_scalar_results(tmp_path, monkeypatch, capsys):
+    """`train` builds the Trainer with --resume, prints the final metrics without matrices and the run
+    directory; a ValueError building it is a usage error naming model and dataset."""
+    from qkernels.train import loop
+
+    calls = []
+
+    class Fake:
+        def __init__(self, cfg, *, resume=False):
+            calls.append((cfg, resume))
+            if cfg.dataset == "bad":
+                raise ValueError("no good")
+
+        def run(self):
+            return {"step": 2, "mig.mig": 0.5, "infomec.nmi": [[1.0]], "dci.x": {"a": 1}}
+
+    monkeypatch.setattr(loop, "Trainer", Fake)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["train", "--model", "ae", "--out", str(tmp_path / "o"), "--resume"]) == 0
+    assert calls[0][1] is True and calls[0][0].model == "ae"
+    out = capsys.readouterr().out
+    assert json.loads(out[:out.index("}") + 1]) == {"step": 2, "mig.mig": 0.5}
+    assert out.strip().splitlines()[-1] == f"run directory: {tmp_path / 'o'}"
+    assert main(["train", "--model", "ae", "--out", str(tmp_path / "o")]) == 0 and calls[1][1] is False
+    assert main(["train", "--model", "ae", "--dataset", "bad", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "qkernels: error: ae on bad: no good"
+
+
+def test_cli_eval_bench_compare_forward_their_flags(tmp_path, monkeypatch, capsys):
+    import qkernels.bench
+    import qkernels.train
+
+    seen = {}
+    monkeypatch.setattr(qkernels.train, "eval_run", lambda d, **kw: seen.update(eval=(d, kw)) or
+                        {"step": 4, "mig.mig": 0.5, "infomec.nmi": [[1.0]]})
+    monkeypatch.setattr(qkernels.bench, "run", lambda hp, **kw: seen.update(bench=(hp, kw)))
+    run = tmp_path / "run"
+    run.mkdir()
+    for f in ("config.json", "checkpoint.pt"):
+        (run / f).write_text("")
+    assert main(["eval", str(run), "--eval-samples", "25"]) == 0
+    assert seen["eval"] == (str(run), {"num_samples": 25, "device": "cpu"})
+    assert json.loads(capsys.readouterr().out) == {"step": 4, "mig.mig": 0.5}
+    assert main(["bench", "--hotpath", "kde", "--hotpath", "quantize", "--no-memory", "--all", "--min-time", "0.1",
+                 "--threads", "2"]) == 0
+    assert seen["bench"] == (("kde", "quantize"), {"memory": False, "include_slow": True, "min_time": 0.1,
+                                                    "threads": 2})
+    assert main(["bench"]) == 0
+    assert seen["bench"] == (("quantize", "kde", "hessian", "overhead"), {"memory": True, "include_slow": False,
+                                                                           "min_time": 0.5, "threads": None})
+    (run / "metrics.json").write_text(json.dumps({"model": "ae", "step": 1, "mig.mig": 0.5, "recon.mse": 0.1}))
+    capsys.readouterr()
+    assert main(["compare", str(run), "--columns", "recon.mse", "mig.mig"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split() == ["run", "model", "dataset", "step", "recon.mse",
+                                                               "mig.mig"]
+
+
+def test_cli_debug_before_or_after_the_subcommand_and_interrupts(tmp_path, monkeypatch, capsys):
+    """--debug works in either position (a usage error then raises instead of printing); Ctrl-C is exit 130
+    with one line."""
+    import qkernels.bench
+    from qkernels.cli import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    for argv in (["--debug", "bench", "--hotpath", "nosuch"], ["bench", "--hotpath", "nosuch", "--debug"]):
+        with pytest.raises(UsageError, match="unknown hot path"):
+            main(argv)
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(qkernels.bench, "run", interrupted)
+    assert main(["bench"]) == 130 and capsys.readouterr().err.strip() == "qkernels: interrupted"
+
+
+def test_periodic_and_final_evaluation_records(tmp_path, monkeypatch):
+    """A periodic eval line is {"type": "eval", "step", scalar metrics} (matrices left out), evaluated on
+    cfg.eval_samples; finish_run writes metrics.json = step, model, dataset + every metric, logs its scalars,
+    and draws the figures into out/figures from the same results (num_samples: the given or cfg's)."""
+    from qkernels.train import evaluate, figures, loop
+
+    seen = []
+
+    def fake_eval(model, ds, cfg, *, num_samples):
+        seen.append(num_samples)
+        return {"mig.mig": 0.5, "infomec.nmi": [[0.25]]}
+
+    monkeypatch.setattr(loop, "evaluate_model", fake_eval)
+    Trainer(tiny_cfg("ae", tmp_path / "p", steps=5, eval_every=2, eval_samples=77)).run(final_eval=False)
+    evals = [r for r in _log(tmp_path / "p") if r["type"] == "eval"]
+    assert evals == [{"type": "eval", "step": 2, "mig.mig": 0.5}, {"type": "eval", "step": 4, "mig.mig": 0.5}]
+    assert seen == [77, 77]
+    drawn, logged = [], []
+    monkeypatch.setattr(evaluate, "evaluate_model", fake_eval)
+    monkeypatch.setattr(figures, "make_all", lambda m, ds, cfg, folder, res: drawn.append((folder, res)))
+    cfg = tiny_cfg("ae", tmp_path / "f", eval_samples=33)
+    res = evaluate.finish_run(None, None, cfg, tmp_path, step=7, log=logged.append)
+    want = {"step": 7, "model": "ae", "dataset": "sprites", "mig.mig": 0.5, "infomec.nmi": [[0.25]]}
+    assert res == want and json.loads((tmp_path / "metrics.json").read_text()) == want
+    assert logged == [{"type": "eval", "step": 7, "mig.mig": 0.5}] and drawn == [(tmp_path / "figures", want)]
+    evaluate.finish_run(None, None, cfg, tmp_path, step=7, num_samples=11)
+    assert seen[-2:] == [33, 11]
