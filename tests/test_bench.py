@@ -268,7 +268,7 @@ def test_compiled_baselines_use_static_shapes(monkeypatch):
 
 
 def test_table_row_columns_by_hand():
-    """Audit (helper C): the numbers of a table row were checked only for width and ratio words. Each
+    """Audit 9 review: the numbers of a table row were checked only for width and ratio words. Each
     column of one row written by hand: times in ms at 3 significant digits below 1 ms, 3 / 2 / 1
     decimals below 10 / 100 / 1000 ms, none above; IQR in % of the median (1 decimal below 10 %);
     peak in MiB (2**20 bytes) with 1 decimal; long variant names cut to 20 characters + "~"."""
@@ -295,7 +295,7 @@ def test_table_row_columns_by_hand():
 
 
 def test_quartiles_are_the_inclusive_ones():
-    """Audit (helper C): statistics' default (exclusive) quartiles survived. Inclusive method: linear
+    """Audit 9 review: statistics' default (exclusive) quartiles survived. Inclusive method: linear
     interpolation at positions 1 + (n - 1) p: [1, 2, 3, 4, 5] -> (2, 4) (exclusive: (1.5, 4.5))."""
     assert bench.report.quartiles([5.0, 1.0, 3.0, 2.0, 4.0]) == (2.0, 4.0)
     assert bench.report.quartiles([1.0, 2.0]) == (1.25, 1.75)
@@ -305,7 +305,7 @@ def test_quartiles_are_the_inclusive_ones():
 
 
 def test_factor_digits_and_load_threshold():
-    """Audit (helper C): a factor with one decimal below 10 and a load warning from the CPU count (not half
+    """Audit 9 review: a factor with one decimal below 10 and a load warning from the CPU count (not half
     of it) survived. Factors keep 3 significant digits; the warning starts above 0.5 x the CPUs."""
     assert [bench.report.factor(x) for x in (1.234, 9.994, 12.34, 123.4, 1234.5)] == \
         ["1.23", "9.99", "12.3", "123", "1234"]

@@ -554,7 +554,7 @@ def test_functional_op_flattens_trailing_dims():
 
 
 def test_modules_forward_their_settings():
-    """Audit (helper C): a module that ignored its own eps (using 0.1) passed, as every module test used the
+    """Audit 9 review: a module that ignored its own eps (using 0.1) passed, as every module test used the
     defaults. NHP module with eps 0.3, k 3, reduction "none" and a chunked fn; HP module with eps 0.25,
     k 3, reduction "mean": both against the float64 oracle (directions replayed from the generator)."""
     n, d, k = 5, 3, 3

@@ -785,7 +785,7 @@ def test_num_cond_may_use_every_row():
 
 
 def test_generator_draws_independent_rows_per_latent():
-    """Audit (helper C): drawing ONE set of conditioning rows shared by every latent survived. Each latent j
+    """Audit 9 review: drawing ONE set of conditioning rows shared by every latent survived. Each latent j
     gets its own M rows, randperm(n)[:M] drawn from the generator in latent order (the third-party
     re-implementation's randperm per latent): the loss equals the float64 equations on those rows."""
     n, d, m = 12, 3, 4
@@ -806,7 +806,7 @@ def test_generator_draws_independent_rows_per_latent():
 
 
 def test_booleans_and_infinite_scales_are_rejected_by_name():
-    """Audit (helper C): True accepted as a bandwidth, a tau or a grid size (bool is an int subclass), and an
+    """Audit 9 review: True accepted as a bandwidth, a tau or a grid size (bool is an int subclass), and an
     infinite std accepted, survived. Each is an error that names the argument."""
     z = latents(8, 2)
     with pytest.raises(TypeError, match="sigma must be a number, got bool"):

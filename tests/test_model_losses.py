@@ -394,7 +394,7 @@ def test_tc_term_trains_the_encoder(name):
 
 
 def test_factorqvae_discriminator_loss_by_hand():
-    """Audit (helper C): permuting the FIRST batch's one-hots (instead of the second batch's) survived.
+    """Audit 9 review: permuting the FIRST batch's one-hots (instead of the second batch's) survived.
     FactorQVAE: class 0 the soft one-hots of x (flattened, n x d K), class 1 those of x2 with each
     latent's one-hot moved to another row of the batch (the same permutation for its K entries);
     Gumbel-softmax of logits -(z - c)^2 at tau = exp(-1e-5 step); replayed draws."""
@@ -436,7 +436,7 @@ def test_factorqvae_discriminator_loss_by_hand():
 
 
 def test_tripod_drops_a_zero_weighted_term():
-    """Audit (helper C): computing (and logging) the KLM at lambda_KLM = 0 survived. A term whose weight is 0
+    """Audit 9 review: computing (and logging) the KLM at lambda_KLM = 0 survived. A term whose weight is 0
     is neither computed nor in the terms (no KDE work for NHP-only runs); total = recon + lambda * term."""
     model, x = build("tripod", levels=5, lambda_klm=0.0, lambda_nhp=0.2)
     terms = seeded_loss(model, x)
@@ -449,7 +449,7 @@ def test_tripod_drops_a_zero_weighted_term():
 
 
 def test_tripod_forwards_its_nhp_settings():
-    """Audit (helper C): Tripod calling the NHP with k = 2 and eps = 0.1 whatever it was built with survived
+    """Audit 9 review: Tripod calling the NHP with k = 2 and eps = 0.1 whatever it was built with survived
     (every test used the defaults). With k = 3 and eps = 1.5 the term is the normalized Hessian penalty at
     those settings (same random draws replayed); eps this large leaves the quadratic regime, where the
     ratio no longer depends on eps, so either setting changes the value."""
@@ -474,7 +474,7 @@ def test_tripod_forwards_its_nhp_settings():
 
 
 def test_cliff_ae_weights_and_sizes():
-    """Audit (helper C): Cliff-AE swapping lambda_uni and lambda_KL-uni, or ignoring ``hidden``, survived
+    """Audit 9 review: Cliff-AE swapping lambda_uni and lambda_KL-uni, or ignoring ``hidden``, survived
     (the defaults 0 and 1 were never varied). Cliff = lambda_uni l_uni + lambda_biv l_biv + lambda_kl
     l_KL-uni on the encoder's z (float64 equations, replayed rows); the encoder is MLP(dim, *hidden, d)."""
     torch.manual_seed(0)
@@ -498,7 +498,7 @@ def test_cliff_ae_weights_and_sizes():
 
 
 def test_forward_is_the_loss_at_the_given_step():
-    """Audit (helper C): forward (what DistributedDataParallel calls) dropping the step survived. D-VAE's
+    """Audit 9 review: forward (what DistributedDataParallel calls) dropping the step survived. D-VAE's
     noise scale depends on the step, so forward(x, s) must be loss(x, s), not loss(x, 0)."""
     model, x = build("dvae", num_values=4)
     spread_latents(model, 20.0)

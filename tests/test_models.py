@@ -347,7 +347,7 @@ def _layer_kinds(module):
 
 
 def test_mlp_and_dlib_layers_are_the_papers():
-    """Audit (helper C): an MLP with tanh after its output layer, a ReLU MLP, a dlib decoder with a ReLU
+    """Audit 9 review: an MLP with tanh after its output layer, a ReLU MLP, a dlib decoder with a ReLU
     on its logits or a dropped FC layer survived. Cliff App. G.1: 2-50-100-50-2 with tanh between
     layers only; disentanglement_lib conv VAE (Locatello et al. 2019): conv 4x4 s2 + ReLU per width,
     FC 256 + ReLU, linear output; decoder FC 256 + ReLU, FC (w, 4, 4) + ReLU, upconv 4x4 s2 + ReLU,
@@ -369,7 +369,7 @@ def test_mlp_and_dlib_layers_are_the_papers():
 
 
 def test_qlae_and_tripod_layers_are_the_authors():
-    """Audit (helper C): a QLAE encoder head with one dense layer, a mapping MLP without its last ReLU,
+    """Audit 9 review: a QLAE encoder head with one dense layer, a mapping MLP without its last ReLU,
     a non-affine instance norm in Tripod's ConvINAct or bilinear upsampling in its decoder survived.
     latent_quantization: per width 2 x conv3 s1 + conv4 s2 (no bias) -> IN(affine, eps 1e-6) ->
     LeakyReLU 0.2, then 2 dense ReLU + affine; mapping Linear-ReLU-Linear-ReLU. Tripod nn/: ConvINAct =
@@ -394,7 +394,7 @@ def test_qlae_and_tripod_layers_are_the_authors():
 
 
 def test_tripod_residual_blocks_by_hand():
-    """Audit (helper C): dropping the skip of the conditioned residual block, or a zero input map, survived.
+    """Audit 9 review: dropping the skip of the conditioned residual block, or a zero input map, survived.
     Tripod nn/: ResCondConvBlock(h) = h + ConvAdaINAct(ConvAdaINAct(h, c), c); ResConvBlock(x) =
     identity(x) + ConvINAct(ConvINAct(x)) (identity: a 1x1 conv when the width changes); the decoder's
     learned input map starts at ones."""
@@ -434,7 +434,7 @@ def test_tripod_residual_blocks_by_hand():
 
 
 def test_image_size_and_shape_checks():
-    """Audit (helper C): accepting 4x4 images (no down-sampling stage) or non-square images survived."""
+    """Audit 9 review: accepting 4x4 images (no down-sampling stage) or non-square images survived."""
     from qkernels.models.architectures import num_blocks
     from qkernels.models.base import build_encoder_decoder
 
@@ -449,7 +449,7 @@ def test_image_size_and_shape_checks():
 
 
 def test_to_image_and_cosine_schedule_ends():
-    """Audit (helper C): an unclamped MSE decode and a cosine schedule that keeps going past its end
+    """Audit 9 review: an unclamped MSE decode and a cosine schedule that keeps going past its end
     (or before step 0) survived. MSE models' images are the output clipped to [0, 1]; BCE models' the
     sigmoid of the logits; D-VAE's noise scale stays at 2.0 past the run's end and 0.5 before it."""
     from qkernels.models.base import cosine, to_image
@@ -469,7 +469,7 @@ def test_to_image_and_cosine_schedule_ends():
 
 
 def test_weight_decay_excludes_biases_and_codebooks_only():
-    """Audit (helper C): decaying QLAE's codebook survived. latent_quantization decays every parameter but
+    """Audit 9 review: decaying QLAE's codebook survived. latent_quantization decays every parameter but
     the biases and the codebook ("latent"): norm scales and the decoder's input map are decayed."""
     qlae, _ = tiny("qlae")
     skipped = sorted(n for n, p in qlae.named_parameters() if qlae.no_decay(n, p))
@@ -480,7 +480,7 @@ def test_weight_decay_excludes_biases_and_codebooks_only():
 
 
 def test_codes_are_the_codebook_indices():
-    """Audit (helper C): codes from the quantized values cast to int (not the indices) survived. QLAE:
+    """Audit 9 review: codes from the quantized values cast to int (not the indices) survived. QLAE:
     index of the nearest value of each latent's codebook; Tripod: round((tanh z + 1) / 2 (L - 1))."""
     qlae, x = tiny("qlae")
     with torch.no_grad():
@@ -500,7 +500,7 @@ def test_codes_are_the_codebook_indices():
 
 
 def test_decoders_mirror_the_encoders_widths():
-    """Audit (helper C): an AdaIN decoder built with the encoder's widths in encoder order (narrow first)
+    """Audit 9 review: an AdaIN decoder built with the encoder's widths in encoder order (narrow first)
     survived. QLAE: the decoder runs the widths in reverse (256-128-64-32 at 64x64 for encoder
     32-64-128-256); Tripod: 512-256-128-64 for encoder 32-64-128-256 (twice each width, reversed)."""
     qlae = build_model("qlae", (1, 32, 32), 3)  # small: encoder 8-16-32
@@ -516,7 +516,7 @@ def test_decoders_mirror_the_encoders_widths():
 
 
 def test_discriminator_slopes_of_each_method():
-    """Audit (helper C): a Discriminator default slope of 0.01 survived. FactorVAE (Kim & Mnih) and
+    """Audit 9 review: a Discriminator default slope of 0.01 survived. FactorVAE (Kim & Mnih) and
     FactorQVAE's code: LeakyReLU 0.2; lddr (FactorDVAE): 0.01."""
     from qkernels.models import Discriminator
 
@@ -533,7 +533,7 @@ def test_discriminator_slopes_of_each_method():
 
 
 def test_dvae_and_qvae_evaluation_representations():
-    """Audit (helper C): D-VAE's encode with hard one-hots and its sweep using K values instead of n survived.
+    """Audit 9 review: D-VAE's encode with hard one-hots and its sweep using K values instead of n survived.
     lddr: evaluation z = softmax(logits) @ linspace(-1, 1, K) (noise 0, soft); intervention sweeps n
     evenly spaced values of [-1, 1]. FactorQVAE: evaluation is the hard nearest codebook value, and its
     codes the index of that value; encode leaves the quantizer's training mode as it was."""
@@ -564,7 +564,7 @@ def test_dvae_and_qvae_evaluation_representations():
 
 
 def test_registry_pins_the_authors_optimizers_and_tripod_lambdas():
-    """Audit (helper C): wrong weight decay, clip kind, discriminator betas, cosine period or Tripod lambdas
+    """Audit 9 review: wrong weight decay, clip kind, discriminator betas, cosine period or Tripod lambdas
     in the registry survived this file. Values from /work/shared/reference/seed-code-notes.md: QLAE
     AdamW 1e-3 (0.9, 0.999), decay 0.1, elementwise clip 1.0 on the decayed group only; Tripod AdamW
     2e-4, no decay, elementwise clip 1.0 on both groups; FactorQVAE Adam 1e-3 for the VAE and the
@@ -601,7 +601,7 @@ def test_registry_pins_the_authors_optimizers_and_tripod_lambdas():
 
 
 def test_method_class_defaults_of_the_vae_baselines():
-    """Audit (helper C): beta-VAE's beta 16, beta-TCVAE's beta 6 and FactorVAE's gamma 10 were not pinned.
+    """Audit 9 review: beta-VAE's beta 16, beta-TCVAE's beta 6 and FactorVAE's gamma 10 were not pinned.
     Defaults from the disentanglement_lib study (Locatello et al. 2019: beta-VAE beta in {1, 2, 4, 6, 8,
     16}, the model zoo's largest; beta-TCVAE beta 6; FactorVAE gamma 10 with Kim & Mnih's 6 x 1000
     discriminator); FactorVAE's KL weight is 1."""
@@ -616,7 +616,7 @@ def test_method_class_defaults_of_the_vae_baselines():
 
 
 def test_codebook_sweeps_are_each_latents_sorted_values():
-    """Audit (helper C): QLAE sweeping its codebook in storage order survived. Learned codebooks lose their
+    """Audit 9 review: QLAE sweeping its codebook in storage order survived. Learned codebooks lose their
     initial order; the intervention sweep is each latent's own values in increasing order (QLAE: per
     latent; FactorQVAE: the global codebook for every latent)."""
     qlae, _ = tiny("qlae")
@@ -634,7 +634,7 @@ def test_codebook_sweeps_are_each_latents_sorted_values():
 
 
 def test_straight_through_gap_restores_the_training_mode():
-    """Audit (helper C): the score must leave the model as it found it (training continues after model
+    """Audit 9 review: the score must leave the model as it found it (training continues after model
     selection); and it runs the model in eval mode, noise-free, in both modes."""
     model, x = tiny("dvae")
     assert model.training
@@ -646,7 +646,7 @@ def test_straight_through_gap_restores_the_training_mode():
 
 
 def test_qlae_builds_its_codebooks_with_num_values():
-    """Audit (helper C): QLAE ignoring num_values (always 10 values) survived, as the loss oracle reads the
+    """Audit 9 review: QLAE ignoring num_values (always 10 values) survived, as the loss oracle reads the
     model's own codebook. QLAE: d codebooks of n_v values, each initialised linspace(-0.5, 0.5, n_v)."""
     model = build_model("qlae", (1, 16, 16), 3, num_values=5)
     assert model.quantizer.values.shape == (3, 5)

@@ -457,7 +457,7 @@ def test_gumbel_and_categorical_modules():
 
 
 def test_gumbel_quantizer_codebook_init_is_standard_normal():
-    """Audit (helper C): a U(0, 1) codebook init survived. FactorQVAE's codebook of scalars is initialised
+    """Audit 9 review: a U(0, 1) codebook init survived. FactorQVAE's codebook of scalars is initialised
     N(0, 1) (its code: torch.randn): about half negative, mean ~0 and std ~1 over 4096 draws."""
     torch.manual_seed(0)
     v = qnn.GumbelQuantizer(4096).values.detach().double()
@@ -467,7 +467,7 @@ def test_gumbel_quantizer_codebook_init_is_standard_normal():
 
 
 def test_modules_forward_hard_and_tau():
-    """Audit (helper C): GumbelQuantizer(hard=True) sampling soft weights in training, and CategoricalLatent
+    """Audit 9 review: GumbelQuantizer(hard=True) sampling soft weights in training, and CategoricalLatent
     ignoring its tau, survived (tests used the defaults). hard: straight-through one-hots, z_q one of
     the codebook values, gradients still reach z; tau: y = softmax(logits / tau) without noise."""
     gq = qnn.GumbelQuantizer(6, hard=True)
@@ -489,7 +489,7 @@ def test_modules_forward_hard_and_tau():
 
 
 def test_leading_dims_keep_every_output_shaped_like_the_input():
-    """Audit (helper C): gumbel_quantize / categorical_latent returning kl flattened to (N, d), and fsq
+    """Audit 9 review: gumbel_quantize / categorical_latent returning kl flattened to (N, d), and fsq
     returning flat indices, for latents with extra leading dimensions survived. Each output of a
     (2, 3, d) input is the (6, d) result reshaped, the KL by the float64 formula sum p log(p K)."""
     g = _gen(40)

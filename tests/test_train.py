@@ -519,7 +519,7 @@ def test_progress_line_rate_and_eta(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "step 60/100 | total 1.5 | 1.00 it/s | eta 0.7 min"
 
 
-# ------------------------------------------------------------------ mutation audit 8: the trainer's reporting
+# ------------------------------------------------------------------ pre-audit 9 review: the trainer's reporting
 # paths, schedules and optimizer wiring pinned against hand-computed values
 
 def _np_seed(*keys):
