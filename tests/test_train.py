@@ -440,6 +440,20 @@ def test_log_lines_every_log_every_steps_and_at_the_end(tmp_path):
     assert _state(tmp_path)["step"] == 5  # the final checkpoint, although 5 is no multiple of 100
 
 
+class _Identity(torch.nn.Module):
+    """A fake model whose latents and reconstructions are its inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(1))
+
+    def encode(self, x):
+        return x.clone()
+
+    def decode(self, z):
+        return z.clone()
+
+
 def test_grid2d_evaluation_scores_the_true_latents():
     # quantized_grid2d runs are scored by MCC between the encoded observations and the TRUE latents ds.z
     # (train/evaluate.py). A model that encodes x as itself has MCC(z, x) < 1 under the nonlinear mixing;
@@ -450,20 +464,9 @@ def test_grid2d_evaluation_scores_the_true_latents():
     from qkernels.data import load_dataset
     from qkernels.train.evaluate import evaluate_model
 
-    class Identity(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.unused = torch.nn.Parameter(torch.zeros(1))
-
-        def encode(self, x):
-            return x.clone()
-
-        def decode(self, z):
-            return z.clone()
-
     ds = load_dataset("quantized_grid2d", n=500, seed=2)  # nonlinear mixing; MCC(z, x) ~ 0.90
     cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", progress=False)
-    res = evaluate_model(Identity(), ds, cfg, num_samples=500)
+    res = evaluate_model(_Identity(), ds, cfg, num_samples=500)
     z, x = ds.z.double().numpy(), ds.x.double().numpy()
     zc, xc = z - z.mean(0), x - x.mean(0)
     corr = np.abs(zc.T @ xc / np.outer(np.linalg.norm(zc, axis=0), np.linalg.norm(xc, axis=0)))
@@ -914,17 +917,9 @@ def test_latent_scatter_places_and_colours_points():
 
     from qkernels.train.figures import colormap, latent_scatter
 
-    class Identity(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.unused = torch.nn.Parameter(torch.zeros(1))
-
-        def encode(self, x):
-            return x.clone()
-
     z = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.5, 0.0]]).repeat_interleave(100, 0)
     cells = torch.tensor([[0, 0], [3, 3], [1, 2]]).repeat_interleave(100, 0)
-    a = np.asarray(latent_scatter(Identity(), SimpleNamespace(x=z, cells=cells)))
+    a = np.asarray(latent_scatter(_Identity(), SimpleNamespace(x=z, cells=cells)))
     assert tuple(a[390, 10]) == colormap(0.0) and tuple(a[10, 390]) == colormap(1.0)
     assert tuple(a[390, 200]) == colormap(9 / 15)
     assert (a[200, :] == 255).all()  # nothing at the mid height
