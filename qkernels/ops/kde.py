@@ -375,8 +375,9 @@ def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None, group=
     if group is not None:
         z = gather_rows(z, group)
     _check_latents(z)
-    std = check_std(std, upcast(z, compute_dtype(z=z)))  # the default std in the compute dtype
+    zc = upcast(z, compute_dtype(z=z))  # cast once: the default std is computed from it too
+    std = check_std(std, zc)
     dt = compute_dtype(z=z, std=std)
     _, impl = select("klm", z.device, dt)
     with no_autocast(z.device):
-        return impl(upcast(z, dt), upcast(std, dt))[0]
+        return impl(zc, upcast(std, dt))[0]
