@@ -13,10 +13,10 @@ TORCH_LIBRARY(qkernels, m) {
   // kde
   m.def("kde_grid(Tensor points, Tensor samples, float sigma, bool derivative) -> Tensor");
   m.def("kde_grid_backward(Tensor grad, Tensor points, Tensor samples, float sigma, bool derivative) -> (Tensor grad_points, Tensor grad_samples)");
-  m.def("cliff_terms(Tensor x, Tensor grid, Tensor uni_points, Tensor cond_index, float sigma, float step) -> (Tensor uni, Tensor biv, Tensor kl)");
-  m.def("cliff_terms_backward(Tensor grad_uni, Tensor grad_biv, Tensor grad_kl, Tensor x, Tensor grid, Tensor uni_points, Tensor cond_index, float sigma, float step) -> Tensor grad_x");
-  m.def("klm(Tensor z, Tensor std) -> (Tensor loss, Tensor lse)");
-  m.def("klm_backward(Tensor grad_loss, Tensor z, Tensor std, Tensor lse) -> (Tensor grad_z, Tensor grad_std)");
+  m.def("cliff_loss(Tensor z, Tensor cond_index, float sigma, float a, float b, int num_points, float lambda_uni, float lambda_biv, float lambda_kl) -> (Tensor total, Tensor uni, Tensor biv, Tensor kl)");
+  m.def("cliff_loss_backward(Tensor? grad_total, Tensor? grad_uni, Tensor? grad_biv, Tensor? grad_kl, Tensor z, Tensor cond_index, float sigma, float a, float b, int num_points, float lambda_uni, float lambda_biv, float lambda_kl) -> Tensor grad_z");
+  m.def("klm(Tensor z, Tensor? std) -> (Tensor loss, Tensor lse)");
+  m.def("klm_backward(Tensor grad_loss, Tensor z, Tensor? std, Tensor lse) -> (Tensor grad_z, Tensor grad_std)");
   // hessian
   m.def("finite_difference_curvature(Tensor stacked, SymInt n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> (Tensor values, Tensor argmax)");
   m.def("finite_difference_curvature_backward(Tensor grad, Tensor stacked, Tensor argmax, SymInt n, int num_perturbations, float eps, int groups, bool unbiased, str reduce) -> Tensor");

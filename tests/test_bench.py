@@ -201,6 +201,8 @@ def test_run_prints_a_table_that_fits_100_columns(monkeypatch):
         assert any(line.startswith(f"  {name}: ") for line in legend), name
     by = {r["variant"]: r for r in rows}
     assert by["broken"]["error"].startswith("RuntimeError") and by["cpu"]["memory_ratio"] == 2**24 / 2**30
+    # launches: one aten op (the sum) per run; none counted for torch.compile on a CPU
+    assert by["cpu"]["launches"] == 1 and by["reference_compiled"]["launches"] is None
     assert by["reference"]["vs_baseline"] == 1.0 and by["cpu"]["rounds"] >= 5
 
 
@@ -271,13 +273,14 @@ def test_table_row_columns_by_hand():
     """Audit 9 review: the numbers of a table row were checked only for width and ratio words. Each
     column of one row written by hand: times in ms at 3 significant digits below 1 ms, 3 / 2 / 1
     decimals below 10 / 100 / 1000 ms, none above; IQR in % of the median (1 decimal below 10 %);
-    peak in MiB (2**20 bytes) with 1 decimal; long variant names cut to 20 characters + "~"."""
+    peak in MiB (2**20 bytes) with 1 decimal; launches ("-" when not counted); long variant names cut
+    to 19 characters + "~"."""
     report = bench.report
     row = {"variant": "cpu", "min_s": 0.0004567, "median_s": 0.0123456, "q1_s": 0.010, "q3_s": 0.0135,
            "vs_baseline": 2.0, "vs_compiled": 0.8, "vs_compiled_clear": False, "peak_bytes": 3 * 2**20,
            "memory_ratio": 0.25}
     # IQR: 100 * (13.5 - 10) / 12.3456 = 28.35 -> "28"
-    want = ["cpu", "0.457", "12.35", "28", "2.00x", "faster", "1.25x", "slower?", "3.0", "4.00x", "less"]
+    want = ["cpu", "0.457", "12.35", "28", "-", "2.00x", "faster", "1.25x", "slower?", "3.0", "4.00x", "less"]
     lines = report.case_lines("toy", [row])
     assert lines[0] == "toy" and lines[1].split() == want
     assert lines[1].startswith("  cpu ")
@@ -290,7 +293,9 @@ def test_table_row_columns_by_hand():
         assert report.case_lines("c", [r])[1].split()[1:4] == [text, text, "5.0"], seconds
         assert report.case_lines("c", [r])[1].split()[-2] == "1.5"
     long = {"variant": "materialized compiled x", "min_s": 1e-3, "median_s": 1e-3}
-    assert report.case_lines("c", [long])[1][:24] == "  materialized compile~ "
+    assert report.case_lines("c", [long])[1][:23] == "  materialized compil~ "
+    counted = {"variant": "v", "min_s": 1e-3, "median_s": 1e-3, "launches": 76}
+    assert report.case_lines("c", [counted])[1].split()[1:5] == ["1.000", "1.000", "-", "76"]  # after the IQR
     assert report.case_lines("c", [{"variant": "skip", "note": "slow case"}])[1] == "  skip                 slow case"
 
 

@@ -218,7 +218,7 @@ def test_autocast_runs_the_kernels_in_float32(monkeypatch):
         qkernels.kde_grid(torch.zeros(3, 5, device=DEVICE), h, 0.3)
         qkernels.categorical_latent(torch.randn(4, 3, 5, device=DEVICE).to(torch.bfloat16))
     ops = {op for op, _, _ in seen}
-    assert ops == {"latent_quantize", "cliff_terms", "klm", "kde_grid", "relaxed_categorical"}
+    assert ops == {"latent_quantize", "cliff_loss", "klm", "kde_grid", "relaxed_categorical"}
     assert all(dtype == torch.float32 for _, dtype, _ in seen)
     if DEVICE == "cpu" and "cpu" in BACKENDS:  # auto's CPU order: the kernel where one is faster
         assert {op: b for op, _, b in seen}["latent_quantize"] == "cpu"

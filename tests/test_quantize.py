@@ -309,6 +309,152 @@ def test_gumbel_hard_is_one_hot_of_nearest_when_noise_free():
     assert torch.equal(out.z_q, nearest.z_q)
 
 
+def _gumbel_case(n, d, k, dtype, global_codebook, seed=20):
+    g = _gen(seed)
+    z = (torch.randn(n, d, generator=g, dtype=torch.float64) * 1.5).to(dtype).to(DEVICE)
+    v = torch.randn(1 if global_codebook else d, k, generator=g, dtype=torch.float64).to(dtype).to(DEVICE)
+    u = torch.rand(n, d, k, generator=g, dtype=torch.float64).to(dtype).to(DEVICE)
+    ups = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).to(DEVICE) for s in [(n, d), (n, d, k)] * 2]
+    return z, v, u, [ups[0], ups[1], ups[3], ups[2]]  # grads of z_q (n, d), y, logits (n, d, k), kl (n, d)
+
+
+def _gumbel_run(impl, z0, v0, u, ups, hard, used=(0, 1, 2, 3)):
+    """Outputs and the gradients of z and values from the outputs ``used`` (the others unused)."""
+    z, v = z0.clone().requires_grad_(), v0.clone().requires_grad_()
+    out = impl(z, v, u, 0.6, hard)
+    torch.autograd.backward([out[i] for i in used], [ups[i] for i in used])
+    return [t.detach() for t in out] + [z.grad, v.grad]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,global_codebook", [  # (N, d, K); a global codebook at 40 x 30: 38 row tiles
+    ((1, 1, 2), False), ((1, 1, 2), True), ((37, 5, 7), False), ((37, 5, 7), True), ((40, 30, 3), True)])
+def test_gumbel_quantize_op_matches_reference(shape, global_codebook, dtype):
+    """Every backend's gumbel_quantize op (forward and the gradients of all four outputs, with and
+    without noise, soft and hard) against the reference implementation."""
+    impls = qkernels._backend.implementations("gumbel_quantize")
+    z, v, u, ups = _gumbel_case(*shape, dtype, global_codebook)
+    t = tol(dtype) if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}  # fp32: sums over 40 rows
+    cases = [(u, False, (0, 1, 2, 3)), (u, True, (0, 1, 2, 3)), (None, False, (0, 1, 2, 3)), (None, True, (0, 1, 2, 3)),
+             (u, False, (0, 3)), (u, True, (1, 2))]  # some outputs unused: no upstream gradient for them
+    for uniform, hard, used in cases:
+        want = _gumbel_run(impls["reference"], z, v, uniform, ups, hard, used)
+        for name in KERNEL_BACKENDS:
+            got = _gumbel_run(impls[name], z, v, uniform, ups, hard, used)
+            for what, g, w in zip(("z_q", "y", "logits", "kl", "grad z", "grad values"), got, want, strict=True):
+                assert g.dtype == w.dtype and g.shape == w.shape, (name, what)
+                torch.testing.assert_close(g, w, **t, msg=lambda m, name=name, what=what, noise=uniform is not None,
+                                           hard=hard: f"{name} {what} (noise {noise}, hard {hard}): {m}")
+
+
+def test_gumbel_quantize_logits_gradient_matches_float64():
+    """The gradient through the logits output alone: d/dz sum(w * -(z - v)^2) = -2 sum_k w (z - v_k),
+    d/dv_k = 2 sum w (z - v_k), recomputed in numpy."""
+    z0, v0, u, _ = _gumbel_case(9, 3, 4, torch.float64, False, seed=21)
+    w = torch.randn(9, 3, 4, generator=_gen(22), dtype=torch.float64).to(DEVICE)
+    diff = z0.cpu().numpy()[:, :, None] - v0.cpu().numpy()[None]
+    for name in BACKENDS:
+        z, v = z0.clone().requires_grad_(), v0.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            out = qkernels.gumbel_quantize(z, v, 0.6, uniform=u)
+        (out.logits * w).sum().backward()
+        np.testing.assert_allclose(z.grad.cpu().numpy(), (-2 * w.cpu().numpy() * diff).sum(-1), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(v.grad.cpu().numpy(), (2 * w.cpu().numpy() * diff).sum(0), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("global_codebook", [False, True])
+def test_gumbel_quantize_gradcheck_fp64(global_codebook):
+    z, v, u, _ = _gumbel_case(3, 2, 3, torch.float64, global_codebook, seed=23)
+    v = v[0] if global_codebook else v
+    for name in BACKENDS:
+        with qkernels.use_backend(name):
+            assert torch.autograd.gradcheck(
+                lambda z_, v_: tuple(qkernels.gumbel_quantize(z_, v_, 0.7, uniform=u)),
+                (z.clone().requires_grad_(), v.clone().requires_grad_()), fast_mode=True,
+            ), name
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs Triton (or its interpreter)")
+def test_triton_reductions_are_deterministic_and_span_several_steps():
+    """The codebook gradients and losses are reduced in a fixed order (no atomics): bit-identical
+    over runs, and right (float64 oracle) where the reduction adds its partials in several steps
+    (more than 32 partial rows: 33 row tiles of latent_quantize, 38 of gumbel_quantize)."""
+    z0, v0 = _inputs(64 * 33, 1, 3, torch.float64, True, seed=24)
+    runs = []
+    for _ in range(2):
+        z, v = z0.clone().requires_grad_(), v0.clone().requires_grad_()
+        with qkernels.use_backend("triton"):
+            out = qkernels.latent_quantize(z, v)
+        (0.3 * out.loss_quantize + 0.7 * out.loss_commit).backward()
+        runs.append((out.loss_quantize.detach(), out.loss_commit.detach(), z.grad, v.grad))
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    q, idx, loss = np_nearest(z0.cpu(), v0.cpu())
+    assert math.isclose(runs[0][0].item(), loss, rel_tol=1e-12) and runs[0][1].item() == runs[0][0].item()
+    zd = z0.cpu().numpy()
+    gv = np.zeros(3)
+    np.add.at(gv, idx.ravel(), (0.3 * 2 * (q - zd) / zd.size).ravel())
+    np.testing.assert_allclose(runs[0][3].cpu().numpy(), gv, rtol=1e-10, atol=1e-14)
+    z, v, u, ups = _gumbel_case(40, 30, 3, torch.float32, True, seed=25)
+    impl = qkernels._backend.implementations("gumbel_quantize")["triton"]
+    first, second = (_gumbel_run(impl, z, v, u, ups, False) for _ in range(2))
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_categorical_latent_default_values_cost_no_launch():
+    """linspace(-1, 1, K) is made once per (K, dtype, device), also when first made under
+    inference mode; the values are numpy's linspace."""
+    from qkernels.bench.launches import count_launches
+
+    logits = torch.randn(6, 2, 5, generator=_gen(26), dtype=torch.float64).to(DEVICE)
+    with torch.inference_mode():
+        qkernels.categorical_latent(logits, noise_scale=0.0)
+    lg = logits.clone().requires_grad_()
+
+    def call():
+        lg.grad = None
+        qkernels.categorical_latent(lg, noise_scale=0.0).z.sum().backward()
+
+    call()
+    assert "linspace" not in count_launches(call).names
+    p = np.exp(logits.cpu().numpy())
+    p /= p.sum(-1, keepdims=True)
+    values = np.linspace(-1, 1, 5)
+    z = p @ values
+    np.testing.assert_allclose(qkernels.categorical_latent(logits, noise_scale=0.0).z.cpu().numpy(), z,
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(lg.grad.cpu().numpy(), p * (values - z[..., None]), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs Triton (or its interpreter)")
+def test_triton_launches_per_forward_backward():
+    """Issue 25: the fused paths' own kernels, forward + backward (upstream gradients given)."""
+    from qkernels.bench.launches import count_launches
+
+    z0, v0 = _inputs(16, 3, 5, torch.float32, False)
+    lg0 = torch.randn(16, 3, 5, generator=_gen(27)).to(DEVICE)
+    cases = {  # name -> (leaves, differentiable outputs, launches: total, Triton)
+        "latent_quantize": ((z0, v0), lambda z, v: (lambda q: (q.z_q, q.loss_quantize, q.loss_commit))(
+            qkernels.latent_quantize(z, v)), (4, 4)),
+        "gumbel_quantize": ((z0, v0[0]), lambda z, v: tuple(qkernels.gumbel_quantize(z, v, 0.5)), (4, 3)),  # + rand
+        "categorical_latent": ((lg0,), lambda lg: tuple(qkernels.categorical_latent(lg)), (4, 3)),  # + rand
+    }
+    for name, (inputs, fn, (total, kernels)) in cases.items():
+        with qkernels.use_backend("triton"):
+            leaves = [t.clone().requires_grad_() for t in inputs]
+            ups = [torch.randn_like(o) for o in fn(*leaves)]
+
+            def run(fn=fn, leaves=leaves, ups=ups):
+                for t in leaves:
+                    t.grad = None  # no accumulation into .grad
+                torch.autograd.backward(fn(*leaves), ups)
+
+            run()
+            tally = count_launches(run)
+        assert tally.syncs == 0 and tally.total <= total and tally.triton <= kernels, (name, str(tally))
+
+
 # ---------------------------------------------------------------------------- ops: opcheck
 
 
@@ -338,6 +484,24 @@ def test_opcheck(suffix):
         getattr(ops, "relaxed_categorical_backward" + suffix), (zz, y, kl, lg, v, u, y, 0.7, 1.0)
     )
 
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs Triton (or its interpreter)")
+@pytest.mark.parametrize("global_codebook", [False, True])
+def test_opcheck_gumbel_quantize(global_codebook):
+    """gumbel_quantize has Triton ops only (no C++ kernel)."""
+    ops = torch.ops.qkernels
+    z, v, lg, u = _op_samples()
+    v = v[:1] if global_codebook else v
+    zr, vr = z[:3].clone().requires_grad_(), v.clone().requires_grad_()
+    for uniform, hard in [(u, False), (None, True)]:
+        torch.library.opcheck(ops.gumbel_quantize_triton, (zr, vr, uniform, 0.7, hard))
+    zq, y, logits, kl = ops.gumbel_quantize_triton(z[:3], v, u, 0.7, False)
+    for uniform in (u, None):
+        torch.library.opcheck(ops.gumbel_quantize_backward_triton, (zq, y, logits, kl, z[:3], v, uniform, y, 0.7))
+    # upstream gradients of unused outputs are None (zero)
+    torch.library.opcheck(ops.gumbel_quantize_backward_triton, (zq, None, None, kl, z[:3], v, u, y, 0.7))
+    torch.library.opcheck(ops.gumbel_quantize_backward_triton, (None, y, logits, None, z[:3], v, u, y, 0.7))
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -372,6 +536,16 @@ def test_bad_input_errors():
         qkernels.fsq(z, 2.5)
     with pytest.raises(ValueError, match="tau"):
         qkernels.gumbel_quantize(z, torch.randn(5), 0.0)
+    with pytest.raises(ValueError, match="values"):
+        qkernels.gumbel_quantize(z, torch.randn(4, 5), 0.5)
+    with pytest.raises(ValueError, match="uniform"):
+        qkernels.gumbel_quantize(z, torch.randn(5), 0.5, uniform=torch.rand(4, 3, 6))
+    with pytest.raises(ValueError, match="uniform"):
+        qkernels.gumbel_quantize(z, torch.randn(5), 0.5, uniform=torch.rand(4, 3, 5) - 2)
+    with pytest.raises(TypeError, match="uniform"):
+        qkernels.gumbel_quantize(z, torch.randn(5), 0.5, uniform=torch.rand(4, 3, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="z"):
+        qkernels.gumbel_quantize(torch.empty(0, 3), torch.randn(5), 0.5)
     with pytest.raises(ValueError, match="tau"):
         qkernels.categorical_latent(torch.randn(2, 3, 4), tau=-1.0)
     with pytest.raises(ValueError, match="noise_scale"):

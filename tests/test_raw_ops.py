@@ -63,6 +63,19 @@ def _relaxed_backward(dev, suffix=""):
     return [*grads, Arg(lg), Arg(v), Arg(u), Arg(y), Arg(0.7, "scalar"), Arg(1.0, "scalar")]
 
 
+def _gumbel(dev, suffix=""):
+    z, v, u = torch.randn(N, D, device=dev), torch.randn(D, NV, device=dev), torch.rand(N, D, NV, device=dev)
+    return [Arg(z), Arg(v), Arg(u), Arg(0.7, "scalar"), Arg(False, "scalar")]
+
+
+def _gumbel_backward(dev, suffix=""):
+    z, v, u = torch.randn(N, D, device=dev), torch.randn(1, NV, device=dev), torch.rand(N, D, NV, device=dev)
+    y = getattr(_ops(), "gumbel_quantize" + suffix)(z, v, u, 0.7, False)[1]
+    grads = [Arg(torch.randn(N, D, device=dev)), Arg(torch.randn(N, D, NV, device=dev)),
+             Arg(torch.randn(N, D, NV, device=dev)), Arg(torch.randn(N, D, device=dev))]
+    return [*grads, Arg(z), Arg(v), Arg(u), Arg(y), Arg(0.7, "scalar")]
+
+
 def _kde_grid(dev, suffix=""):
     data = [Arg(torch.randn(D, 7, device=dev)), Arg(torch.randn(N, D, device=dev))]
     return [*data, Arg(0.3, "scalar"), Arg(True, "scalar")]
@@ -72,20 +85,15 @@ def _kde_grid_backward(dev, suffix=""):
     return [Arg(torch.randn(D, 7, device=dev), "dgrad"), *_kde_grid(dev)]
 
 
-def _cliff_args(dev):
-    x = torch.randn(6, D, device=dev)
-    t, v = torch.linspace(-3, 3, 8, device=dev), torch.linspace(-1.7, 1.7, 5, device=dev)
-    cond = torch.tensor([[0, 5], [2, 3], [4, 1]], device=dev)
-    return [Arg(x), Arg(t), Arg(v), Arg(cond, "index", 6), Arg(0.4, "scalar"), Arg(0.75, "scalar")]
-
-
 def _cliff(dev, suffix=""):
-    return _cliff_args(dev)
+    z = torch.randn(6, D, device=dev)
+    cond = torch.tensor([[0, 5], [2, 3], [4, 1]], device=dev)
+    return [Arg(z), Arg(cond, "index", 6), *(Arg(a, "scalar") for a in (0.4, -3.0, 3.0, 8, 0.5, 1.0, 0.7))]
 
 
 def _cliff_backward(dev, suffix=""):
     one = torch.ones((), device=dev)
-    return [Arg(one, "grad"), Arg(one, "grad"), Arg(one, "grad"), *_cliff_args(dev)]
+    return [Arg(one, "grad"), Arg(one, "grad"), Arg(one, "grad"), Arg(one, "grad"), *_cliff(dev)]
 
 
 def _klm(dev, suffix=""):
@@ -111,6 +119,26 @@ def _fd_backward(dev, suffix=""):
     return [Arg(torch.randn(2, 2, device=dev), "dgrad"), Arg(x), Arg(argmax, "index"), *(Arg(a, "scalar") for a in FD)]
 
 
+PB = (0.1, 1, "std")  # eps, signs, scale: the first of 2 directions as signs, scaled by std
+
+
+def _pb(dev, suffix=""):
+    z, draws, std = torch.randn(N, D, device=dev), torch.randn(2, N, D, device=dev), torch.rand(D, device=dev) + 0.5
+    return [Arg(z), Arg(draws), Arg(std), *(Arg(a, "scalar") for a in PB)]
+
+
+def _pb_backward(dev, suffix=""):
+    return [Arg(torch.randn(4 * N, D, device=dev), "dgrad"), *_pb(dev)]
+
+
+def _cp(dev, suffix=""):
+    return [Arg(torch.rand(2, N, device=dev)), Arg(True, "scalar"), Arg("mean", "scalar")]
+
+
+def _cp_backward(dev, suffix=""):
+    return [Arg(torch.ones((), device=dev), "grad"), *_cp(dev)]
+
+
 # op -> (valid arguments, op-specific bad calls: (what, argument index, replacement value))
 SPECS: dict[str, tuple[Callable, list[tuple[str, int, Callable]]]] = {
     "latent_quantize": (_latent_quantize, [("codebook rows != d", 1, lambda dev: torch.randn(D + 1, NV, device=dev))]),
@@ -129,16 +157,27 @@ SPECS: dict[str, tuple[Callable, list[tuple[str, int, Callable]]]] = {
         [("grad_z shape", 0, lambda dev: torch.randn(N, D + 1, device=dev)),
          ("y shape", 6, lambda dev: torch.randn(N + 1, D, NV, device=dev))],
     ),
+    "gumbel_quantize": (  # triton only (no C++ kernel)
+        _gumbel,
+        [("codebook rows != d", 1, lambda dev: torch.randn(D + 1, NV, device=dev)),
+         ("uniform K", 2, lambda dev: torch.rand(N, D, NV + 1, device=dev)), ("tau", 3, lambda dev: 0.0)],
+    ),
+    "gumbel_quantize_backward": (
+        _gumbel_backward,
+        [("grad_zq shape", 0, lambda dev: torch.randn(N, D + 1, device=dev)),
+         ("grad_logits shape", 2, lambda dev: torch.randn(N, D, NV + 1, device=dev)),
+         ("y shape", 7, lambda dev: torch.randn(N + 1, D, NV, device=dev))],
+    ),
     "kde_grid": (
         _kde_grid, [("samples d", 1, lambda dev: torch.randn(N, D + 1, device=dev)), ("sigma", 2, lambda dev: 0.0)]
     ),
     "kde_grid_backward": (_kde_grid_backward, [("grad shape", 0, lambda dev: torch.randn(D, 8, device=dev))]),
-    "cliff_terms": (
+    "cliff_loss": (
         _cliff,
-        [("cond_index rows", 3, lambda dev: torch.zeros(D + 1, 2, dtype=torch.long, device=dev)),
-         ("grid K < 2", 1, lambda dev: torch.zeros(1, device=dev)), ("sigma", 4, lambda dev: -1.0)],
+        [("cond_index rows", 1, lambda dev: torch.zeros(D + 1, 2, dtype=torch.long, device=dev)),
+         ("num_points < 2", 5, lambda dev: 1), ("sigma", 2, lambda dev: -1.0), ("a >= b", 3, lambda dev: 3.0)],
     ),
-    "cliff_terms_backward": (_cliff_backward, [("grad shape", 0, lambda dev: torch.ones(2, device=dev))]),
+    "cliff_loss_backward": (_cliff_backward, [("grad shape", 0, lambda dev: torch.ones(2, device=dev))]),
     "klm": (_klm, [("std shape", 1, lambda dev: torch.ones(D + 1, device=dev))]),
     "klm_backward": (_klm_backward, [("lse shape", 3, lambda dev: torch.zeros(6, D, device=dev))]),
     "finite_difference_curvature": (
@@ -151,6 +190,27 @@ SPECS: dict[str, tuple[Callable, list[tuple[str, int, Callable]]]] = {
         [("grad shape", 0, lambda dev: torch.randn(2, 3, device=dev)),
          ("argmax shape", 2, lambda dev: torch.zeros(3, dtype=torch.long, device=dev))],
     ),
+    "perturbed_batch": (
+        _pb,
+        [("draws n", 1, lambda dev: torch.randn(2, N + 1, D, device=dev)),
+         ("std shape", 2, lambda dev: torch.ones(D + 1, device=dev)), ("std missing", 2, lambda dev: None),
+         ("signs > D", 4, lambda dev: 3), ("signs < 0", 4, lambda dev: -1), ("eps", 3, lambda dev: 0.0),
+         ("scale", 5, lambda dev: "unit")],
+    ),
+    "perturbed_batch_backward": (
+        _pb_backward,
+        [("grad rows", 0, lambda dev: torch.randn(4 * N + 1, D, device=dev)),
+         ("draws d", 2, lambda dev: torch.randn(2, N, D + 1, device=dev))],
+    ),
+    "curvature_penalty": (
+        _cp,
+        [("groups without ratio", 1, lambda dev: False), ("reduction", 2, lambda dev: "sum")],
+    ),
+    "curvature_penalty_backward": (
+        _cp_backward,
+        [("grad of reduction none", 3, lambda dev: "none"),
+         ("values groups", 1, lambda dev: torch.rand(3, N, device=dev))],
+    ),
 }
 
 
@@ -160,7 +220,8 @@ def _runs():
     out = []
     for dev in devices:
         if _backend.unavailable_reason("cpu" if dev == "cpu" else "cuda", dev) is None:
-            out += [(op, "cpu" if dev == "cpu" else "cuda", dev) for op in SPECS]
+            # ops without a C++ kernel (gumbel_quantize) have only the *_triton raw ops
+            out += [(op, "cpu" if dev == "cpu" else "cuda", dev) for op in SPECS if hasattr(_ops(), op)]
     tdev = "cuda" if torch.cuda.is_available() else "cpu"
     if _backend.unavailable_reason("triton", tdev) is None:
         out += [(op, "triton", tdev) for op in SPECS]
@@ -238,7 +299,7 @@ def test_bad_input_raises_and_valid_input_runs(op, backend, dev):
                 torch.testing.assert_close(g, w, equal_nan=True, msg=f"{op}: non-contiguous argument {i}")
 
 
-INDEXED = {"latent_quantize_backward", "cliff_terms", "cliff_terms_backward"}  # ops with an Arg(..., hi=...)
+INDEXED = {"latent_quantize_backward", "cliff_loss", "cliff_loss_backward"}  # ops with an Arg(..., hi=...)
 
 
 @pytest.mark.parametrize("op,backend,dev", [r for r in RUNS if r[0] in INDEXED], ids=lambda v: str(v))
@@ -286,7 +347,8 @@ def test_triton_float_scalars_are_declared_float64(monkeypatch):
     original = interpreter.GridExecutor.__call__
 
     def spy(self, *args, **kwargs):
-        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        params = inspect.signature(self.fn).parameters  # launch options (num_warps, ...) are not arguments
+        bound = inspect.signature(self.fn).bind(*args, **{k: v for k, v in kwargs.items() if k in params})
         for name, value in bound.arguments.items():
             if isinstance(value, float):
                 seen.setdefault(self.fn.__name__, set()).add(name)
@@ -299,4 +361,5 @@ def test_triton_float_scalars_are_declared_float64(monkeypatch):
     monkeypatch.setattr(interpreter.GridExecutor, "__call__", spy)
     for op, (make, _) in SPECS.items():
         _call(op, "triton", [a.value for a in make("cpu", "_triton")])
-    assert {"_jsd_epilogue", "_kz_grad", "_klm_fwd", "_latent_quantize_bwd", "_fdc_fwd"} <= set(seen), sorted(seen)
+    want = {"_cliff_fused_fwd", "_cliff_fused_bwd", "_klm_fwd", "_latent_quantize_bwd", "_fdc_fwd"}
+    assert want <= set(seen), sorted(seen)

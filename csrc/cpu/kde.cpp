@@ -64,59 +64,173 @@ std::tuple<Tensor, Tensor> kde_grid_backward_cpu(const Tensor& grad_, const Tens
   return {gp, gs};
 }
 
-std::tuple<Tensor, Tensor, Tensor> cliff_terms_cpu(const Tensor& x_, const Tensor& grid_, const Tensor& uni_points_,
-                                                   const Tensor& cond_, double sigma, double step) {
-  check_cliff(x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms");
-  const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
-  std::vector<double> terms;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_terms_cpu", [&] {
-    QK_ISA_CALL(cliff_kernel<scalar_t>)(x.data_ptr<scalar_t>(), x.size(0), x.size(1), grid.data_ptr<scalar_t>(), grid.size(0),
-                           vp.data_ptr<scalar_t>(), vp.size(0), cond.data_ptr<int64_t>(), cond.size(1), sigma, step,
-                           0.0, 0.0, 0.0, &terms, nullptr);
-  });
-  return {at::scalar_tensor(terms[0], x.options()), at::scalar_tensor(terms[1], x.options()),
-          at::scalar_tensor(terms[2], x.options())};
+// ============================================================================ cliff_loss
+// The set-up around the kernel (qkernels/reference/kde.py cliff_loss), in plain loops: the
+// standardization x = (z - mean) / std with std = sqrt(max(var, kMinVar)) per column, the grids
+// linspace(a, b, K) and linspace(-sqrt 3, sqrt 3, K) (torch.linspace's formula), the lambdas; and the
+// backward through the standardization. No torch op per call beyond the outputs.
+
+constexpr double kMinVar = 1e-12;  // variance clamp of the standardization (std >= 1e-6)
+
+template <typename T>
+struct Standardized {
+  std::vector<T> x, mean, std;
+  std::vector<char> unclamped;  // var >= kMinVar: the std depends on z
+};
+
+template <typename T>
+Standardized<T> standardize(const T* z, int64_t n, int64_t d) {
+  Standardized<T> s{std::vector<T>(n * d), std::vector<T>(d), std::vector<T>(d), std::vector<char>(d)};
+  std::vector<double> sum(d, 0.0), sq(d, 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < d; ++j) sum[j] += z[r * d + j];
+  for (int64_t j = 0; j < d; ++j) s.mean[j] = static_cast<T>(sum[j] / double(n));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < d; ++j) {
+      const double dev = double(z[r * d + j]) - sum[j] / double(n);
+      sq[j] += dev * dev;
+    }
+  for (int64_t j = 0; j < d; ++j) {
+    const double var = sq[j] / double(n);
+    s.std[j] = static_cast<T>(std::sqrt(std::max(var, kMinVar)));
+    s.unclamped[j] = var >= kMinVar;
+  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < d; ++j) s.x[r * d + j] = (z[r * d + j] - s.mean[j]) / s.std[j];
+  return s;
 }
 
-Tensor cliff_terms_backward_cpu(const Tensor& g_uni, const Tensor& g_biv, const Tensor& g_kl, const Tensor& x_,
-                                const Tensor& grid_, const Tensor& uni_points_, const Tensor& cond_, double sigma,
-                                double step) {
-  check_cliff_backward(g_uni, g_biv, g_kl, x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms_backward");
-  const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
-  Tensor gx = at::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_terms_backward_cpu", [&] {
-    QK_ISA_CALL(cliff_kernel<scalar_t>)(x.data_ptr<scalar_t>(), x.size(0), x.size(1), grid.data_ptr<scalar_t>(), grid.size(0),
-                           vp.data_ptr<scalar_t>(), vp.size(0), cond.data_ptr<int64_t>(), cond.size(1), sigma, step,
-                           g_uni.item<double>(), g_biv.item<double>(), g_kl.item<double>(), nullptr,
-                           gx.data_ptr<scalar_t>());
+template <typename T>
+std::vector<T> linspace(double lo_, double hi_, int64_t K) {
+  const T lo = static_cast<T>(lo_), hi = static_cast<T>(hi_), step = (hi - lo) / static_cast<T>(K - 1);
+  std::vector<T> out(K);
+  for (int64_t k = 0; k < K; ++k) out[k] = k < K / 2 ? lo + step * static_cast<T>(k) : hi - step * static_cast<T>(K - 1 - k);
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> cliff_loss_cpu(const Tensor& z_, const Tensor& cond_, double sigma, double a,
+                                                          double b, int64_t K, double lu, double lb, double lk) {
+  check_cliff_loss(z_, cond_, sigma, a, b, K, "cliff_loss");
+  const Tensor z = z_.contiguous(), cond = cond_.contiguous();
+  const int64_t n = z.size(0), d = z.size(1);
+  std::vector<double> terms;
+  std::vector<Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "cliff_loss_cpu", [&] {
+    const Standardized<scalar_t> s = standardize(z.data_ptr<scalar_t>(), n, d);
+    const std::vector<scalar_t> t = linspace<scalar_t>(a, b, K), v = linspace<scalar_t>(-std::sqrt(3.0), std::sqrt(3.0), K);
+    QK_ISA_CALL(cliff_kernel<scalar_t>)(s.x.data(), n, d, t.data(), K, v.data(), K, cond.data_ptr<int64_t>(),
+                                        cond.size(1), sigma, (b - a) / double(K), 0.0, 0.0, 0.0, &terms, nullptr);
+    const scalar_t uni = static_cast<scalar_t>(terms[0]), biv = static_cast<scalar_t>(terms[1]),
+                   kl = static_cast<scalar_t>(terms[2]);
+    const scalar_t total = static_cast<scalar_t>(lu) * uni + static_cast<scalar_t>(lb) * biv + static_cast<scalar_t>(lk) * kl;
+    for (const scalar_t value : {total, uni, biv, kl}) out.push_back(at::scalar_tensor(value, z.options()));
   });
-  return gx;
+  return {out[0], out[1], out[2], out[3]};
+}
+
+Tensor cliff_loss_backward_cpu(const std::optional<Tensor>& g_total, const std::optional<Tensor>& g_uni,
+                               const std::optional<Tensor>& g_biv, const std::optional<Tensor>& g_kl, const Tensor& z_,
+                               const Tensor& cond_, double sigma, double a, double b, int64_t K, double lu, double lb,
+                               double lk) {
+  const std::optional<Tensor> grads[4] = {g_total, g_uni, g_biv, g_kl};
+  check_cliff_loss_backward(grads, z_, cond_, sigma, a, b, K, "cliff_loss_backward");
+  const auto value = [](const std::optional<Tensor>& g) { return g.has_value() ? g->item<double>() : 0.0; };
+  const double gt = value(g_total);
+  const Tensor z = z_.contiguous(), cond = cond_.contiguous();
+  const int64_t n = z.size(0), d = z.size(1);
+  Tensor gz = at::empty_like(z);
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "cliff_loss_backward_cpu", [&] {
+    const Standardized<scalar_t> s = standardize(z.data_ptr<scalar_t>(), n, d);
+    const std::vector<scalar_t> t = linspace<scalar_t>(a, b, K), v = linspace<scalar_t>(-std::sqrt(3.0), std::sqrt(3.0), K);
+    std::vector<scalar_t> gx(n * d);
+    QK_ISA_CALL(cliff_kernel<scalar_t>)(s.x.data(), n, d, t.data(), K, v.data(), K, cond.data_ptr<int64_t>(),
+                                        cond.size(1), sigma, (b - a) / double(K), lu * gt + value(g_uni),
+                                        lb * gt + value(g_biv), lk * gt + value(g_kl), nullptr, gx.data());
+    // x = (z - mean) / std: dz = (gx - mean(gx) - x mean(gx x)) / std (no last term where std is clamped)
+    std::vector<double> mg(d, 0.0), mgx(d, 0.0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < d; ++j) {
+        mg[j] += gx[r * d + j];
+        mgx[j] += double(gx[r * d + j]) * double(s.x[r * d + j]);
+      }
+    scalar_t* out = gz.data_ptr<scalar_t>();
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < d; ++j) {
+        const double proj = s.unclamped[j] ? mgx[j] / double(n) : 0.0;
+        out[r * d + j] = static_cast<scalar_t>((double(gx[r * d + j]) - mg[j] / double(n) - double(s.x[r * d + j]) * proj) /
+                                               double(s.std[j]));
+      }
+  });
+  return gz;
 }
 
 // ============================================================================ klm
+// std absent: the population std of z + 1e-6 per column (differentiable in z), computed here.
 
-std::tuple<Tensor, Tensor> klm_cpu(const Tensor& z_, const Tensor& std_) {
+template <typename T>
+std::vector<T> default_std(const T* z, int64_t n, int64_t d, std::vector<double>* mean, std::vector<double>* var) {
+  mean->assign(d, 0.0);
+  var->assign(d, 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < d; ++j) (*mean)[j] += z[r * d + j];
+  for (int64_t j = 0; j < d; ++j) (*mean)[j] /= double(n);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < d; ++j) {
+      const double dev = double(z[r * d + j]) - (*mean)[j];
+      (*var)[j] += dev * dev;
+    }
+  std::vector<T> std(d);
+  for (int64_t j = 0; j < d; ++j) {
+    (*var)[j] /= double(n);
+    std[j] = static_cast<T>(std::sqrt((*var)[j])) + static_cast<T>(1e-6);
+  }
+  return std;
+}
+
+std::tuple<Tensor, Tensor> klm_cpu(const Tensor& z_, const std::optional<Tensor>& std_) {
   check_klm(z_, std_, "klm");
-  const Tensor z = z_.contiguous(), std = std_.contiguous();
+  const Tensor z = z_.contiguous();
   const int64_t n = z.size(0), d = z.size(1);
   Tensor lse = at::empty({n, d + 1}, z.options());
   double loss = 0.0;
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "klm_cpu", [&] {
-    loss = QK_ISA_CALL(klm_forward_kernel<scalar_t>)(z.data_ptr<scalar_t>(), std.data_ptr<scalar_t>(), n, d,
-                                        lse.data_ptr<scalar_t>());
+    std::vector<double> mean, var;
+    const Tensor given = std_.has_value() ? std_->contiguous() : Tensor();
+    const std::vector<scalar_t> own = std_.has_value() ? std::vector<scalar_t>() :
+                                      default_std(z.data_ptr<scalar_t>(), n, d, &mean, &var);
+    const scalar_t* s = std_.has_value() ? given.data_ptr<scalar_t>() : own.data();
+    loss = QK_ISA_CALL(klm_forward_kernel<scalar_t>)(z.data_ptr<scalar_t>(), s, n, d, lse.data_ptr<scalar_t>());
   });
   return {at::scalar_tensor(loss, z.options()), lse};
 }
 
-std::tuple<Tensor, Tensor> klm_backward_cpu(const Tensor& grad_loss, const Tensor& z_, const Tensor& std_,
+std::tuple<Tensor, Tensor> klm_backward_cpu(const Tensor& grad_loss, const Tensor& z_, const std::optional<Tensor>& std_,
                                             const Tensor& lse_) {
   check_klm_backward(grad_loss, z_, std_, lse_, "klm_backward");
-  const Tensor z = z_.contiguous(), std = std_.contiguous(), lse = lse_.contiguous();
-  Tensor gz = at::empty_like(z), gs = at::empty_like(std);
+  const Tensor z = z_.contiguous(), lse = lse_.contiguous();
+  const int64_t n = z.size(0), d = z.size(1);
+  Tensor gz = at::empty_like(z), gs = at::empty({std_.has_value() ? d : 0}, z.options());
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "klm_backward_cpu", [&] {
-    QK_ISA_CALL(klm_backward_kernel<scalar_t>)(grad_loss.item<double>(), z.data_ptr<scalar_t>(), std.data_ptr<scalar_t>(),
-                                  lse.data_ptr<scalar_t>(), z.size(0), z.size(1), gz.data_ptr<scalar_t>(),
-                                  gs.data_ptr<scalar_t>());
+    std::vector<double> mean, var;
+    const Tensor given = std_.has_value() ? std_->contiguous() : Tensor();
+    const std::vector<scalar_t> own = std_.has_value() ? std::vector<scalar_t>() :
+                                      default_std(z.data_ptr<scalar_t>(), n, d, &mean, &var);
+    const scalar_t* s = std_.has_value() ? given.data_ptr<scalar_t>() : own.data();
+    std::vector<scalar_t> gstd(d);
+    scalar_t* out = gz.data_ptr<scalar_t>();
+    QK_ISA_CALL(klm_backward_kernel<scalar_t>)(grad_loss.item<double>(), z.data_ptr<scalar_t>(), s,
+                                               lse.data_ptr<scalar_t>(), n, d, out, gstd.data());
+    if (std_.has_value()) {
+      std::copy(gstd.begin(), gstd.end(), gs.data_ptr<scalar_t>());
+      return;
+    }
+    // the default std's share: dstd_j / dz_rj = (z_rj - mean_j) / (n sqrt(var_j)), 0 where var_j = 0
+    const scalar_t* zz = z.data_ptr<scalar_t>();
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < d; ++j)
+        if (var[j] > 0)
+          out[r * d + j] += static_cast<scalar_t>(double(gstd[j]) * (double(zz[r * d + j]) - mean[j]) /
+                                                  (double(n) * std::sqrt(var[j])));
   });
   return {gz, gs};
 }
@@ -126,8 +240,8 @@ std::tuple<Tensor, Tensor> klm_backward_cpu(const Tensor& grad_loss, const Tenso
 TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
   m.impl("kde_grid", &kde_grid_cpu);
   m.impl("kde_grid_backward", &kde_grid_backward_cpu);
-  m.impl("cliff_terms", &cliff_terms_cpu);
-  m.impl("cliff_terms_backward", &cliff_terms_backward_cpu);
+  m.impl("cliff_loss", &cliff_loss_cpu);
+  m.impl("cliff_loss_backward", &cliff_loss_backward_cpu);
   m.impl("klm", &klm_cpu);
   m.impl("klm_backward", &klm_backward_cpu);
 }

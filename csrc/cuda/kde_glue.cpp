@@ -1,4 +1,4 @@
-// TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the KDE kernels (klm, kde_grid, cliff_terms): checks, allocation,
+// TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the KDE kernels (klm, kde_grid, cliff_loss): checks, allocation,
 // stream, then the raw-pointer launchers of csrc/cuda/kde.cu. Built only with CUDA torch. The O(n d)
 // pre- and post-processing (y = z / std, the loss mean, the std gradient) is left to ATen.
 #include <ATen/ATen.h>
@@ -18,11 +18,21 @@ namespace {
 
 using at::Tensor;
 
-std::tuple<Tensor, Tensor> klm_cuda(const Tensor& z_, const Tensor& std_) {
+// std absent: the population std of z + 1e-6 (differentiable in z); var and mean for its backward
+Tensor default_std(const Tensor& z, Tensor* mean, Tensor* var) {
+  *mean = z.mean(0);
+  *var = (z - *mean).square().mean(0);
+  const Tensor pos = *var > 0;
+  return at::where(pos, *var, 1.0).sqrt() * pos + 1e-6;
+}
+
+std::tuple<Tensor, Tensor> klm_cuda(const Tensor& z_, const std::optional<Tensor>& std_) {
   check_klm(z_, std_, "klm");
   const c10::cuda::CUDAGuard guard(z_.device());
   const int64_t n = z_.size(0), d = z_.size(1);
-  const Tensor y = (z_ / std_).contiguous();
+  Tensor mean, var;
+  const Tensor s = std_.has_value() ? *std_ : default_std(z_, &mean, &var);
+  const Tensor y = (z_ / s).contiguous();
   const double f = silverman_factor(double(n), double(d));
   Tensor lse = at::empty({n, d + 1}, z_.options());
   AT_DISPATCH_FLOATING_TYPES(z_.scalar_type(), "klm_cuda", [&] {
@@ -35,12 +45,14 @@ std::tuple<Tensor, Tensor> klm_cuda(const Tensor& z_, const Tensor& std_) {
   return {loss, lse};
 }
 
-std::tuple<Tensor, Tensor> klm_backward_cuda(const Tensor& grad_loss, const Tensor& z_, const Tensor& std_,
+std::tuple<Tensor, Tensor> klm_backward_cuda(const Tensor& grad_loss, const Tensor& z_, const std::optional<Tensor>& std_,
                                              const Tensor& lse_) {
   check_klm_backward(grad_loss, z_, std_, lse_, "klm_backward");
   const c10::cuda::CUDAGuard guard(z_.device());
   const int64_t n = z_.size(0), d = z_.size(1);
-  const Tensor y = (z_ / std_).contiguous(), lse = lse_.contiguous();
+  Tensor mean, var;
+  const Tensor s = std_.has_value() ? *std_ : default_std(z_, &mean, &var);
+  const Tensor y = (z_ / s).contiguous(), lse = lse_.contiguous();
   const double f = silverman_factor(double(n), double(d));
   Tensor gy = at::empty_like(y);
   AT_DISPATCH_FLOATING_TYPES(z_.scalar_type(), "klm_backward_cuda", [&] {
@@ -51,7 +63,12 @@ std::tuple<Tensor, Tensor> klm_backward_cuda(const Tensor& grad_loss, const Tens
   });
   gy = gy * grad_loss.to(z_.scalar_type());  // device scalar: no host sync
   // z = y * std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j
-  return {gy / std_, -(gy * y).sum(0) / std_};
+  Tensor gz = gy / s, gs = -(gy * y).sum(0) / s;
+  if (std_.has_value()) return {gz, gs};
+  // the default std's share: dstd_j / dz_bj = (z_bj - mean_j) / (n sqrt(var_j)), 0 where var_j = 0
+  const Tensor pos = var > 0;
+  gz = gz + at::where(pos, gs / (double(n) * at::where(pos, var, 1.0).sqrt()), 0.0) * (z_ - mean);
+  return {gz, at::empty({0}, z_.options())};
 }
 
 
@@ -87,45 +104,84 @@ std::tuple<Tensor, Tensor> kde_grid_backward_cuda(const Tensor& grad_, const Ten
 }
 
 
-std::tuple<Tensor, Tensor, Tensor> cliff_terms_cuda(const Tensor& x_, const Tensor& grid_, const Tensor& uni_points_,
-                                                    const Tensor& cond_, double sigma, double step) {
-  check_cliff(x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms");
+// The three terms of standardized latents x (the kernels of csrc/cuda/kde.cu).
+std::tuple<Tensor, Tensor, Tensor> cliff_terms(const Tensor& x_, const Tensor& grid_, const Tensor& uni_points_,
+                                               const Tensor& cond_, double sigma, double step) {
   const c10::cuda::CUDAGuard guard(x_.device());
   const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
   const int64_t n = x.size(0), d = x.size(1), K = grid.size(0), Ku = vp.size(0), M = cond.size(1);
   Tensor uni = at::empty({d}, x.options()), kl = at::empty({d}, x.options());
   Tensor jsd = at::zeros({d > 1 ? d * (d - 1) : 1}, x.options());
   Tensor ws = at::empty({cuda::cliff_fwd_workspace(d, K, Ku, M)}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_terms_cuda", [&] {
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_loss_cuda", [&] {
     check_cuda(cuda::cliff_fwd<scalar_t>(x.data_ptr<scalar_t>(), grid.data_ptr<scalar_t>(), vp.data_ptr<scalar_t>(),
                                          cond.data_ptr<int64_t>(), uni.data_ptr<scalar_t>(), kl.data_ptr<scalar_t>(),
                                          jsd.data_ptr<scalar_t>(), ws.data_ptr<scalar_t>(), n, d, K, Ku, M, sigma,
                                          step, c10::cuda::getCurrentCUDAStream()),
-               "cliff_terms");
+               "cliff_loss");
   });
   return {uni.sum(), jsd.sum(), kl.sum()};
 }
 
-Tensor cliff_terms_backward_cuda(const Tensor& g_uni, const Tensor& g_biv, const Tensor& g_kl, const Tensor& x_,
-                                 const Tensor& grid_, const Tensor& uni_points_, const Tensor& cond_, double sigma,
-                                 double step) {
-  check_cliff_backward(g_uni, g_biv, g_kl, x_, grid_, uni_points_, cond_, sigma, step, "cliff_terms_backward");
+// d(g_uni uni + g_biv biv + g_kl kl)/dx with g3 = (g_uni, g_biv, g_kl) on the device.
+Tensor cliff_terms_backward(const Tensor& g3, const Tensor& x_, const Tensor& grid_, const Tensor& uni_points_,
+                            const Tensor& cond_, double sigma, double step) {
   const c10::cuda::CUDAGuard guard(x_.device());
   const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
   const int64_t n = x.size(0), d = x.size(1), K = grid.size(0), Ku = vp.size(0), M = cond.size(1);
-  // (g_uni, g_biv, g_kl) on the device: no host sync
-  const Tensor g3 = at::stack({g_uni.reshape({}).to(x.options()), g_biv.reshape({}).to(x.options()),
-                                g_kl.reshape({}).to(x.options())});
   Tensor gx = at::empty_like(x);
   Tensor ws = at::empty({cuda::cliff_bwd_workspace(d, K, Ku, M)}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_terms_backward_cuda", [&] {
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_loss_backward_cuda", [&] {
     check_cuda(cuda::cliff_bwd<scalar_t>(g3.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), grid.data_ptr<scalar_t>(),
                                          vp.data_ptr<scalar_t>(), cond.data_ptr<int64_t>(), gx.data_ptr<scalar_t>(),
                                          ws.data_ptr<scalar_t>(), n, d, K, Ku, M, sigma, step,
                                          c10::cuda::getCurrentCUDAStream()),
-               "cliff_terms_backward");
+               "cliff_loss_backward");
   });
   return gx;
+}
+
+// Cliff's set-up around the terms (qkernels/reference/kde.py cliff_loss), left to ATen: the
+// standardization, the grids, the lambdas, and the standardization's backward.
+constexpr double kMinVar = 1e-12;  // variance clamp of the standardization (std >= 1e-6)
+
+struct Standardized {
+  Tensor x, std, unclamped;
+};
+
+Standardized standardize(const Tensor& z) {
+  const Tensor mean = z.mean(0), var = (z - mean).square().mean(0);
+  const Tensor std = var.clamp_min(kMinVar).sqrt();
+  return {((z - mean) / std).contiguous(), std, var >= kMinVar};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> cliff_loss_cuda(const Tensor& z, const Tensor& cond, double sigma, double a,
+                                                           double b, int64_t K, double lu, double lb, double lk) {
+  check_cliff_loss(z, cond, sigma, a, b, K, "cliff_loss");
+  const c10::cuda::CUDAGuard guard(z.device());
+  const Standardized s = standardize(z);
+  const Tensor t = at::linspace(a, b, K, z.options()), v = at::linspace(-std::sqrt(3.0), std::sqrt(3.0), K, z.options());
+  auto [uni, biv, kl] = cliff_terms(s.x, t, v, cond, sigma, (b - a) / double(K));
+  return {lu * uni + lb * biv + lk * kl, uni, biv, kl};
+}
+
+Tensor cliff_loss_backward_cuda(const std::optional<Tensor>& g_total, const std::optional<Tensor>& g_uni,
+                                const std::optional<Tensor>& g_biv, const std::optional<Tensor>& g_kl, const Tensor& z,
+                                const Tensor& cond, double sigma, double a, double b, int64_t K, double lu, double lb,
+                                double lk) {
+  const std::optional<Tensor> grads[4] = {g_total, g_uni, g_biv, g_kl};
+  check_cliff_loss_backward(grads, z, cond, sigma, a, b, K, "cliff_loss_backward");
+  const c10::cuda::CUDAGuard guard(z.device());
+  const Tensor zero = at::zeros({}, z.options());
+  const auto value = [&](const std::optional<Tensor>& g) { return g.has_value() ? g->reshape({}).to(z.options()) : zero; };
+  const Tensor gt = value(g_total);  // device scalars: no host sync
+  const Tensor g3 = at::stack({lu * gt + value(g_uni), lb * gt + value(g_biv), lk * gt + value(g_kl)});
+  const Standardized s = standardize(z);
+  const Tensor t = at::linspace(a, b, K, z.options()), v = at::linspace(-std::sqrt(3.0), std::sqrt(3.0), K, z.options());
+  const Tensor gx = cliff_terms_backward(g3, s.x, t, v, cond, sigma, (b - a) / double(K));
+  // x = (z - mean) / std: dz = (gx - mean(gx) - x mean(gx x)) / std (no last term where std is clamped)
+  const Tensor proj = at::where(s.unclamped, (gx * s.x).mean(0), 0.0);
+  return (gx - gx.mean(0) - s.x * proj) / s.std;
 }
 
 }  // namespace
@@ -135,8 +191,8 @@ TORCH_LIBRARY_IMPL(qkernels, CUDA, m) {
   m.impl("kde_grid_backward", &kde_grid_backward_cuda);
   m.impl("klm", &klm_cuda);
   m.impl("klm_backward", &klm_backward_cuda);
-  m.impl("cliff_terms", &cliff_terms_cuda);
-  m.impl("cliff_terms_backward", &cliff_terms_backward_cuda);
+  m.impl("cliff_loss", &cliff_loss_cuda);
+  m.impl("cliff_loss_backward", &cliff_loss_backward_cuda);
 }
 
 }  // namespace qkernels

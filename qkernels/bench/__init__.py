@@ -386,6 +386,21 @@ def peak_memory(case: Case, variant: str, *, warm: bool = True) -> int | None:
     return int(json.loads(res.stdout.strip().splitlines()[-1]))
 
 
+def variant_launches(case: Case, variant: str) -> int | None:
+    """GPU kernel launches of one forward + backward of ``variant`` (:mod:`qkernels.bench.launches`):
+    on a GPU the kernels torch.profiler records; elsewhere the dispatch-mode count (None for
+    torch.compile variants: their generated kernels bypass it; a GPU profiler counts them)."""
+    from qkernels.bench.launches import count_launches, profiler_kernels
+
+    inputs = case.make(1)
+    fn = case.variants[variant]
+    if _on_cuda(inputs):
+        return sum(profiler_kernels(lambda: fn(*inputs)).values())
+    if "compiled" in variant:
+        return None
+    return count_launches(lambda: fn(*inputs)).total
+
+
 def machine() -> str:
     """One line describing this machine."""
     cpu = platform.processor() or platform.machine()
@@ -407,8 +422,8 @@ def run(
 ) -> list[dict]:
     """Benchmark every case of every hot path; print one fixed-width table per hot path (every
     line <= 100 columns: the case on a line of its own, a line per variant below it) with a
-    legend under it; return the rows (:func:`summarize`'s, plus ``peak_bytes`` and
-    ``memory_ratio`` = variant peak / baseline peak).
+    legend under it; return the rows (:func:`summarize`'s, plus ``peak_bytes``,
+    ``memory_ratio`` = variant peak / baseline peak and ``launches``: :func:`variant_launches`).
 
     Ratios are per-round medians measured in the same run: "vs baseline" = baseline / variant and
     "vs compiled" = compiled reference / variant, printed as "Nx faster" / "Nx slower". Warns when
@@ -457,6 +472,7 @@ def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float) -> li
                     peak = peaks[r["variant"]]
                     r["peak_bytes"] = peak
                     r["memory_ratio"] = peak / base if peak and base else None
+                    r["launches"] = variant_launches(case, r["variant"])
             rounds = max((r["rounds"] for r in case_rows if "rounds" in r), default=None)
             say(*case_lines(case.name, case_rows, baseline=case.baseline, rounds=rounds))
             rows += case_rows

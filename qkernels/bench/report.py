@@ -49,8 +49,11 @@ COLUMNS = (
     "times of one forward + backward, ms; IQR %: interquartile range of the runs, % of the median. "
     "vs baseline, vs compiled: baseline (reference_compiled) time / variant time, median over "
     "interleaved rounds: 'Nx faster' = N times less time, 'Nx slower' = N times more, '?' = no "
-    "clear winner (each won in 25-75% of the rounds). peak MiB: peak memory growth of one run; "
-    "mem vs base: 'Nx less' / 'Nx more' memory than the baseline ('-': not measured, or 0)."
+    "clear winner (each won in 25-75% of the rounds). lnch: GPU kernel launches of one run (on a GPU: "
+    "the kernels torch.profiler records; on a CPU: Triton launches + aten ops that would run a kernel, "
+    "counted by qkernels.bench.launches, a C++ op counting 1; '-': not counted, e.g. torch.compile on a "
+    "CPU). peak MiB: peak memory growth of one run; mem vs base: 'Nx less' / 'Nx more' memory than the "
+    "baseline ('-': not measured, or 0)."
 )
 
 #: the columns of the summary of ``pytest benchmarks/`` (variants timed one after another)
@@ -125,12 +128,12 @@ def _fit(line: str) -> str:
     return line if len(line) <= WIDTH else line[: WIDTH - 3] + "..."
 
 
-_ROW = "  {:<21}{:>9}{:>10}{:>6}  {:<13}  {:<13}{:>9}  {:<11}"
+_ROW = "  {:<20}{:>8}{:>10}{:>6}{:>5} {:<13} {:<13}{:>8}  {:<11}"
 
 
 def header() -> str:
     """The column header of a table."""
-    return _fit(_ROW.format("variant", "min ms", "median ms", "IQR %", "vs baseline", "vs compiled",
+    return _fit(_ROW.format("variant", "min ms", "median ms", "IQR %", "lnch", "vs baseline", "vs compiled",
                             "peak MiB", "mem vs base"))
 
 
@@ -149,15 +152,15 @@ def case_lines(
     for row in rows:
         name = str(row["variant"])
         if "error" in row:
-            lines.append(_fit(f"  {name:<21}failed: {row['error']}".replace("\n", " ")))
+            lines.append(_fit(f"  {name:<20} failed: {row['error']}".replace("\n", " ")))
             continue
         if "note" in row:
-            lines.append(_fit(f"  {name:<21}{row['note']}"))
+            lines.append(_fit(f"  {name:<20} {row['note']}"))
             continue
-        peak = row.get("peak_bytes")
+        peak, launches = row.get("peak_bytes"), row.get("launches")
         lines.append(_fit(_ROW.format(
-            name if len(name) <= 21 else name[:20] + "~",
-            _ms(row.get("min_s")), _ms(row.get("median_s")), _pct(row),
+            name if len(name) <= 20 else name[:19] + "~",
+            _ms(row.get("min_s")), _ms(row.get("median_s")), _pct(row), "-" if launches is None else launches,
             ratio_text(row.get("vs_baseline"), clear=row.get("vs_baseline_clear", True)),
             ratio_text(row.get("vs_compiled"), clear=row.get("vs_compiled_clear", True)),
             "-" if peak is None else f"{peak / 2**20:.1f}",

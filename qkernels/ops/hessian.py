@@ -3,14 +3,25 @@
 Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of
 :mod:`qkernels.triton.hessian`; how an op is put together: :mod:`qkernels.ops._library`):
 
+- ``perturbed_batch(z (n, d), draws (D, n, d), std (d,) or None, eps, signs, scale) -> (2 D n, d)``
+  the stacked batch [z + h_1; z - h_1; ...] from the raw normal draws (the first ``signs`` used as
+  Rademacher signs) and the scale ("std", "population": std of z + 1e-6 inside the op, "one");
+  ``perturbed_batch_backward(grad, z, draws, std, ...) -> (grad_z (n, d), grad_scale (d,))``.
 - ``finite_difference_curvature(stacked (R, M), n, num_perturbations, eps, groups, unbiased, reduce)
   -> (values (groups, n), argmax (groups, n) int64)``
 - ``finite_difference_curvature_backward(grad (groups, n), stacked, argmax, ...)
   -> grad_stacked (R, M)``
+- ``curvature_penalty(values (groups, n), ratio, reduction) -> () or (n,)``: NHP's
+  mean_i num_i / (den_i + 1e-10) (ratio) or HP's max / mean over samples;
+  ``curvature_penalty_backward(grad, values, ratio, reduction) -> grad_values (groups, n)``.
 
-The forward reads every stacked activation once and writes ``groups * n`` scalars; the backward
-recomputes the per-element means and writes the gradient of the stacked activations in one pass.
-See :func:`qkernels.reference.hessian.finite_difference_curvature` for the exact semantics.
+The curvature forward reads every stacked activation once and writes ``groups * n`` scalars; its
+backward recomputes the per-element means and writes the gradient of the stacked activations in
+one pass. Semantics: :mod:`qkernels.reference.hessian`. On the ``triton`` backend every op of the
+penalties is one launch forward and one backward, so a penalty's forward + backward costs 7
+launches beyond ``fn``'s own (the random draws, then those three ops each way). ``perturbed_batch``
+and ``curvature_penalty`` have no C++ kernels: with the ``cpu`` / ``cuda`` curvature op the
+penalties use their reference.
 
 Why ``fn`` is never evaluated at ``z``: every second difference of an activation element,
 fd_l = (f(z + h_l) - 2 f(z) + f(z - h_l)) / eps^2, contains the same center term -2 f(z) / eps^2,
@@ -28,14 +39,14 @@ from typing import Any
 
 import torch
 
-from qkernels._backend import select
+from qkernels._backend import implementations, select
 from qkernels._precision import HALF, compute_dtype, no_autocast, upcast
-from qkernels._validation import check_positive, check_std, check_tensor, is_finite_number
+from qkernels._validation import check_positive, check_same, check_std, check_tensor, is_finite_number
 from qkernels.distributed import rank_and_size, rank_rows
 from qkernels.ops import _library as lib
 from qkernels.reference import hessian as ref
 
-NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
+NHP_DENOM_EPS = ref.NHP_DENOM_EPS  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
 
 # ----------------------------------------------------------------------------- op definitions
 # One block per op: fake + autograd (wire_*), raw-argument checks of its Triton ops, backends.
@@ -63,6 +74,7 @@ def wire_finite_difference_curvature(fwd: str, bwd: str) -> None:
         stacked, *args = inputs
         ctx.save_for_backward(stacked, output[1])
         ctx.args = args
+        ctx.set_materialize_grads(False)  # no zeros launched for the integer argmax's gradient
 
     def backward(ctx, grad_values, _grad_argmax):
         stacked, argmax = ctx.saved_tensors
@@ -102,6 +114,124 @@ lib.define_backends(
 )
 
 
+# ------------------------------ perturbed_batch
+
+
+def wire_perturbed_batch(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a perturbed_batch op pair."""
+
+    @torch.library.register_fake(fwd)
+    def _(z, draws, std, eps, signs, scale):
+        return z.new_empty(2 * draws.shape[0] * z.shape[0], z.shape[1])
+
+    @torch.library.register_fake(bwd)
+    def _(grad, z, draws, std, eps, signs, scale):
+        return z.new_empty(z.shape), z.new_empty(z.shape[1])
+
+    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+
+    def setup_context(ctx, inputs, output):
+        z, draws, std, *args = inputs
+        ctx.save_for_backward(z, draws, std)
+        ctx.args = args
+
+    def backward(ctx, grad):
+        z, draws, std = ctx.saved_tensors
+        grad_z, grad_s = backward_op(grad, z, draws, std, *ctx.args)
+        uses_std = std is not None and ctx.args[2] == "std"
+        return grad_z, None, (grad_s if uses_std else None), None, None, None
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+def check_perturbed_batch(z, draws, std, eps, signs, scale, op="perturbed_batch_triton"):
+    lib.matrix(z, "z", op)
+    lib.floating(draws, "draws", op)
+    lib.like(draws, "draws", z, "z", op)
+    if draws.dim() != 3 or draws.shape[0] < 1 or tuple(draws.shape[1:]) != tuple(z.shape):
+        lib.fail(op, f"draws must be (D, n, d) with D >= 1 and (n, d) = {tuple(z.shape)}, got {tuple(draws.shape)}")
+    if scale not in ref.SCALES:
+        lib.fail(op, f"scale must be one of {ref.SCALES}, got {scale!r}")
+    if scale == "std":
+        if std is None:
+            lib.fail(op, 'scale "std" needs std (d,)')
+        lib.floating(std, "std", op)
+        lib.like(std, "std", z, "z", op)
+        if tuple(std.shape) != (z.shape[1],):
+            lib.fail(op, f"std must be (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
+    if not 0 <= signs <= draws.shape[0] or not eps > 0 or eps == float("inf"):
+        lib.fail(op, f"need 0 <= signs <= D = {draws.shape[0]} and finite eps > 0; got signs={signs}, eps={eps}")
+
+
+def check_perturbed_batch_backward(grad, z, draws, std, eps, signs, scale):
+    op = "perturbed_batch_backward_triton"
+    check_perturbed_batch(z, draws, std, eps, signs, scale, op)
+    rows = 2 * draws.shape[0] * z.shape[0]
+    if tuple(grad.shape) != (rows, z.shape[1]):
+        lib.fail(op, f"grad must be (2 D n, d) = ({rows}, {z.shape[1]}), got {tuple(grad.shape)}")
+    if grad.device != z.device:
+        lib.fail(op, f"grad is on {grad.device} but z is on {z.device}")
+
+
+lib.define_backends(
+    "perturbed_batch", reference=ref.perturbed_batch, wire=wire_perturbed_batch,
+    triton=_tk, checks=(check_perturbed_batch, check_perturbed_batch_backward),
+)
+
+
+# ------------------------------ curvature_penalty
+
+
+def wire_curvature_penalty(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a curvature_penalty op pair."""
+
+    @torch.library.register_fake(fwd)
+    def _(values, ratio, reduction):
+        return values.new_empty((values.shape[1],) if reduction == "none" else ())
+
+    @torch.library.register_fake(bwd)
+    def _(grad, values, ratio, reduction):
+        return values.new_empty(values.shape)
+
+    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+
+    def setup_context(ctx, inputs, output):
+        values, *args = inputs
+        ctx.save_for_backward(values)
+        ctx.args = args
+
+    def backward(ctx, grad):
+        (values,) = ctx.saved_tensors
+        return (backward_op(grad, values, *ctx.args),) + (None,) * len(ctx.args)
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+def check_curvature_penalty(values, ratio, reduction, op="curvature_penalty_triton"):
+    lib.matrix(values, "values", op)
+    if values.shape[0] != (2 if ratio else 1) or reduction not in ("mean", "max", "none"):
+        lib.fail(op, f"need values (2, n) with ratio, (1, n) without, and reduction 'mean', 'max' or 'none'; "
+                 f"got {tuple(values.shape)}, ratio={ratio}, reduction={reduction!r}")
+
+
+def check_curvature_penalty_backward(grad, values, ratio, reduction):
+    op = "curvature_penalty_backward_triton"
+    check_curvature_penalty(values, ratio, reduction, op)
+    if reduction == "none":
+        if tuple(grad.shape) != (values.shape[1],):
+            lib.fail(op, f"grad must be (n,) = ({values.shape[1]},), got {tuple(grad.shape)}")
+        if grad.device != values.device:
+            lib.fail(op, f"grad is on {grad.device} but values is on {values.device}")
+    else:
+        lib.scalar_grad(grad, "grad", values, op)
+
+
+lib.define_backends(
+    "curvature_penalty", reference=ref.curvature_penalty, wire=wire_curvature_penalty,
+    triton=_tk, checks=(check_curvature_penalty, check_curvature_penalty_backward),
+)
+
+
 # ----------------------------------------------------------------------------- validation helpers
 
 
@@ -137,11 +267,34 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     return value  # type: ignore[return-value]
 
 
+def _backend(t: torch.Tensor) -> str:
+    """The backend of the curvature op for ``t``; the penalties' other ops follow it."""
+    return select("finite_difference_curvature", t.device, t.dtype)[0]
+
+
+def _op(op: str, backend: str) -> Callable:
+    """``op``'s implementation on ``backend``, its reference where it has none (cpu, cuda)."""
+    impls = implementations(op)
+    return impls.get(backend, impls["reference"])
+
+
 def _curvature(
     a: torch.Tensor, n: int, k: int, eps: float, groups: int, unbiased: bool, reduce: str
 ):
     _, impl = select("finite_difference_curvature", a.device, a.dtype)
     return impl(a, n, k, eps, groups, unbiased, reduce)[0]
+
+
+def _penalty(values: torch.Tensor, ratio: bool, reduction: str) -> torch.Tensor:
+    return _op("curvature_penalty", _backend(values))(values, ratio, reduction)
+
+
+def _total(per: list[torch.Tensor]) -> torch.Tensor:
+    """The sum over fn's entries (no launch for one entry)."""
+    total = per[0]
+    for p in per[1:]:
+        total = total + p
+    return total
 
 
 def finite_difference_curvature(
@@ -270,27 +423,74 @@ def _check_common(fn, z, num_perturbations, eps, chunk_size):
     return k, eps
 
 
-def _directions(kind: str, k: int, z: torch.Tensor, generator, group=None) -> torch.Tensor:
-    """(k, n, d) Rademacher signs or standard normals, drawn on the generator's device (a CPU
-    generator gives the same directions for CPU and CUDA latents) and moved to z's device
-    without blocking the host. Under a data-parallel ``group``: this rank's rows of the directions
-    of the global batch (world x n rows), as one process would draw them."""
+def _draws(count: int, z: torch.Tensor, generator, group=None) -> torch.Tensor:
+    """(count, n, d) standard normals in ONE draw (the raw numbers of the directions; Rademacher
+    signs are the signs of the first ones, taken by :func:`perturbed_batch`), drawn on the
+    generator's device (a CPU generator gives the same directions for CPU and CUDA latents) and
+    moved to z's device without blocking the host. Under a data-parallel ``group``: this rank's
+    rows of the draws of the global batch (world x n rows), as one process would draw them."""
     _, world = rank_and_size(group) if group is not None else (0, 1)
-    shape = (k, world * z.shape[0], *z.shape[1:])
+    shape = (count, world * z.shape[0], *z.shape[1:])
     # no generator=None keyword: it fails torch.compile with dynamic shapes
     kw = {"device": z.device} if generator is None else {"device": generator.device, "generator": generator}
-    if kind == "rademacher":
-        h = (2 * torch.randint(0, 2, shape, dtype=torch.int8, **kw) - 1).to(z.dtype)
-    else:
-        h = torch.randn(shape, dtype=z.dtype, **kw)
+    u = torch.randn(shape, dtype=z.dtype, **kw)
     if group is not None:
-        h = rank_rows(h, group, dim=1)
-    return h.to(z.device, non_blocking=True)
+        u = rank_rows(u, group, dim=1)
+    return u.to(z.device, non_blocking=True)
 
 
-def _stack(z: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """(n, d) latents, (D, n, d) directions -> (2 D n, d) rows [z + h_1; z - h_1; ...]."""
-    return torch.stack([z + h, z - h], dim=1).reshape(-1, z.shape[1])
+def perturbed_batch(
+    z: torch.Tensor,
+    draws: torch.Tensor,
+    std: torch.Tensor | None = None,
+    eps: float = 0.1,
+    *,
+    signs: int = 0,
+    scale: str | None = None,
+) -> torch.Tensor:
+    """The stacked finite-difference batch of the Hessian penalties, (2 D n, d).
+
+    Rows [z + h_1; z - h_1; ...; z + h_D; z - h_D] (blocks of n rows), h_l = u_l * (eps * s):
+    u_l = sign(draws[l]) (+1 where >= 0) for l < ``signs`` (Rademacher), draws[l] otherwise; s = std
+    (d,) when given (``scale`` "std", the default then), the population std of z + 1e-6 computed
+    in the op and differentiable in z (``scale`` "population", the default without std), or 1
+    (``scale`` "one"). z: (n, d); draws: (D, n, d) standard normals (constants). Gradients reach z
+    and std. The triton backend makes one launch forward and one backward.
+    """
+    check_tensor("z", z, ndim=2)
+    scale = scale or ("population" if std is None else "std")
+    _check_choice("scale", scale, ref.SCALES)
+    check_tensor("draws", draws, ndim=3)
+    check_same("draws", draws, "z", z, dtype=False)
+    if tuple(draws.shape[1:]) != tuple(z.shape):
+        raise ValueError(f"draws must be (D, n, d) with (n, d) = {tuple(z.shape)}, got {tuple(draws.shape)}")
+    if isinstance(signs, bool) or not isinstance(signs, int) or not 0 <= signs <= draws.shape[0]:
+        raise ValueError(f"signs must be in [0, D = {draws.shape[0]}], got {signs}")
+    eps = _check_eps(eps)
+    if scale == "std":
+        if std is None:
+            raise ValueError('scale "std" needs std')
+        std = check_std(std, z)
+    dtype = compute_dtype(z=z, draws=draws, std=std if scale == "std" else None)
+    z, draws = upcast(z, dtype), upcast(draws, dtype)
+    std = upcast(std, dtype) if scale == "std" else None
+    return _op("perturbed_batch", _backend(z))(z, draws, std, eps, signs, scale)
+
+
+def curvature_penalty(values: torch.Tensor, *, ratio: bool, reduction: str = "mean") -> torch.Tensor:
+    """Per-sample curvature values (groups, n) (``finite_difference_curvature``) to the penalty.
+
+    ratio=True (NHP, groups = 2): p_i = values[0, i] / (values[1, i] + 1e-10); ratio=False (HP,
+    groups = 1): p_i = values[0, i]. reduction "mean" -> mean_i p_i, "max" -> max_i p_i
+    (``Tensor.max()``: NaN if any is, gradient shared evenly by ties), "none" -> p (n,). The triton
+    backend makes one launch forward and one backward.
+    """
+    check_tensor("values", values, ndim=2, finite=False)
+    _check_fd_dtype("values", values)
+    _check_choice("reduction", reduction, ("mean", "max", "none"))
+    if values.shape[0] != (2 if ratio else 1) or values.shape[1] < 1:
+        raise ValueError(f"values must be ({2 if ratio else 1}, n) with ratio={bool(ratio)}, got {tuple(values.shape)}")
+    return _penalty(values, bool(ratio), reduction)
 
 
 def normalized_hessian_penalty(
@@ -331,8 +531,9 @@ def normalized_hessian_penalty(
             latent. Default: the population std of z itself, z.std(0, correction=0) + 1e-6
             (differentiable in z); Tripod passes the std of the continuous (pre-quantization)
             latents plus 1e-6 instead.
-        num_perturbations: k >= 2. eps: > 0. generator: draws the Rademacher signs (k, n, d) first,
-            then the Gaussians (k, n, d).
+        num_perturbations: k >= 2. eps: > 0. generator: draws ONE (2k, n, d) block of standard
+            normals: the signs of the first k are the Rademacher directions r (+1 where >= 0: +-1
+            with probability 1/2 each, as a randint draw), the other k the Gaussian ones g.
         reduction: "mean" (a scalar) or "none": per-entry, per-sample values (n,), in fn's
             structure (a tensor, a list, or a dict).
         chunk_size: at most this many rows per fn call (bounds the per-call batch).
@@ -345,23 +546,22 @@ def normalized_hessian_penalty(
     """
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
     z = upcast(z, compute_dtype(z=z))
-    std = check_std(std, z)
-    std = upcast(std, compute_dtype(z=z, std=std))
+    if std is not None:
+        std = check_std(std, z)
+        std = upcast(std, compute_dtype(z=z, std=std))
     _check_choice("reduction", reduction, ("mean", "none"))
     n = z.shape[0]
-    h = torch.cat(
-        [_directions("rademacher", k, z, generator, group), _directions("gaussian", k, z, generator, group)]
-    )
-    h = h * (eps * std)
-    rows = 4 * k * n
-    keys, entries = _call_fn(fn, _stack(z, h), chunk_size)
-    per = []
-    for a in _check_outputs(keys, entries, rows, z):
-        num, den = _curvature(a, n, k, eps, 2, False, "mean")
-        per.append(num / (den + NHP_DENOM_EPS))
+    draws = _draws(2 * k, z, generator, group)  # signs of the first k: the Rademacher directions
+    scale = "population" if std is None else "std"  # population: std(z) + 1e-6 inside the op
+    stacked = _op("perturbed_batch", _backend(z))(z, draws, std, eps, k, scale)
+    keys, entries = _call_fn(fn, stacked, chunk_size)
+    per = [
+        _penalty(_curvature(a, n, k, eps, 2, False, "mean"), True, reduction)
+        for a in _check_outputs(keys, entries, 4 * k * n, z)
+    ]
     if reduction == "none":
         return _unflatten(keys, per)
-    return torch.stack([p.mean() for p in per]).sum()
+    return _total(per)
 
 
 def hessian_penalty(
@@ -383,21 +583,18 @@ def hessian_penalty(
 
     ``fn`` is called ONCE on the stacked batch [z + h_1; z - h_1; ...; z + h_k; z - h_k] (2k n
     rows; chunked by ``chunk_size``), never on z (the center cancels). Arguments as in
-    :func:`normalized_hessian_penalty`; the generator draws the signs (k, n, d).
+    :func:`normalized_hessian_penalty`; the generator draws (k, n, d) standard normals whose signs
+    are the directions.
     """
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
     _check_choice("reduction", reduction, ("max", "mean", "none"))
     z = upcast(z, compute_dtype(z=z))
     n = z.shape[0]
-    h = eps * _directions("rademacher", k, z, generator)
-    keys, entries = _call_fn(fn, _stack(z, h), chunk_size)
+    draws = _draws(k, z, generator)  # their signs are the Rademacher directions
+    stacked = _op("perturbed_batch", _backend(z))(z, draws, None, eps, k, "one")
+    keys, entries = _call_fn(fn, stacked, chunk_size)
     reduce = "max" if reduction == "max" else "mean"
-    per = [
-        _curvature(a, n, k, eps, 1, True, reduce)[0]
-        for a in _check_outputs(keys, entries, 2 * k * n, z)
-    ]
+    values = [_curvature(a, n, k, eps, 1, True, reduce) for a in _check_outputs(keys, entries, 2 * k * n, z)]
     if reduction == "none":
-        return _unflatten(keys, per)
-    if reduction == "max":
-        return torch.stack([p.max() for p in per]).sum()
-    return torch.stack([p.mean() for p in per]).sum()
+        return _unflatten(keys, [v[0] for v in values])
+    return _total([_penalty(v, False, reduction) for v in values])

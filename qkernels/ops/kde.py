@@ -4,10 +4,12 @@ Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of :mod:`
 how an op is put together: :mod:`qkernels.ops._library`):
 
 - ``kde_grid(points (d, K), samples (n, d), sigma, derivative) -> (d, K)``
-- ``cliff_terms(x (n, d), grid (K,), uni_points (K_u,), cond_index (d, M), sigma, step)
-  -> (uni, biv, kl)``: the three Cliff terms of standardized latents x
-- ``klm(z (n, d), std (d,)) -> (loss, lse (n, d + 1))``: Tripod's KLM and the per-sample
-  log-sum-exps its backward reuses (``lse`` carries no gradient)
+- ``cliff_loss(z (n, d), cond_index (d, M), sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl)
+  -> (total, uni, biv, kl)``: the whole Cliff criterion of raw latents, standardization, grids and
+  weighting included (one op, so that a backend can fuse all of it: issue 25)
+- ``klm(z (n, d), std (d,) or None) -> (loss, lse (n, d + 1))``: Tripod's KLM (std None: the
+  population std of z + 1e-6, computed by the op) and the per-sample log-sum-exps its backward
+  reuses (``lse`` carries no gradient)
 
 each with a ``*_backward`` op that recomputes kernel values instead of saving (d, K, n), (d, M, n),
 (d, d, M, K) or (n, n) intermediates. Semantics: :mod:`qkernels.reference.kde`.
@@ -15,7 +17,6 @@ each with a ``*_backward`` op that recomputes kernel values instead of saving (d
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -34,7 +35,6 @@ from qkernels._validation import (
 )
 from qkernels.distributed import gather_rows
 from qkernels.ops import _library as lib
-from qkernels.ops._library import zeros_if_none
 from qkernels.reference import kde as ref
 
 
@@ -107,70 +107,59 @@ lib.define_backends(
 )
 
 
-# ------------------------------ cliff_terms
+# ------------------------------ cliff_loss
 
 
-def wire_cliff_terms(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a cliff_terms op pair (gradient to x only)."""
+def wire_cliff_loss(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a cliff_loss op pair (gradient to z only;
+    an output nobody differentiates passes None, not zeros: no launch for it)."""
 
     @torch.library.register_fake(fwd)
-    def _(x, grid, uni_points, cond_index, sigma, step):
-        return x.new_empty(()), x.new_empty(()), x.new_empty(())
+    def _(z, cond_index, sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl):
+        return tuple(z.new_empty(()) for _ in range(4))
 
     @torch.library.register_fake(bwd)
-    def _(grad_uni, grad_biv, grad_kl, x, grid, uni_points, cond_index, sigma, step):
-        return torch.empty_like(x)
+    def _(grad_total, grad_uni, grad_biv, grad_kl, z, cond_index, sigma, a, b, num_points, lu, lb, lk):
+        return torch.empty_like(z)
 
     backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
 
     def setup_context(ctx, inputs, output):
-        x, grid, uni_points, cond_index, sigma, step = inputs
-        ctx.save_for_backward(x, grid, uni_points, cond_index)
-        ctx.sigma, ctx.step = sigma, step
+        z, cond_index, *ctx.args = inputs
+        ctx.save_for_backward(z, cond_index)
+        ctx.set_materialize_grads(False)
 
-    def backward(ctx, g_uni, g_biv, g_kl):
-        x, grid, uni_points, cond_index = ctx.saved_tensors
-        scalar = x.new_zeros(())
-        gx = backward_op(
-            zeros_if_none(g_uni, scalar),
-            zeros_if_none(g_biv, scalar),
-            zeros_if_none(g_kl, scalar),
-            x,
-            grid,
-            uni_points,
-            cond_index,
-            ctx.sigma,
-            ctx.step,
-        )
-        return gx, None, None, None, None, None
+    def backward(ctx, *grads):
+        z, cond_index = ctx.saved_tensors
+        return (backward_op(*grads, z, cond_index, *ctx.args),) + (None,) * 8
 
     torch.library.register_autograd(fwd, backward, setup_context=setup_context)
 
 
-def check_cliff_terms(x, grid, uni_points, cond_index, sigma, step, op="cliff_terms_triton"):
-    lib.matrix(x, "x", op)
-    if grid.dim() != 1 or grid.shape[0] < 2 or uni_points.dim() != 1 or uni_points.shape[0] < 1:
-        lib.fail(op, f"grid must be (K,), K >= 2, and uni_points (K_u,), got {tuple(grid.shape)} and "
-                 f"{tuple(uni_points.shape)}")
-    if cond_index.dim() != 2 or cond_index.shape[0] != x.shape[1] or cond_index.shape[1] < 1:
-        lib.fail(op, f"cond_index must be (d, M) = ({x.shape[1]}, M >= 1), got {tuple(cond_index.shape)}")
-    lib.like(grid, "grid", x, "x", op)
-    lib.like(uni_points, "uni_points", x, "x", op)
-    lib.index(cond_index, "cond_index", x, op)
-    if not (sigma > 0 and step > 0):
-        lib.fail(op, f"sigma and step must be > 0, got {sigma} and {step}")
+def check_cliff_loss(z, cond_index, sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl,
+                     op="cliff_loss_triton"):
+    lib.matrix(z, "z", op)
+    if cond_index.dim() != 2 or cond_index.shape[0] != z.shape[1] or cond_index.shape[1] < 1:
+        lib.fail(op, f"cond_index must be (d, M) = ({z.shape[1]}, M >= 1), got {tuple(cond_index.shape)}")
+    lib.index(cond_index, "cond_index", z, op)
+    if not (sigma > 0 and a < b and num_points >= 2):
+        lib.fail(op, f"need sigma > 0, a < b, num_points >= 2; got sigma={sigma}, a={a}, b={b}, "
+                 f"num_points={num_points}")
 
 
-def check_cliff_terms_backward(grad_uni, grad_biv, grad_kl, x, grid, uni_points, cond_index, sigma, step):
-    op = "cliff_terms_backward_triton"
-    check_cliff_terms(x, grid, uni_points, cond_index, sigma, step, op)
-    for name, g in (("grad_uni", grad_uni), ("grad_biv", grad_biv), ("grad_kl", grad_kl)):
-        lib.scalar_grad(g, name, x, op)
+def check_cliff_loss_backward(grad_total, grad_uni, grad_biv, grad_kl, z, cond_index, sigma, a, b, num_points,
+                              lambda_uni, lambda_biv, lambda_kl):
+    op = "cliff_loss_backward_triton"
+    check_cliff_loss(z, cond_index, sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl, op)
+    for name, g in zip(("grad_total", "grad_uni", "grad_biv", "grad_kl"), (grad_total, grad_uni, grad_biv, grad_kl),
+                       strict=True):
+        if g is not None:
+            lib.scalar_grad(g, name, z, op)
 
 
 lib.define_backends(
-    "cliff_terms", reference=ref.cliff_terms, wire=wire_cliff_terms,
-    triton=_tk, checks=(check_cliff_terms, check_cliff_terms_backward),
+    "cliff_loss", reference=ref.cliff_loss, wire=wire_cliff_loss,
+    triton=_tk, checks=(check_cliff_loss, check_cliff_loss_backward),
 )
 
 
@@ -178,7 +167,8 @@ lib.define_backends(
 
 
 def wire_klm(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a klm op pair (gradients to z and std)."""
+    """Register fake implementations and autograd for a klm op pair (gradients to z and, when given,
+    std; std None: the default std, whose gradient goes to z)."""
 
     @torch.library.register_fake(fwd)
     def _(z, std):
@@ -186,7 +176,7 @@ def wire_klm(fwd: str, bwd: str) -> None:
 
     @torch.library.register_fake(bwd)
     def _(grad_loss, z, std, lse):
-        return torch.empty_like(z), torch.empty_like(std)
+        return torch.empty_like(z), z.new_empty(0 if std is None else z.shape[1])
 
     backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
 
@@ -194,19 +184,24 @@ def wire_klm(fwd: str, bwd: str) -> None:
         z, std = inputs
         ctx.save_for_backward(z, std, output[1])
         ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # no zeros launched for lse's (absent) gradient
 
     def backward(ctx, grad_loss, _grad_lse):
         z, std, lse = ctx.saved_tensors
-        return backward_op(zeros_if_none(grad_loss, z.new_zeros(())), z, std, lse)
+        if grad_loss is None:
+            return None, None
+        grad_z, grad_std = backward_op(grad_loss, z, std, lse)
+        return grad_z, None if std is None else grad_std
 
     torch.library.register_autograd(fwd, backward, setup_context=setup_context)
 
 
 def check_klm(z, std, op="klm_triton"):
     lib.matrix(z, "z", op)
-    if std.dim() != 1 or std.shape[0] != z.shape[1]:
-        lib.fail(op, f"std must be (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
-    lib.like(std, "std", z, "z", op)
+    if std is not None:
+        if std.dim() != 1 or std.shape[0] != z.shape[1]:
+            lib.fail(op, f"std must be (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
+        lib.like(std, "std", z, "z", op)
 
 
 def check_klm_backward(grad_loss, z, std, lse):
@@ -259,10 +254,13 @@ def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torc
         check_positive("num_cond", num_cond, integer=True)
         if num_cond > n:
             raise ValueError(f"num_cond must be <= n = {n} (rows are drawn without replacement), got {num_cond}")
-        # no generator=None keyword: it fails torch.compile with dynamic shapes
+        # every latent's own M rows without replacement: the M smallest of n uniform keys per latent
+        # (a uniformly random M-subset, as randperm(n)[:M]), two launches for all latents.
+        # No generator=None keyword: it fails torch.compile with dynamic shapes
         kw = {"device": device} if generator is None else {"device": generator.device, "generator": generator}
-        rows = [torch.randperm(n, **kw)[:num_cond] for _ in range(d)]
-        return torch.stack(rows).to(device, non_blocking=True)  # a CPU generator: no host sync
+        keys = torch.rand((d, n), **kw)
+        rows = keys.topk(num_cond, dim=1, largest=False, sorted=False).indices
+        return rows.to(device, non_blocking=True)  # a CPU generator: no host sync
     if not isinstance(cond_index, torch.Tensor):
         raise TypeError(f"cond_index must be a torch.Tensor or None, got {type(cond_index).__name__}")
     if cond_index.dtype != torch.long:
@@ -324,12 +322,19 @@ def cliff_loss(
         The scalar total, or ``CliffTerms(total, uni, biv, kl)``; float32 for half-precision z
         (computed in float32 whatever autocast says: :mod:`qkernels._precision`).
 
+    Drawn conditioning rows: latent j's rows are the M smallest of n uniform keys drawn from
+    ``generator`` (a (d, n) ``torch.rand``, then ``topk``): a uniformly random subset of M rows per
+    latent, as ``randperm(n)[:M]`` would give, in two launches for all latents.
+
     Backends: ``cpu`` drops Gaussian terms beyond 7.5 sigma in float32 / 10 sigma in float64 (below
     5e-12 / 2e-21 of a term's peak; csrc/include/qkernels/kde.h). ``triton`` computes the
-    bivariate term as a matrix product (torch.matmul) whose precision follows
+    bivariate term as matrix products (``tl.dot`` per pair on the fused path, torch.matmul on the
+    GEMM path for tiles over 128 x 128) whose precision follows
     ``torch.get_float32_matmul_precision()``: "highest" is exact float32; "high" (TF32) and
-    "medium" (bf16) round the product's inputs, which moves ``biv`` by up to 2e-5 / 5e-5 relative
-    at the benchmark shapes (emulated on a CPU; benchmarks/RESULTS.md). float64 stays float64.
+    "medium" (TF32 in the fused path, bf16 in the GEMM path) round the products' inputs, which moves
+    ``biv`` by up to 2e-5 / 5e-5 relative at the benchmark shapes (emulated on a CPU;
+    benchmarks/RESULTS.md). float64 stays float64. Launches per forward + backward on ``triton``:
+    2 for the draw, 4 for the loss (fused path).
     """
     if group is not None:
         z = gather_rows(z, group)
@@ -342,13 +347,10 @@ def cliff_loss(
             raise TypeError(f"{name} must be a number, got {type(lam).__name__}")
     idx = _cond_index(cond_index, num_cond, generator, n, d, z.device)
     dt = compute_dtype(z=z)
-    t = torch.linspace(a, b, k, dtype=dt, device=z.device)
-    r3 = math.sqrt(3.0)
-    v = torch.linspace(-r3, r3, k, dtype=dt, device=z.device)
-    _, impl = select("cliff_terms", z.device, dt)
+    _, impl = select("cliff_loss", z.device, dt)
     with no_autocast(z.device):
-        uni, biv, kl = impl(ref.standardize(upcast(z, dt)), t, v, idx, sigma, (b - a) / k)
-    total = lambda_uni * uni + lambda_biv * biv + lambda_kl * kl
+        total, uni, biv, kl = impl(upcast(z, dt), idx, sigma, a, b, k, float(lambda_uni), float(lambda_biv),
+                                   float(lambda_kl))
     return CliffTerms(total, uni, biv, kl) if return_terms else total
 
 
@@ -375,9 +377,9 @@ def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None, group=
     if group is not None:
         z = gather_rows(z, group)
     _check_latents(z)
-    zc = upcast(z, compute_dtype(z=z))  # cast once: the default std is computed from it too
-    std = check_std(std, zc)
+    if std is not None:
+        std = check_std(std, z)
     dt = compute_dtype(z=z, std=std)
     _, impl = select("klm", z.device, dt)
-    with no_autocast(z.device):
-        return impl(zc, upcast(std, dt))[0]
+    with no_autocast(z.device):  # std None: the op computes the default std (from z in dt)
+        return impl(upcast(z, dt), None if std is None else upcast(std, dt))[0]

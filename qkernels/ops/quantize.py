@@ -6,6 +6,9 @@ Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of
 - ``latent_quantize(z (N, d), values (G, n_v)) -> (z_q, indices, loss_quantize, loss_commit)``
 - ``relaxed_categorical(logits (N, d, K), values (G, K), uniform?, tau, noise_scale, hard)
   -> (z (N, d), y (N, d, K), kl (N, d))``
+- ``gumbel_quantize(z (N, d), values (G, K), uniform?, tau, hard) -> (z_q (N, d), y (N, d, K),
+  logits (N, d, K), kl (N, d))``: relaxed_categorical of logits = -(z - values)^2 (reference and
+  triton only; ``cpu`` / ``cuda`` compose torch logits with their relaxed_categorical kernel)
 
 with G = 1 (a global codebook) or G = d (one codebook per latent), each with a ``*_backward`` op
 that recomputes instead of saving (N, d, n_v) intermediates.
@@ -13,12 +16,13 @@ that recomputes instead of saving (N, d, n_v) intermediates.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-from qkernels._backend import select
+from qkernels._backend import implementations, register, select
 from qkernels._precision import compute_dtype, no_autocast, upcast
 from qkernels._validation import check_positive, check_same, check_tensor, value_checks
 from qkernels.ops import _library as lib
@@ -53,6 +57,27 @@ class CategoricalSample(NamedTuple):
     z: torch.Tensor
     y: torch.Tensor
     kl: torch.Tensor
+
+
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _constant(name: str, like: torch.Tensor, make, *key) -> torch.Tensor:
+    """A read-only tensor ``make()`` in ``like``'s dtype and device, made once per (name, key,
+    dtype, device): no launch per call. Made afresh while compiling (inductor fuses it), for tensor
+    subclasses (fake, functional) and while a CUDA graph is captured (its kernels run only when the
+    graph does). Never hand one out to the user: it is shared."""
+    if torch.compiler.is_compiling() or type(like) not in (torch.Tensor, torch.nn.Parameter):
+        return make()
+    full_key = (name, *key, like.dtype, like.device)
+    t = _CONSTANTS.get(full_key)
+    if t is None:
+        with torch.inference_mode(False):  # can be saved for backward outside inference mode too
+            t = make()
+        capturing = like.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if type(t) is torch.Tensor and not capturing:  # not made by a fake-tensor mode
+            _CONSTANTS[full_key] = t
+    return t
 
 
 # ----------------------------------------------------------------------------- op definitions
@@ -94,14 +119,16 @@ def wire_latent_quantize(fwd: str, bwd: str) -> None:
     def setup_context(ctx, inputs, output):
         z, values = inputs
         ctx.save_for_backward(z, values, output[1])
+        ctx.set_materialize_grads(False)  # no zeros for the indices' (int64) gradient
 
     def backward(ctx, grad_zq, _grad_indices, grad_lq, grad_lc):
         z, values, indices = ctx.saved_tensors
-        scalar = z.new_zeros(())
+        # nothing launches here when every upstream gradient is given; a missing loss gradient
+        # is a zero scalar made once per (dtype, device)
         return backward_op(
             zeros_if_none(grad_zq, z),
-            zeros_if_none(grad_lq, scalar),
-            zeros_if_none(grad_lc, scalar),
+            _constant("zero", z, lambda: z.new_zeros(())) if grad_lq is None else grad_lq,
+            _constant("zero", z, lambda: z.new_zeros(())) if grad_lc is None else grad_lc,
             z,
             values,
             indices,
@@ -152,6 +179,7 @@ def wire_relaxed_categorical(fwd: str, bwd: str) -> None:
         logits, values, uniform, tau, noise_scale, _hard = inputs
         ctx.save_for_backward(logits, values, uniform, output[1])
         ctx.tau, ctx.noise_scale = tau, noise_scale
+        ctx.set_materialize_grads(False)
 
     def backward(ctx, grad_z, grad_y, grad_kl):
         logits, values, uniform, y = ctx.saved_tensors
@@ -199,6 +227,76 @@ lib.define_backends(
 )
 
 
+# ------------------------------ gumbel_quantize
+
+
+def wire_gumbel_quantize(fwd: str, bwd: str) -> None:
+    """Register fake implementations and autograd for a gumbel_quantize op pair."""
+
+    @torch.library.register_fake(fwd)
+    def _(z, values, uniform, tau, hard):
+        n, d = z.shape
+        k = values.shape[1]
+        return z.new_empty(n, d), z.new_empty(n, d, k), z.new_empty(n, d, k), z.new_empty(n, d)
+
+    @torch.library.register_fake(bwd)
+    def _(grad_zq, grad_y, grad_logits, grad_kl, z, values, uniform, y, tau):
+        return torch.empty_like(z), torch.empty_like(values)
+
+    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+
+    def setup_context(ctx, inputs, output):
+        z, values, uniform, tau, _hard = inputs
+        ctx.save_for_backward(z, values, uniform, output[1])
+        ctx.tau = tau
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, grad_zq, grad_y, grad_logits, grad_kl):
+        z, values, uniform, y = ctx.saved_tensors
+        # upstream gradients stay None for unused outputs: the kernel skips them (no zeros made)
+        grads = backward_op(grad_zq, grad_y, grad_logits, grad_kl, z, values, uniform, y, ctx.tau)
+        return grads[0], grads[1], None, None, None
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+
+
+def check_gumbel_quantize(z, values, uniform, tau, hard, op="gumbel_quantize_triton"):
+    if z.dim() != 2:
+        lib.fail(op, f"z must be (N, d), got {tuple(z.shape)}")
+    _check_codebook(z, values, "z", op)
+    if not tau > 0:
+        lib.fail(op, f"tau must be > 0, got {tau}")
+    if uniform is not None:
+        want = (*z.shape, values.shape[1])
+        if tuple(uniform.shape) != want:
+            lib.fail(op, f"uniform must be (N, d, K) = {want}, got {tuple(uniform.shape)}")
+        lib.like(uniform, "uniform", z, "z", op)
+
+
+def check_gumbel_quantize_backward(grad_zq, grad_y, grad_logits, grad_kl, z, values, uniform, y, tau):
+    op = "gumbel_quantize_backward_triton"
+    check_gumbel_quantize(z, values, uniform, tau, False, op)
+    rows, cats = tuple(z.shape), (*z.shape, values.shape[1])
+    for name, t, want in (("grad_zq", grad_zq, rows), ("grad_y", grad_y, cats), ("grad_logits", grad_logits, cats),
+                          ("grad_kl", grad_kl, rows), ("y", y, cats)):
+        if t is None:  # an upstream gradient left out: zero
+            continue
+        if tuple(t.shape) != want:
+            lib.fail(op, f"{name} must have shape {want}, got {tuple(t.shape)}")
+        lib.like(t, name, z, "z", op)
+
+
+lib.define_backends(
+    "gumbel_quantize", reference=ref.gumbel_quantize, wire=wire_gumbel_quantize,
+    triton=_tk, checks=(check_gumbel_quantize, check_gumbel_quantize_backward),
+)
+# no C++ kernel of its own: a forced cpu / cuda backend composes torch logits with its
+# relaxed_categorical kernel (auto picks the reference, as for relaxed_categorical)
+for _name, _relaxed_impl in implementations("relaxed_categorical").items():
+    if _name in ("cpu", "cuda"):
+        register("gumbel_quantize", _name)(functools.partial(ref.gumbel_quantize, relaxed=_relaxed_impl))
+
+
 # ----------------------------------------------------------------------------- functional API
 
 
@@ -226,6 +324,9 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
         gradient passed straight through to z; indices (..., d) int64; loss_quantize =
         mean((sg(z) - z_q)^2) (gradient to ``values`` only); loss_commit = mean((z - sg(z_q))^2)
         (gradient to ``z`` only).
+
+    Launches on the triton backend, forward + backward: 4 (a tile kernel and a fixed-order
+    reduction for the losses; the same for the gradients).
 
     float16 / bfloat16 z or values: computed in float32; z_q in z's dtype, losses float32
     (:mod:`qkernels._precision`).
@@ -338,19 +439,23 @@ def gumbel_quantize(
     Returns:
         :class:`GumbelQuantized` (z_q, weights, logits, kl_uniform (..., d)); half-precision z:
         computed in float32, z_q / weights / logits in z's dtype, kl_uniform float32.
+
+    Launches on the triton backend, forward + backward: 4 (the noise draw, one forward kernel
+    computing the logits, sample and KL, one backward kernel, one codebook-gradient reduction).
     """
     check_tensor("z", z, min_ndim=1)
     vals = _codebook("values", values, z.shape[-1])
     check_same("z", z, "values", values, dtype=False)
     check_positive("tau", tau)
-    dt = compute_dtype(z=z, values=values)
+    dt = compute_dtype(z=z, values=values, uniform=uniform)
+    _, impl = select("gumbel_quantize", z.device, dt)
     z2 = upcast(z if z.dim() == 2 else z.reshape(-1, z.shape[-1]), dt)
-    with no_autocast(z.device):
-        logits = -((z2[:, :, None] - upcast(vals, dt)[None]) ** 2)
     k = vals.shape[-1]
-    u = _uniform(uniform, (*z.shape, k), logits, generator)
-    z_q, y, kl = _relaxed(logits, vals, u, tau, 1.0, hard, z)
-    logits = upcast(logits, z.dtype)
+    # the noise's (N, d, K) shape, dtype and device, as a view (nothing is materialized)
+    u = upcast(_uniform(uniform, (*z.shape, k), z2[:, :, None].expand(-1, -1, k), generator), dt)
+    with no_autocast(z.device):
+        z_q, y, logits, kl = impl(z2, upcast(vals, dt), u, float(tau), bool(hard))
+    z_q, y, logits = upcast(z_q, z.dtype), upcast(y, z.dtype), upcast(logits, z.dtype)
     if z.dim() == 2:
         return GumbelQuantized(z_q, y, logits, kl)
     return GumbelQuantized(
@@ -380,11 +485,17 @@ def categorical_latent(
     Returns:
         :class:`CategoricalSample` (z (..., d), y (..., d, K), kl (..., d)); half-precision logits:
         computed in float32, z and y in the logits' dtype, kl float32.
+
+    Launches on the triton backend, forward + backward: 3 without noise, 4 with (the noise draw;
+    one forward kernel; one backward kernel and one codebook-gradient reduction). The default
+    values are made once per (K, dtype, device).
     """
     check_tensor("logits", logits, min_ndim=2)
     k = logits.shape[-1]
     if values is None:
-        values = torch.linspace(-1, 1, k, device=logits.device, dtype=logits.dtype)
+        # made once per (K, dtype, device)
+        values = _constant("linspace", logits, lambda: torch.linspace(
+            -1, 1, k, device=logits.device, dtype=logits.dtype), k)
     vals = _codebook("values", values, logits.shape[-2])
     check_same("logits", logits, "values", values, dtype=False)
     if vals.shape[-1] != k:

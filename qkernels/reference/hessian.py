@@ -1,11 +1,15 @@
 """Reference finite-difference curvature (Tripod's NHP, Peebles et al.'s Hessian penalty).
 
-The specification of the ``finite_difference_curvature`` op, differentiable through autograd.
+The specification of the ops ``perturbed_batch`` (the stacked batch fn is called on),
+``finite_difference_curvature`` (activations -> per-sample curvature values) and
+``curvature_penalty`` (per-sample values -> the penalty), differentiable through autograd.
 """
 
 from __future__ import annotations
 
 import torch
+
+from qkernels.reference.kde import population_std
 
 
 def finite_difference_curvature(
@@ -40,3 +44,52 @@ def finite_difference_curvature(
     best, argmax = var.max(dim=-1)
     values = best if reduce == "max" else var.mean(dim=-1)
     return values, argmax
+
+
+NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
+STD_EPS = 1e-6  # the default NHP scale: population std of z + 1e-6
+SCALES = ("std", "population", "one")
+
+
+def perturbed_batch(
+    z: torch.Tensor,
+    draws: torch.Tensor,
+    std: torch.Tensor | None,
+    eps: float,
+    signs: int,
+    scale: str,
+) -> torch.Tensor:
+    """The stacked finite-difference batch [z + h_1; z - h_1; ...; z + h_D; z - h_D] (2 D n, d).
+
+    z: (n, d) latents; draws: (D, n, d) standard normals, the raw random numbers; the first
+    ``signs`` of them are used as their signs u = +1 where draw >= 0 else -1 (Rademacher: the sign
+    of a standard normal is +-1 with probability 1/2 each), the others as they are (u = draw).
+    Directions h_l = u_l * (eps * s) with the per-latent scale s (d,): ``scale`` "std" -> s = std
+    (d,), "population" -> s = z.std(0, correction=0) + 1e-6 (differentiable in z; std unused),
+    "one" -> h_l = eps * u_l (std unused). Differentiable in z and std; the draws are constants.
+    """
+    u = draws.detach()
+    if signs:
+        u = torch.cat([torch.where(u[:signs] >= 0, 1.0, -1.0).to(u.dtype), u[signs:]])
+    if scale == "one":
+        h = eps * u
+    else:
+        s = std if scale == "std" else population_std(z) + STD_EPS
+        h = u * (eps * s)
+    return torch.stack([z + h, z - h], dim=1).reshape(-1, z.shape[1])
+
+
+def curvature_penalty(values: torch.Tensor, ratio: bool, reduction: str) -> torch.Tensor:
+    """Per-sample curvature values (groups, n) to the penalty.
+
+    ratio (groups = 2, NHP): per-sample p_i = values[0, i] / (values[1, i] + 1e-10); otherwise
+    (groups = 1, HP) p_i = values[0, i]. ``reduction`` "mean" -> mean_i p_i (0-d), "max" -> max_i
+    p_i (0-d; ``Tensor.max()``: NaN if any p_i is NaN, gradient shared evenly by the tied maxima),
+    "none" -> p (n,).
+    """
+    p = values[0] / (values[1] + NHP_DENOM_EPS) if ratio else values[0]
+    if reduction == "mean":
+        return p.mean()
+    if reduction == "max":
+        return p.max()
+    return p

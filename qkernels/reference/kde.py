@@ -124,21 +124,23 @@ def cliff_terms(
 def cliff_loss(
     z: torch.Tensor,
     cond_index: torch.Tensor,
-    *,
-    sigma: float = 0.1,
-    grid: tuple[float, float, int] = (-5.0, 5.0, 100),
-    lambda_uni: float = 0.5,
-    lambda_biv: float = 1.0,
-    lambda_kl: float = 0.7,
+    sigma: float,
+    a: float,
+    b: float,
+    num_points: int,
+    lambda_uni: float,
+    lambda_biv: float,
+    lambda_kl: float,
 ):
-    """Whole Cliff criterion (eq. 8) of raw latents z (n, d): standardize, then the terms.
+    """The whole Cliff criterion (eq. 8) of raw latents z (n, d): standardize, the integration grid
+    linspace(a, b, K) (K = ``num_points``, step (b - a) / K), the KL-uni points
+    linspace(-sqrt 3, sqrt 3, K), the terms, the weighted total.
 
     Returns (total, uni, biv, kl)."""
-    a, b, k = grid
     x = standardize(z)
-    t = torch.linspace(a, b, k, dtype=z.dtype, device=z.device)
-    v = torch.linspace(-math.sqrt(3.0), math.sqrt(3.0), k, dtype=z.dtype, device=z.device)
-    uni, biv, kl = cliff_terms(x, t, v, cond_index, sigma, (b - a) / k)
+    t = torch.linspace(a, b, num_points, dtype=z.dtype, device=z.device)
+    v = torch.linspace(-math.sqrt(3.0), math.sqrt(3.0), num_points, dtype=z.dtype, device=z.device)
+    uni, biv, kl = cliff_terms(x, t, v, cond_index, sigma, (b - a) / num_points)
     return lambda_uni * uni + lambda_biv * biv + lambda_kl * kl, uni, biv, kl
 
 
@@ -153,16 +155,19 @@ def silverman_factor(n: int, d: int) -> float:
     return (4.0 / (d + 2)) ** (1.0 / (d + 4)) * n ** (-1.0 / (d + 4))
 
 
-def klm(z: torch.Tensor, std: torch.Tensor):
+def klm(z: torch.Tensor, std: torch.Tensor | None):
     """Tripod's kernel latent multiinformation (eqs. 11-14), dense form.
 
-    z: (n, d); std: (d,) per-latent scale. Joint bandwidth^2 = std^2 * silverman_factor^2, marginal
+    z: (n, d); std: (d,) per-latent scale, or None: the population std of z + 1e-6 (differentiable
+    in z). Joint bandwidth^2 = std^2 * silverman_factor^2, marginal
     bandwidth = std. Returns (loss (), lse (n, d + 1)) where loss = mean_b [log q(z_b) -
     sum_j log q_j(z_bj)] and lse[b, 0] = log sum_a K_joint(z_b - z_a), lse[b, 1 + j] = log sum_a
     exp(-(z_bj - z_aj)^2 / (2 std_j^2)) (unnormalized; used by the fused backward).
     The normalizing constants of q and the q_j cancel up to (d - 1) log n - d log f.
     """
     n, d = z.shape
+    if std is None:
+        std = population_std(z) + 1e-6
     f = silverman_factor(n, d)
     y = z / std  # (n, d)
     joint = torch.zeros(n, n, dtype=z.dtype, device=z.device)

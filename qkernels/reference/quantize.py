@@ -59,6 +59,27 @@ def relaxed_categorical(
     return z, y, kl
 
 
+def gumbel_quantize(
+    z: torch.Tensor,
+    values: torch.Tensor,
+    uniform: torch.Tensor | None,
+    tau: float,
+    hard: bool,
+    *,
+    relaxed=relaxed_categorical,
+):
+    """FactorQVAE's relaxed quantizer: :func:`relaxed_categorical` (noise_scale 1) of the logits
+    -(z - values)^2, the negative squared distances to every codebook value.
+
+    z: (N, d); values: (G, K), G in {1, d}; uniform: (N, d, K) in [0, 1) or None (no noise).
+    Returns (z_q (N, d), y (N, d, K), logits (N, d, K), kl (N, d)). ``relaxed``: the
+    relaxed_categorical implementation to apply (another backend's kernel, same signature).
+    """
+    logits = -((z[:, :, None] - values[None]) ** 2)
+    z_q, y, kl = relaxed(logits, values, uniform, tau, 1.0, hard)
+    return z_q, y, logits, kl
+
+
 def fsq(z: torch.Tensor, levels: torch.Tensor):
     """Finite scalar quantization (Tripod eq. 10): tanh, scale to [0, L-1], round (straight-through),
     rescale to [-1, 1].

@@ -1,6 +1,10 @@
 """Triton kernels of the KDE hot path and their launch functions (registered as the ops
-``qkernels::klm_triton``, ``kde_grid_triton``, ``cliff_terms_triton`` and their ``*_backward_triton``
+``qkernels::klm_triton``, ``kde_grid_triton``, ``cliff_loss_triton`` and their ``*_backward_triton``
 by :mod:`qkernels.ops.kde`, which also checks their arguments).
+
+Launches per forward + backward (issue 25): klm 4, kde_grid 3, cliff_loss 4 on the fused path
+(tiles up to 128 x 128 conditioning values x grid points, :func:`fused_fits`), ~25 on the GEMM path
+(larger tiles).
 
 Same math as csrc/include/qkernels/kde.h and csrc/cpu/kde.cpp; semantics:
 :mod:`qkernels.reference.kde`. No (n, n, d) or (n, n) tensor is written to memory: KLM streams
@@ -17,13 +21,20 @@ import torch
 import triton
 import triton.language as tl
 
-from qkernels.reference.kde import silverman_factor
+from qkernels.reference.kde import silverman_factor, standardize
 
 WINDOW = tl.constexpr(10.0)  # kde_grid drops kernel terms beyond WINDOW sigma (as the cpu backend, kde.h)
 SQRT_2PI = math.sqrt(2.0 * math.pi)
 
 
 # ----------------------------------------------------------------------------- klm
+#
+# Forward: _klm_fwd (one program per block of rows b, streaming every row a: the pair tile is
+# B x A x D, never written to memory) writes lse and one partial sum per program, then _klm_loss
+# (one program) adds the partials in a fixed order. Backward: _klm_bwd (same tiling) writes dLoss/dy
+# and per-program column partials of sum_b dy_bj y_bj; _klm_grad applies the chain through
+# y = z / std (and through the default std). Two launches each way. Without a given std every program
+# computes the population std of z + 1e-6 itself (two extra passes over z, no launch).
 
 
 def _klm_blocks(d: int) -> tuple[int, int, int]:
@@ -34,100 +45,179 @@ def _klm_blocks(d: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _klm_pair_tile(y_ptr, yb, rows_a, cols, N, D):
-    """Exact differences y_b - y_a of the streamed block (B, A, D) and its row mask."""
+def _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD: tl.constexpr, BLOCK_A: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """(std, mean, var) of the latent columns ``cols``: std given, or z's population std + 1e-6."""
+    dt = z_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_A, BLOCK_D), dt)
+    for a0 in range(0, N, BLOCK_A):
+        rows = a0 + tl.arange(0, BLOCK_A)
+        acc += tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=(rows < N)[:, None] & cmask[None, :], other=0.0)
+    mean = tl.sum(acc, 0) / N
+    acc = tl.zeros((BLOCK_A, BLOCK_D), dt)
+    for a0 in range(0, N, BLOCK_A):
+        rows = a0 + tl.arange(0, BLOCK_A)
+        m = (rows < N)[:, None] & cmask[None, :]
+        dev = tl.where(m, tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0) - mean[None, :], 0.0)
+        acc += dev * dev
+    var = tl.sum(acc, 0) / N
+    if HAS_STD:
+        std = tl.load(std_ptr + cols, mask=cmask, other=1.0)
+    else:
+        pos = var > 0
+        std = tl.where(pos, tl.sqrt(tl.where(pos, var, 1.0)), 0.0) + tl.full((), 1e-6, dt)
+    return std, mean, var
+
+
+@triton.jit
+def _klm_pair_tile(z_ptr, std, yb, rows_a, cols, cmask, N, D):
+    """Exact differences y_b - y_a (B, A, D) of the streamed block, y = z / std, and its row mask."""
     amask = rows_a < N
-    ya = tl.load(y_ptr + rows_a[:, None] * D + cols[None, :], mask=amask[:, None] & (cols < D)[None, :], other=0.0)
-    return yb[:, None, :] - ya[None, :, :], amask  # masked latents are 0 - 0
+    za = tl.load(z_ptr + rows_a[:, None] * D + cols[None, :], mask=amask[:, None] & cmask[None, :], other=0.0)
+    return yb[:, None, :] - (za / std[None, :])[None, :, :], amask  # masked latents are 0 - 0
 
 
 @triton.jit
 def _klm_fwd(
-    y_ptr, lse_ptr, N, D, c_joint: tl.float64,
-    BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
+    z_ptr, std_ptr, lse_ptr, part_ptr, N, D, c_joint: tl.float64,
+    HAS_STD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    c_joint = tl.full((), c_joint, y_ptr.dtype.element_ty)
+    c_joint = tl.full((), c_joint, z_ptr.dtype.element_ty)
     # Log-sum-exps over a of exp(c_joint |y_b - y_a|^2) and of exp(-(y_bj - y_aj)^2 / 2). The
     # running maximum of an online log-sum-exp is known up front here: every exponent is <= 0 and
     # the a = b term is exp(0) = 1, so the sums lie in [1, n] and are accumulated directly.
     rows_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_D)
     bmask, cmask = rows_b < N, cols < D
-    yb = tl.load(y_ptr + rows_b[:, None] * D + cols[None, :], mask=bmask[:, None] & cmask[None, :], other=0.0)
+    mb = bmask[:, None] & cmask[None, :]
+    std, _, _ = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, BLOCK_A, BLOCK_D)
+    yb = tl.load(z_ptr + rows_b[:, None] * D + cols[None, :], mask=mb, other=0.0) / std[None, :]
     jsum = tl.zeros((BLOCK_B,), yb.dtype)
     msum = tl.zeros((BLOCK_B, BLOCK_D), yb.dtype)
     for a0 in range(0, N, BLOCK_A):
-        rows_a = a0 + tl.arange(0, BLOCK_A)
-        diff, amask = _klm_pair_tile(y_ptr, yb, rows_a, cols, N, D)
+        diff, amask = _klm_pair_tile(z_ptr, std, yb, a0 + tl.arange(0, BLOCK_A), cols, cmask, N, D)
         sq = diff * diff
         jsum += tl.sum(tl.where(amask[None, :], tl.exp(c_joint * tl.sum(sq, 2)), 0.0), 1)
         msum += tl.sum(tl.where(amask[None, :, None], tl.exp(-0.5 * sq), 0.0), 1)
     w = D + 1
-    tl.store(lse_ptr + rows_b * w, tl.log(jsum), mask=bmask)
-    mm = bmask[:, None] & cmask[None, :]
-    tl.store(lse_ptr + rows_b[:, None] * w + 1 + cols[None, :], tl.log(tl.where(mm, msum, 1.0)), mask=mm)
+    lj = tl.log(jsum)
+    lm = tl.log(tl.where(mb, msum, 1.0))
+    tl.store(lse_ptr + rows_b * w, lj, mask=bmask)
+    tl.store(lse_ptr + rows_b[:, None] * w + 1 + cols[None, :], lm, mask=mb)
+    tl.store(part_ptr + tl.program_id(0), tl.sum(tl.where(bmask, lj - tl.sum(lm, 1), 0.0), 0))
+
+
+@triton.jit
+def _klm_loss(part_ptr, loss_ptr, P, N, const: tl.float64, BLOCK: tl.constexpr):
+    """loss = sum of the P partials / N + const, summed in a fixed order (one program)."""
+    dt = part_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK,), dt)
+    for p0 in range(0, P, BLOCK):
+        ps = p0 + tl.arange(0, BLOCK)
+        acc += tl.load(part_ptr + ps, mask=ps < P, other=0.0)
+    tl.store(loss_ptr, tl.sum(acc, 0) / N + tl.full((), const, dt))
 
 
 @triton.jit
 def _klm_bwd(
-    y_ptr, lse_ptr, gy_ptr, N, D, c_joint: tl.float64, inv_f2: tl.float64, scale: tl.float64,
-    BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
+    z_ptr, std_ptr, lse_ptr, g_ptr, gy_ptr, part_ptr, N, D, c_joint: tl.float64, inv_f2: tl.float64,
+    HAS_STD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    dt = y_ptr.dtype.element_ty
-    c_joint, inv_f2, scale = tl.full((), c_joint, dt), tl.full((), inv_f2, dt), tl.full((), scale, dt)
-    # dLoss/dy_bj = scale * sum_a [-(P_ba + P_ab) / f^2 + (Pj_ba + Pj_ab)] (y_bj - y_aj) with the
+    dt = z_ptr.dtype.element_ty
+    c_joint, inv_f2 = tl.full((), c_joint, dt), tl.full((), inv_f2, dt)
+    # dLoss/dy_bj = g / n * sum_a [-(P_ba + P_ab) / f^2 + (Pj_ba + Pj_ab)] (y_bj - y_aj) with the
     # joint softmax P_ba = exp(J_ba - L_b) and the per-latent ones Pj_ba (the kernel matrices are
-    # symmetric, so P_ab = exp(J_ba - L_a)).
+    # symmetric, so P_ab = exp(J_ba - L_a)). Also part[program, j] = sum_b dLoss/dy_bj y_bj.
     rows_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_D)
     bmask, cmask = rows_b < N, cols < D
     mb = bmask[:, None] & cmask[None, :]
     w = D + 1
-    yb = tl.load(y_ptr + rows_b[:, None] * D + cols[None, :], mask=mb, other=0.0)
+    std, _, _ = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, BLOCK_A, BLOCK_D)
+    yb = tl.load(z_ptr + rows_b[:, None] * D + cols[None, :], mask=mb, other=0.0) / std[None, :]
     elb = tl.exp(-tl.load(lse_ptr + rows_b * w, mask=bmask, other=0.0))
     eltb = tl.exp(-tl.load(lse_ptr + rows_b[:, None] * w + 1 + cols[None, :], mask=mb, other=0.0))
-    acc = tl.zeros((BLOCK_B, BLOCK_D), yb.dtype)
+    acc = tl.zeros((BLOCK_B, BLOCK_D), dt)
     for a0 in range(0, N, BLOCK_A):
         rows_a = a0 + tl.arange(0, BLOCK_A)
-        diff, amask = _klm_pair_tile(y_ptr, yb, rows_a, cols, N, D)
+        diff, amask = _klm_pair_tile(z_ptr, std, yb, rows_a, cols, cmask, N, D)
         ma = amask[:, None] & cmask[None, :]
         ela = tl.exp(-tl.load(lse_ptr + rows_a * w, mask=amask, other=0.0))
         elta = tl.exp(-tl.load(lse_ptr + rows_a[:, None] * w + 1 + cols[None, :], mask=ma, other=0.0))
         sq = diff * diff
         wj = -tl.exp(c_joint * tl.sum(sq, 2)) * (elb[:, None] + ela[None, :]) * inv_f2  # (B, A)
         wm = tl.exp(-0.5 * sq) * (eltb[:, None, :] + elta[None, :, :])  # (B, A, D)
-        term = (wj[:, :, None] + wm) * diff
-        acc += tl.sum(tl.where(amask[None, :, None], term, 0.0), 1)
-    tl.store(gy_ptr + rows_b[:, None] * D + cols[None, :], acc * scale, mask=mb)
+        acc += tl.sum(tl.where(amask[None, :, None], (wj[:, :, None] + wm) * diff, 0.0), 1)
+    gy = tl.where(mb, acc * (tl.load(g_ptr).to(dt) / N), 0.0)
+    tl.store(gy_ptr + rows_b[:, None] * D + cols[None, :], gy, mask=mb)
+    tl.store(part_ptr + tl.program_id(0) * D + cols, tl.sum(gy * yb, 0), mask=cmask)
 
 
-def klm(z: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+@triton.jit
+def _klm_grad(
+    z_ptr, std_ptr, gz_ptr, part_ptr, gstd_ptr, N, D, P,
+    HAS_STD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # z = y * std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j (the partials, summed in a fixed
+    # order); the default std adds dstd_j (z_bj - mean_j) / (n sqrt(var_j)) (zero where var_j = 0).
+    # gz_ptr holds dLoss/dy on entry and dLoss/dz on exit; program 0 writes dLoss/dstd (given std).
+    rows_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = tl.arange(0, BLOCK_D)
+    bmask, cmask = rows_b < N, cols < D
+    mb = bmask[:, None] & cmask[None, :]
+    std, mean, var = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, BLOCK_A, BLOCK_D)
+    s = tl.zeros((BLOCK_D,), std.dtype)
+    for p in range(0, P):
+        s += tl.load(part_ptr + p * D + cols, mask=cmask, other=0.0)
+    gstd = -s / std
+    offs = rows_b[:, None] * D + cols[None, :]
+    gz = tl.load(gz_ptr + offs, mask=mb, other=0.0) / std[None, :]
+    if HAS_STD:
+        if tl.program_id(0) == 0:
+            tl.store(gstd_ptr + cols, gstd, mask=cmask)
+    else:
+        pos = var > 0
+        dstd = tl.where(pos, gstd / (N * tl.sqrt(tl.where(pos, var, 1.0))), 0.0)
+        z = tl.load(z_ptr + offs, mask=mb, other=0.0)
+        gz += dstd[None, :] * (z - mean[None, :])
+    tl.store(gz_ptr + offs, gz, mask=mb)
+
+
+def klm(z: torch.Tensor, std: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    z = z.contiguous()
+    std = None if std is None else std.contiguous()
     n, d = z.shape
-    y = (z / std).contiguous()
     f = silverman_factor(n, d)
-    lse = z.new_empty(n, d + 1)
     bb, ba, bd = _klm_blocks(d)
-    _klm_fwd[(triton.cdiv(n, bb),)](y, lse, n, d, -0.5 / (f * f), BLOCK_B=bb, BLOCK_A=ba, BLOCK_D=bd)
+    grid = (triton.cdiv(n, bb),)
+    lse = z.new_empty(n, d + 1)
+    part = z.new_empty(grid[0])
+    loss = z.new_empty(())
+    _klm_fwd[grid](z, z if std is None else std, lse, part, n, d, -0.5 / (f * f), HAS_STD=std is not None,
+                   BLOCK_B=bb, BLOCK_A=ba, BLOCK_D=bd)
     const = (d - 1) * math.log(n) - d * math.log(f)
-    loss = (lse[:, 0] - lse[:, 1:].sum(1)).mean() + const
+    _klm_loss[(1,)](part, loss, grid[0], n, const, BLOCK=128)
     return loss, lse
 
 
 def klm_backward(
-    grad_loss: torch.Tensor, z: torch.Tensor, std: torch.Tensor, lse: torch.Tensor
+    grad_loss: torch.Tensor, z: torch.Tensor, std: torch.Tensor | None, lse: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    z, lse = z.contiguous(), lse.contiguous()
+    std = None if std is None else std.contiguous()
     n, d = z.shape
-    y = (z / std).contiguous()
     f = silverman_factor(n, d)
-    gy = torch.empty_like(y)
     bb, ba, bd = _klm_blocks(d)
-    _klm_bwd[(triton.cdiv(n, bb),)](
-        y, lse.contiguous(), gy, n, d, -0.5 / (f * f), 1.0 / (f * f), 1.0 / n,
-        BLOCK_B=bb, BLOCK_A=ba, BLOCK_D=bd,
-    )
-    gy = gy * grad_loss.to(z.dtype)
-    # z = y * std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j (O(n d), left to torch)
-    return gy / std, -(gy * y).sum(0) / std
+    grid = (triton.cdiv(n, bb),)
+    gz = torch.empty_like(z)
+    part = z.new_empty(grid[0], d)
+    gstd = z.new_empty(0 if std is None else d)
+    s = z if std is None else std
+    _klm_bwd[grid](z, s, lse, grad_loss, gz, part, n, d, -0.5 / (f * f), 1.0 / (f * f),
+                   HAS_STD=std is not None, BLOCK_B=bb, BLOCK_A=ba, BLOCK_D=bd)
+    _klm_grad[grid](z, s, gz, part, gstd, n, d, grid[0], HAS_STD=std is not None, BLOCK_B=bb, BLOCK_A=ba,
+                    BLOCK_D=bd)
+    return gz, gstd
 
 
 # ----------------------------------------------------------------------------- kde_grid
@@ -230,9 +320,14 @@ def kde_grid_backward(
     return gp, gs
 
 
-# ----------------------------------------------------------------------------- cliff_terms
+# ----------------------------------------------------------------------------- cliff_loss
 #
-# GEMM-shaped (issue 12). For every ordered pair (i, j) the bivariate grid is a matrix product,
+# Two paths, chosen by :func:`fused_fits` from the (M, K) tile of one pair: the fused path below
+# (one program per pair, four launches, for tiles up to 128 x 128) and the GEMM path (issue 12),
+# whose tables and products live in memory (for larger tiles; its standardization, grids and
+# lambdas run as torch ops around it).
+#
+# GEMM path (issue 12). For every ordered pair (i, j) the bivariate grid is a matrix product,
 # J[i, j] = Kz[j] (M x n) @ Dt[i] (n x K) with Dt[i][s, k] = D(t_k - x_si), Kz[j][m, s] =
 # N(zeta_jm - x_sj); for a chunk of CI differentiated latents at once it is ONE product
 # Kz (d M x n) @ Dt[chunk] (n x CI K) on the tensor cores (torch.matmul: cuBLAS, precision per
@@ -546,7 +641,7 @@ def _kz(x, ci, n, d, m, sigma):
     return kz
 
 
-def cliff_terms(
+def _gemm_terms(
     x: torch.Tensor, grid: torch.Tensor, uni_points: torch.Tensor, cond_index: torch.Tensor, sigma: float, step: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x, grid, uni_points, ci, (n, d, k, ku, m), bl, chunk = _cliff_setup(x, grid, uni_points, cond_index)
@@ -567,7 +662,7 @@ def cliff_terms(
     return uni.sum(), jsd.sum(), kl.sum()
 
 
-def cliff_terms_backward(
+def _gemm_terms_backward(
     grad_uni: torch.Tensor,
     grad_biv: torch.Tensor,
     grad_kl: torch.Tensor,
@@ -614,3 +709,427 @@ def cliff_terms_backward(
     _kl_grad[(triton.cdiv(n, bl["s"]), d)](x, uni_points, lse, g_k, gx, n, d, ku, 1.0 / sigma,
                                            BLOCK_KU=bl["ku"], BLOCK_S=bl["s"])
     return gx
+
+
+# ------------------------------ Cliff, fused path (small tiles): four launches per forward + backward
+#
+# One program per ordered pair (j = program_id(0) conditioning latent, i = program_id(1)
+# differentiated latent), standardization included: each program computes the mean and clamped
+# std of its two columns itself (two passes over z each), builds the Gaussian tiles of a block of
+# samples in registers (Kz: BLOCK_M x BLOCK_S, Dt: BLOCK_S x BLOCK_K) and accumulates the pair's
+# bivariate grid J = Kz @ Dt (M x K) with tl.dot over the samples; the epilogue normalizes J's rows
+# over k and reduces them to the pair's JSD. Diagonal programs (i = j, whose JSD is 0) compute latent
+# i's uni entropy and KL-uni term instead. The forward writes one value per program to a workspace
+# and _cliff_sum (one program) adds them in a fixed order and applies the lambdas: 2 launches. The
+# backward recomputes J, forms dLoss/dJ in registers, then runs the transposed products per block of
+# samples and writes every program's contribution to each sample of its two columns (and to its
+# conditioning values) to a workspace; _cliff_grad (one program per latent) adds the contributions in
+# a fixed order and applies the standardization's backward: 2 launches. Deterministic, no atomics.
+# Work per program: n (M + K) exps and 2 n M K FLOPs (x3 backward); d^2 programs.
+
+FUSED_MAX_TILE = 128 * 128  # the fused path holds a BLOCK_M x BLOCK_K block of J (and dJ) per program
+MIN_VAR = 1e-12  # standardization: the variance is clamped here (std >= 1e-6), as reference.standardize
+SQRT3 = math.sqrt(3.0)
+
+
+def fused_fits(m: int, k: int) -> bool:
+    """Whether Cliff with M conditioning values and K grid points takes the fused path (one rule)."""
+    return max(16, triton.next_power_of_2(m)) * max(16, triton.next_power_of_2(k)) <= FUSED_MAX_TILE
+
+
+@triton.jit
+def _column(z_ptr, col, N, D, BLOCK_S: tl.constexpr):
+    """(mean, std, unclamped) of column ``col`` of z: Cliff's standardization x = (z - mean) / std,
+    std = sqrt(max(var, MIN_VAR)); ``unclamped`` = var >= MIN_VAR (the std then depends on z)."""
+    dt = z_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_S,), dt)
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        acc += tl.load(z_ptr + ss * D + col, mask=ss < N, other=0.0)
+    mean = tl.sum(acc, 0) / N
+    acc = tl.zeros((BLOCK_S,), dt)
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        dev = tl.where(ss < N, tl.load(z_ptr + ss * D + col, mask=ss < N, other=0.0) - mean, 0.0)
+        acc += dev * dev
+    var = tl.sum(acc, 0) / N
+    min_var = tl.full((), 1e-12, dt)
+    return mean, tl.sqrt(tl.maximum(var, min_var)), var >= min_var
+
+
+@triton.jit
+def _standardized(z_ptr, ss, smask, col, D, mean, std):
+    return tl.where(smask, (tl.load(z_ptr + ss * D + col, mask=smask, other=0.0) - mean) / std, 0.0)
+
+
+@triton.jit
+def _linspace(lo, hi, K, ks):
+    """torch.linspace(lo, hi, K)[ks] in lo's dtype (the same formula: the second half counted from hi)."""
+    step = (hi - lo) / (K - 1)
+    return tl.where(ks < K // 2, lo + step * ks, hi - step * (K - 1 - ks))
+
+
+@triton.jit
+def _uni_kl_pass(z_ptr, i, N, D, mean, std, t, v, kmask, inv_sigma, BLOCK_S: tl.constexpr):
+    """Latent i's unnormalized derivative grid G[k] = sum_s D(t_k - x_si) and the log-sum-exps
+    lse[k] = log sum_s exp(-(v_k - x_si)^2 / (2 sigma^2)) of the KL-uni points (online)."""
+    g = tl.zeros(t.shape, t.dtype)
+    m_run = tl.full(v.shape, float("-inf"), v.dtype)
+    l_run = tl.zeros(v.shape, v.dtype)
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        smask = ss < N
+        x = _standardized(z_ptr, ss, smask, i, D, mean, std)
+        dk, _ = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
+        g += tl.sum(dk, 1)
+        u = (v[:, None] - x[None, :]) * inv_sigma
+        a = tl.where(smask[None, :], -0.5 * u * u, float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(a, 1))  # finite: every block holds a sample
+        l_run = l_run * tl.exp(m_run - m_new) + tl.sum(tl.exp(a - m_new[:, None]), 1)
+        m_run = m_new
+    return g, m_run + tl.log(l_run)
+
+
+@triton.jit
+def _pair_tiles(z_ptr, ss, smask, i, j, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask, inv_sigma):
+    """A block of samples' tiles of pair (j, i): Kz[m, s] = N(zeta_m - x_sj), its d/dx_sj, Dt[s, k] =
+    D(t_k - x_si) and its d/dx_si; 0 outside the masks."""
+    xi = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
+    xj = _standardized(z_ptr, ss, smask, j, D, mean_j, std_j)
+    w = (zeta[:, None] - xj[None, :]) * inv_sigma
+    e = tl.where(mmask[:, None] & smask[None, :], tl.exp(-0.5 * w * w), 0.0)
+    dkt, ddkt = _dker_tile(t, kmask, xi, smask, inv_sigma)  # (K, S)
+    return e, e * w * inv_sigma, tl.trans(dkt), tl.trans(ddkt)
+
+
+@triton.jit
+def _pair_grid(z_ptr, i, j, N, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask, inv_sigma,
+               BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """J (BLOCK_M, BLOCK_K) = sum over samples of Kz[m, s] Dt[s, k] (tl.dot per block of samples)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_K), t.dtype)
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        kz, _, dt_, _ = _pair_tiles(z_ptr, ss, ss < N, i, j, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask,
+                                    inv_sigma)
+        acc = tl.dot(kz, dt_, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _rows_normalized(jg, step):
+    """Rows of J normalized over k: p = |J| / (step sum_k |J|) (0 for a zero row), the row
+    normalizers and which rows are non-zero."""
+    c = step * tl.sum(tl.abs(jg), 1)
+    cpos = c > 0
+    cs = tl.where(cpos, c, 1.0)
+    return tl.where(cpos[:, None], tl.abs(jg) / cs[:, None], 0.0), cs, cpos
+
+
+@triton.jit
+def _has_nan(x):
+    return tl.sum(tl.sum((x != x).to(tl.int32), 1), 0) > 0
+
+
+@triton.jit
+def _pair_setup(z_ptr, ci_ptr, i, j, N, D, M, a, b, K, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """Column statistics of latents i and j, the grid points and latent j's conditioning values
+    zeta_m = x[cond_index[j, m], j] (NaN for an out-of-range row, never read)."""
+    mean_i, std_i, full_i = _column(z_ptr, i, N, D, BLOCK_S)
+    mean_j, std_j, _ = _column(z_ptr, j, N, D, BLOCK_S)
+    ks = tl.arange(0, BLOCK_K)
+    kmask = ks < K
+    t = _linspace(a, b, K, ks)
+    ms = tl.arange(0, BLOCK_M)
+    mmask = ms < M
+    rows = tl.load(ci_ptr + j * M + ms, mask=mmask, other=0)
+    ok = (rows >= 0) & (rows < N)
+    zj = tl.load(z_ptr + rows * D + j, mask=mmask & ok, other=0.0)
+    zeta = tl.where(ok | ~mmask, (zj - mean_j) / std_j, float("nan"))
+    return mean_i, std_i, mean_j, std_j, t, kmask, zeta, ms, mmask
+
+
+@triton.jit
+def _uni_kl_values(z_ptr, i, N, D, K, mean_i, std_i, t, kmask, inv_sigma, step, log_const,
+                   BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Latent i's uni entropy and KL-uni term."""
+    v = _kl_points(K, t.dtype, BLOCK_K)
+    g, lse = _uni_kl_pass(z_ptr, i, N, D, mean_i, std_i, t, v, kmask, inv_sigma, BLOCK_S)
+    p, cs, cpos = _normalized(g[:, None], step)
+    uni = -step * tl.sum(tl.sum(_xlogx(p), 1), 0)
+    return uni, log_const - tl.sum(tl.where(kmask, lse, 0.0), 0) / K
+
+
+@triton.jit
+def _kl_points(K, dt: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The KL-uni points linspace(-sqrt 3, sqrt 3, K) in dtype dt."""
+    return _linspace(tl.full((), -1.7320508075688772, dt), tl.full((), 1.7320508075688772, dt), K,
+                     tl.arange(0, BLOCK_K))
+
+
+@triton.jit
+def _jsd_value(jg, M, step):
+    """The JSD of a pair from its bivariate grid J (rows m >= M are 0): NaN if J holds a NaN."""
+    p, cs, cpos = _rows_normalized(jg, step)
+    mix = tl.sum(p, 0) / M
+    jsd = -step * tl.sum(_xlogx(mix), 0) + step * tl.sum(tl.sum(_xlogx(p), 1), 0) / M
+    return tl.where(_has_nan(jg), float("nan"), jsd)
+
+
+@triton.jit
+def _cliff_fused_fwd(
+    z_ptr, ci_ptr, ws_ptr, N, D, M, K, a: tl.float64, b: tl.float64, inv_sigma: tl.float64,
+    step: tl.float64, log_const: tl.float64,
+    BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """ws[j D + i] = JSD of pair (j, i) (0 on the diagonal); ws[D^2 + i] = uni_i, ws[D^2 + D + i] = kl_i."""
+    dt = z_ptr.dtype.element_ty
+    a, b, inv_sigma = tl.full((), a, dt), tl.full((), b, dt), tl.full((), inv_sigma, dt)
+    step, log_const = tl.full((), step, dt), tl.full((), log_const, dt)
+    j = tl.program_id(0)
+    i = tl.program_id(1)
+    mean_i, std_i, mean_j, std_j, t, kmask, zeta, ms, mmask = _pair_setup(z_ptr, ci_ptr, i, j, N, D, M, a, b, K,
+                                                                         BLOCK_S, BLOCK_M, BLOCK_K)
+    if i == j:
+        uni, kl = _uni_kl_values(z_ptr, i, N, D, K, mean_i, std_i, t, kmask, inv_sigma, step, log_const, BLOCK_S,
+                                 BLOCK_K)
+        tl.store(ws_ptr + D * D + i, uni)
+        tl.store(ws_ptr + D * D + D + i, kl)
+        tl.store(ws_ptr + j * D + i, tl.zeros((), dt))
+    else:
+        jg = _pair_grid(z_ptr, i, j, N, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask, inv_sigma,
+                        BLOCK_S, BLOCK_M, BLOCK_K, PRECISION)
+        tl.store(ws_ptr + j * D + i, _jsd_value(jg, M, step))
+
+
+@triton.jit
+def _cliff_sum(ws_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, D, lu: tl.float64, lb: tl.float64, lk: tl.float64,
+               BLOCK: tl.constexpr):
+    """The three terms (sums of the workspace in a fixed order) and the weighted total (one program)."""
+    dt = ws_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK,), dt)
+    for o in range(0, D * D, BLOCK):
+        offs = o + tl.arange(0, BLOCK)
+        acc += tl.load(ws_ptr + offs, mask=offs < D * D, other=0.0)
+    biv = tl.sum(acc, 0)
+    acc_u = tl.zeros((BLOCK,), dt)
+    acc_k = tl.zeros((BLOCK,), dt)
+    for o in range(0, D, BLOCK):
+        offs = o + tl.arange(0, BLOCK)
+        acc_u += tl.load(ws_ptr + D * D + offs, mask=offs < D, other=0.0)
+        acc_k += tl.load(ws_ptr + D * D + D + offs, mask=offs < D, other=0.0)
+    uni, kl = tl.sum(acc_u, 0), tl.sum(acc_k, 0)
+    tl.store(uni_ptr, uni)
+    tl.store(biv_ptr, biv)
+    tl.store(kl_ptr, kl)
+    tl.store(total_ptr, tl.full((), lu, dt) * uni + tl.full((), lb, dt) * biv + tl.full((), lk, dt) * kl)
+
+
+@triton.jit
+def _term_grad(gt_ptr, g_ptr, lam, HAS_TOTAL: tl.constexpr, HAS_TERM: tl.constexpr):
+    """dLoss/dterm = lambda * dLoss/dtotal + dLoss/dterm (either may be absent: 0)."""
+    g = tl.zeros((), lam.dtype)
+    if HAS_TOTAL:
+        g += lam * tl.load(gt_ptr).to(lam.dtype)
+    if HAS_TERM:
+        g += tl.load(g_ptr).to(lam.dtype)
+    return g
+
+
+@triton.jit
+def _uni_kl_backward(z_ptr, i, pair, N, D, M, K, mean_i, std_i, t, kmask, inv_sigma, step, g_u, g_k,
+                     wsd_ptr, wsc_ptr, wsz_ptr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Diagonal program: dLoss/dx_si of the uni and KL-uni terms to wsd (zeros to wsc and wsz)."""
+    dt = t.dtype
+    v = _kl_points(K, dt, BLOCK_K)
+    g, lse = _uni_kl_pass(z_ptr, i, N, D, mean_i, std_i, t, v, kmask, inv_sigma, BLOCK_S)
+    p, cs, cpos = _normalized(g[:, None], step)
+    dg = tl.sum(_column_backward(g[:, None], p, -g_u * step * _dxlogx(p), cs, cpos, step), 1)  # dLoss/dG
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        smask = ss < N
+        x = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
+        _, ddx = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
+        u = (v[:, None] - x[None, :]) * inv_sigma
+        sm = tl.where(kmask[:, None] & smask[None, :], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
+        gx = tl.sum(dg[:, None] * ddx, 0) - g_k / K * tl.sum(sm * u * inv_sigma, 0)
+        tl.store(wsd_ptr + pair * N + ss, gx, mask=smask)
+        tl.store(wsc_ptr + pair * N + ss, tl.zeros((BLOCK_S,), dt), mask=smask)
+    ms = tl.arange(0, BLOCK_M)
+    tl.store(wsz_ptr + pair * M + ms, tl.zeros((BLOCK_M,), dt), mask=ms < M)
+
+
+@triton.jit
+def _jsd_backward(jg, M, step, g_b):
+    """dLoss/dJ of g_b * JSD (NaN if J holds a NaN): JSD = H(mix) - mean_m H(p_m) gives dLoss/dp_mk =
+    g_b step / M (dxlogx(p_mk) - dxlogx(mix_k)), then the row normalization p = |J| / c."""
+    p, cs, cpos = _rows_normalized(jg, step)
+    mix = tl.sum(p, 0) / M
+    gp = g_b * step / M * (_dxlogx(p) - _dxlogx(mix)[None, :])
+    dot = tl.sum(gp * p, 1)
+    sgn = tl.where(jg > 0, 1.0, tl.where(jg < 0, -1.0, 0.0))
+    dj = tl.where(cpos[:, None], sgn * (gp - step * dot[:, None]) / cs[:, None], 0.0)
+    return tl.where(_has_nan(jg), float("nan"), dj)
+
+
+@triton.jit
+def _cliff_fused_bwd(
+    z_ptr, ci_ptr, gt_ptr, gu_ptr, gb_ptr, gk_ptr, wsd_ptr, wsc_ptr, wsz_ptr, N, D, M, K,
+    a: tl.float64, b: tl.float64, inv_sigma: tl.float64, step: tl.float64,
+    lu: tl.float64, lb: tl.float64, lk: tl.float64,
+    HAS_T: tl.constexpr, HAS_U: tl.constexpr, HAS_B: tl.constexpr, HAS_K: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Pair (j, i)'s dLoss/dx (x standardized): wsd[(j D + i) N + s] the part through Dt (x_si; on the
+    diagonal: uni and KL-uni), wsc[(j D + i) N + s] through Kz (x_sj), wsz[(j D + i) M + m] through
+    the conditioning value zeta_jm."""
+    dt = z_ptr.dtype.element_ty
+    a, b, inv_sigma, step = tl.full((), a, dt), tl.full((), b, dt), tl.full((), inv_sigma, dt), tl.full((), step, dt)
+    j = tl.program_id(0)
+    i = tl.program_id(1)
+    pair = j * D + i
+    mean_i, std_i, mean_j, std_j, t, kmask, zeta, ms, mmask = _pair_setup(z_ptr, ci_ptr, i, j, N, D, M, a, b, K,
+                                                                         BLOCK_S, BLOCK_M, BLOCK_K)
+    if i == j:
+        g_u = _term_grad(gt_ptr, gu_ptr, tl.full((), lu, dt), HAS_T, HAS_U)
+        g_k = _term_grad(gt_ptr, gk_ptr, tl.full((), lk, dt), HAS_T, HAS_K)
+        _uni_kl_backward(z_ptr, i, pair, N, D, M, K, mean_i, std_i, t, kmask, inv_sigma, step, g_u, g_k,
+                         wsd_ptr, wsc_ptr, wsz_ptr, BLOCK_S, BLOCK_M, BLOCK_K)
+    else:
+        g_b = _term_grad(gt_ptr, gb_ptr, tl.full((), lb, dt), HAS_T, HAS_B)
+        jg = _pair_grid(z_ptr, i, j, N, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask, inv_sigma,
+                        BLOCK_S, BLOCK_M, BLOCK_K, PRECISION)
+        dj = _jsd_backward(jg, M, step, g_b)
+        gzeta = tl.zeros((BLOCK_M,), dt)
+        for s0 in range(0, N, BLOCK_S):
+            ss = s0 + tl.arange(0, BLOCK_S)
+            smask = ss < N
+            kz, dkz, dt_, ddt = _pair_tiles(z_ptr, ss, smask, i, j, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t,
+                                            kmask, inv_sigma)
+            g_dt = tl.dot(tl.trans(kz), dj, out_dtype=dt, input_precision=PRECISION)  # (S, K)
+            g_kz = tl.dot(dj, tl.trans(dt_), out_dtype=dt, input_precision=PRECISION)  # (M, S)
+            prod = g_kz * dkz
+            tl.store(wsd_ptr + pair * N + ss, tl.sum(g_dt * ddt, 1), mask=smask)
+            tl.store(wsc_ptr + pair * N + ss, tl.sum(prod, 0), mask=smask)
+            gzeta -= tl.sum(prod, 1)
+        tl.store(wsz_ptr + pair * M + ms, gzeta, mask=mmask)
+
+
+@triton.jit
+def _cliff_grad(z_ptr, ci_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M,
+                BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Latent c = program_id(0): dLoss/dx_sc = sum_j wsd[(j D + c) N + s] + sum_i wsc[(c D + i) N + s] +
+    the conditioning values' share (rows cond_index[c, m]), then through x = (z - mean) / std:
+    dLoss/dz = (g - mean(g) - x mean(g x)) / std (without the last term where the std is clamped)."""
+    dt = z_ptr.dtype.element_ty
+    c = tl.program_id(0)
+    mean, std, full = _column(z_ptr, c, N, D, BLOCK_S)
+    ms = tl.arange(0, BLOCK_M)
+    mmask = ms < M
+    rows = tl.load(ci_ptr + c * M + ms, mask=mmask, other=-1)
+    gzeta = tl.zeros((BLOCK_M,), dt)
+    for i in range(0, D):
+        gzeta += tl.load(wsz_ptr + (c * D + i) * M + ms, mask=mmask, other=0.0)
+    acc_g = tl.zeros((BLOCK_S,), dt)
+    acc_gx = tl.zeros((BLOCK_S,), dt)
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        smask = ss < N
+        g = tl.sum(tl.where((rows[None, :] == ss[:, None]) & mmask[None, :], gzeta[None, :], 0.0), 1)
+        for o in range(0, D):
+            g += tl.load(wsd_ptr + (o * D + c) * N + ss, mask=smask, other=0.0)
+            g += tl.load(wsc_ptr + (c * D + o) * N + ss, mask=smask, other=0.0)
+        x = _standardized(z_ptr, ss, smask, c, D, mean, std)
+        acc_g += tl.where(smask, g, 0.0)
+        acc_gx += tl.where(smask, g * x, 0.0)
+        tl.store(gz_ptr + ss * D + c, g, mask=smask)
+    g_mean = tl.sum(acc_g, 0) / N
+    gx_mean = tl.where(full, tl.sum(acc_gx, 0) / N, 0.0)
+    tl.debug_barrier()
+    for s0 in range(0, N, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        smask = ss < N
+        x = _standardized(z_ptr, ss, smask, c, D, mean, std)
+        g = tl.load(gz_ptr + ss * D + c, mask=smask, other=0.0)
+        tl.store(gz_ptr + ss * D + c, (g - g_mean - x * gx_mean) / std, mask=smask)
+
+
+# ------------------------------ Cliff launchers (registered as qkernels::cliff_loss_triton and its backward)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision for the fused Cliff: float64 exact; float32 per
+    torch.get_float32_matmul_precision() ("highest": ieee fp32; "high" / "medium": TF32)."""
+    if dtype == torch.float64 or torch.get_float32_matmul_precision() == "highest":
+        return "ieee"
+    return "tf32"
+
+
+def _fused_blocks(m: int, k: int) -> dict:
+    block_m, block_k = max(16, triton.next_power_of_2(m)), max(16, triton.next_power_of_2(k))
+    return {"BLOCK_S": 16, "BLOCK_M": block_m, "BLOCK_K": block_k, "num_warps": 8 if block_m * block_k >= 8192 else 4}
+
+
+def _log_const(n: int, sigma: float) -> float:
+    """kl_i = log_const - mean_k lse_k: -log(2 sqrt 3) + log(n sigma sqrt(2 pi))."""
+    return -math.log(2 * SQRT3) + math.log(n * sigma) + 0.5 * math.log(2 * math.pi)
+
+
+def _grids(z, a, b, k):
+    return (torch.linspace(a, b, k, dtype=z.dtype, device=z.device),
+            torch.linspace(-SQRT3, SQRT3, k, dtype=z.dtype, device=z.device))
+
+
+def cliff_loss(
+    z: torch.Tensor, cond_index: torch.Tensor, sigma: float, a: float, b: float, num_points: int,
+    lambda_uni: float, lambda_biv: float, lambda_kl: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    z, ci = z.contiguous(), cond_index.contiguous()
+    (n, d), m, k = z.shape, ci.shape[1], num_points
+    step = (b - a) / k
+    total, uni, biv, kl = (z.new_empty(()) for _ in range(4))
+    if fused_fits(m, k):
+        ws = z.new_empty(d * d + 2 * d)
+        _cliff_fused_fwd[(d, d)](z, ci, ws, n, d, m, k, a, b, 1.0 / sigma, step, _log_const(n, sigma),
+                                 PRECISION=_dot_precision(z.dtype), **_fused_blocks(m, k))
+        _cliff_sum[(1,)](ws, total, uni, biv, kl, d, lambda_uni, lambda_biv, lambda_kl, BLOCK=128)
+        return total, uni, biv, kl
+    t, v = _grids(z, a, b, k)
+    terms = _gemm_terms(standardize(z), t, v, ci, sigma, step)
+    for out, term in zip((uni, biv, kl), terms, strict=True):
+        out.copy_(term)
+    total.copy_(lambda_uni * uni + lambda_biv * biv + lambda_kl * kl)
+    return total, uni, biv, kl
+
+
+def cliff_loss_backward(
+    grad_total: torch.Tensor | None, grad_uni: torch.Tensor | None, grad_biv: torch.Tensor | None,
+    grad_kl: torch.Tensor | None, z: torch.Tensor, cond_index: torch.Tensor, sigma: float, a: float, b: float,
+    num_points: int, lambda_uni: float, lambda_biv: float, lambda_kl: float,
+) -> torch.Tensor:
+    z, ci = z.contiguous(), cond_index.contiguous()
+    (n, d), m, k = z.shape, ci.shape[1], num_points
+    step = (b - a) / k
+    grads = (grad_total, grad_uni, grad_biv, grad_kl)
+    if fused_fits(m, k):
+        ws = z.new_empty(2 * d * d * n + d * d * m)
+        wsd, wsc, wsz = ws[: d * d * n], ws[d * d * n: 2 * d * d * n], ws[2 * d * d * n:]
+        flags = {f"HAS_{c}": g is not None for c, g in zip("TUBK", grads, strict=True)}
+        gz = torch.empty_like(z)
+        _cliff_fused_bwd[(d, d)](z, ci, *(z if g is None else g for g in grads), wsd, wsc, wsz, n, d, m, k, a, b,
+                                 1.0 / sigma, step, lambda_uni, lambda_biv, lambda_kl,
+                                 PRECISION=_dot_precision(z.dtype), **flags, **_fused_blocks(m, k))
+        bl = _fused_blocks(m, k)
+        _cliff_grad[(d,)](z, ci, wsd, wsc, wsz, gz, n, d, m, BLOCK_S=bl["BLOCK_S"], BLOCK_M=bl["BLOCK_M"])
+        return gz
+    # the GEMM path: terms' gradients and the standardization's backward in torch (large shapes)
+    zero = z.new_zeros(())
+    g_t, g_u, g_b, g_k = (zero if g is None else g.to(z.dtype).reshape(()) for g in grads)
+    t, v = _grids(z, a, b, k)
+    x = standardize(z)
+    gx = _gemm_terms_backward(lambda_uni * g_t + g_u, lambda_biv * g_t + g_b, lambda_kl * g_t + g_k, x, t, v, ci,
+                              sigma, step)
+    var = torch.var(z, 0, correction=0)
+    std = var.clamp_min(MIN_VAR).sqrt()
+    gxm = torch.where(var >= MIN_VAR, (gx * x).mean(0), 0.0)
+    return (gx - gx.mean(0) - x * gxm) / std

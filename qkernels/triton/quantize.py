@@ -2,8 +2,16 @@
 ``qkernels::*_triton`` by :mod:`qkernels.ops.quantize`, which also checks their arguments).
 
 Same math as csrc/include/qkernels/quantize.h. Reductions over samples (losses, codebook
-gradients) write per-program partial sums that are added by torch in a fixed order, so results are
-deterministic.
+gradients) are two-pass and deterministic, without atomics: each program of a tile kernel writes
+its partial sums to a workspace, and :func:`_sum_rows` (one program per block of columns) adds
+them in a fixed order.
+
+Launches per call (forward + backward):
+
+- ``latent_quantize``: 2 + 2 (tile kernel, then the loss / codebook-gradient reduction);
+- ``relaxed_categorical``: 1 + 2 (the backward's codebook gradient is reduced by a second kernel);
+- ``gumbel_quantize``: 1 + 2, the relaxed_categorical kernels with ``FROM_Z``: the logits
+  -(z - values)^2 are computed in the kernels instead of read.
 """
 
 from __future__ import annotations
@@ -15,7 +23,45 @@ import triton
 import triton.language as tl
 
 BLOCK_N, BLOCK_D = 64, 32  # latent_quantize tile: rows x latents
-BLOCK_R = 32  # relaxed_categorical: rows of K categories per program
+BLOCK_R = 32  # relaxed_categorical forward: rows of K categories per program
+BLOCK_S = 32  # relaxed_categorical backward: rows (samples of one latent, per-latent codebooks) per program
+SUM_ROWS, SUM_COLS = 32, 64  # _sum_rows: rows added per step, most columns per program
+
+
+@triton.jit
+def _sum_rows(
+    part_ptr, out_ptr, out2_ptr, g_ptr, R, C, scale: tl.float64,
+    HAS_G: tl.constexpr, SECOND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """out[c] = sum_r part[r, c] * scale (* g[0] when HAS_G; also into out2[c] when SECOND).
+
+    part is (R, C) row-major; program i owns columns [i BLOCK_C, (i + 1) BLOCK_C) and adds the rows
+    in a fixed order: the same bits on every run."""
+    dt = out_ptr.dtype.element_ty
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    acc = tl.zeros((BLOCK_R, BLOCK_C), dt)
+    for r0 in range(0, R, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        m = (rows[:, None] < R) & cmask[None, :]
+        acc += tl.load(part_ptr + rows[:, None] * C + cols[None, :], mask=m, other=0.0).to(dt)
+    s = tl.full((), scale, dt)
+    if HAS_G:
+        s = tl.load(g_ptr).to(dt) * s
+    total = tl.sum(acc, 0) * s
+    tl.store(out_ptr + cols, total, mask=cmask)
+    if SECOND:
+        tl.store(out2_ptr + cols, total, mask=cmask)
+
+
+def _sum_rows_launch(part: torch.Tensor, out: torch.Tensor, rows: int, cols: int, scale: float,
+                     g: torch.Tensor | None = None, out2: torch.Tensor | None = None) -> None:
+    """Launch :func:`_sum_rows` on the contiguous workspace ``part`` viewed as (rows, cols)."""
+    block_c = min(max(triton.next_power_of_2(cols), 16), SUM_COLS)
+    _sum_rows[(triton.cdiv(cols, block_c),)](
+        part, out, out if out2 is None else out2, out if g is None else g, rows, cols, scale,
+        HAS_G=g is not None, SECOND=out2 is not None, BLOCK_R=SUM_ROWS, BLOCK_C=block_c,
+    )
 
 
 @triton.jit
@@ -49,7 +95,7 @@ def _latent_quantize_fwd(
         best_v = tl.where(better, v[None, :], best_v)
     tl.store(zq_ptr + offs, best_v, mask=mask)
     tl.store(idx_ptr + offs, best_k, mask=mask)
-    diff = tl.where(mask, x - best_v, 0.0).to(tl.float32 if x.dtype == tl.float32 else tl.float64)
+    diff = tl.where(mask, x - best_v, 0.0)
     tl.store(part_ptr + pid_n * tl.num_programs(1) + pid_d, tl.sum(tl.sum(diff * diff, 1), 0))
 
 
@@ -58,7 +104,8 @@ def _latent_quantize_bwd(
     gzq_ptr, glc_ptr, z_ptr, v_ptr, idx_ptr, gz_ptr, part_ptr, N, D, NV, scale: tl.float64,
     GLOBAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    scale = tl.full((), scale, z_ptr.dtype.element_ty)
+    dt = z_ptr.dtype.element_ty
+    scale = tl.full((), scale, dt)
     pid_n, pid_d = tl.program_id(0), tl.program_id(1)
     cols, cmask, mask, offs = _tile(N, D, BLOCK_N, BLOCK_D)
     x = tl.load(z_ptr + offs, mask=mask, other=0.0)
@@ -68,7 +115,7 @@ def _latent_quantize_bwd(
     q = tl.load(v_ptr + vrow[None, :] * NV + idx, mask=mask & ok, other=0.0)
     diff = tl.where(mask, x - q, 0.0)
     g = tl.load(gzq_ptr + offs, mask=mask, other=0.0)
-    s_c = tl.load(glc_ptr) * scale
+    s_c = tl.load(glc_ptr).to(dt) * scale
     tl.store(gz_ptr + offs, tl.where(ok, g + s_c * diff, float("nan")), mask=mask)
     # codebook partials: sum over this tile's rows of (q - x) for every value k
     for k in range(0, NV):
@@ -86,6 +133,8 @@ def _grid(n: int, d: int) -> tuple[int, int]:
 def latent_quantize(
     z: torch.Tensor, values: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """2 launches: the (cdiv(N, 64), cdiv(d, 32)) tile kernel writes z_q, indices and one partial
+    sum of (z - z_q)^2 per program; one :func:`_sum_rows` program turns them into both losses."""
     z, values = z.contiguous(), values.contiguous()
     n, d = z.shape
     grid = _grid(n, d)
@@ -96,8 +145,9 @@ def latent_quantize(
         z, values, z_q, idx, part, n, d, values.shape[1],
         GLOBAL=values.shape[0] == 1, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )
-    loss = part.sum() / (n * d)
-    return z_q, idx, loss, loss.clone()
+    loss_q, loss_c = z.new_empty(()), z.new_empty(())
+    _sum_rows_launch(part, loss_q, grid[0] * grid[1], 1, 1.0 / (n * d), out2=loss_c)
+    return z_q, idx, loss_q, loss_c
 
 
 def latent_quantize_backward(
@@ -108,6 +158,8 @@ def latent_quantize_backward(
     values: torch.Tensor,
     indices: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """2 launches: the tile kernel writes grad_z and per-program codebook partials; :func:`_sum_rows`
+    adds them (over row tiles, and latent tiles for a global codebook) times grad_loss_quantize 2/(N d)."""
     z, values, indices, grad_zq = z.contiguous(), values.contiguous(), indices.contiguous(), grad_zq.contiguous()
     n, d = z.shape
     g, nv = values.shape
@@ -117,18 +169,24 @@ def latent_quantize_backward(
     part = torch.empty(part_shape, dtype=z.dtype, device=z.device)
     scale = 2.0 / (n * d)
     _latent_quantize_bwd[grid](
-        grad_zq, grad_loss_commit.reshape(1).to(z.dtype), z, values, indices, grad_z, part,
+        grad_zq, grad_loss_commit, z, values, indices, grad_z, part,
         n, d, nv, scale, GLOBAL=g == 1, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )
-    dims = (0, 1) if g == 1 else (0,)
-    grad_values = (part.sum(dims) * (grad_loss_quantize * scale)).reshape(g, nv)
-    return grad_z, grad_values.to(values.dtype)
+    grad_values = torch.empty_like(values)
+    rows, cols = (grid[0] * grid[1], nv) if g == 1 else (grid[0], d * nv)
+    _sum_rows_launch(part, grad_values, rows, cols, scale, g=grad_loss_quantize)
+    return grad_z, grad_values
+
+
+# ----------------------------------------------------------------------------- relaxed categorical
+# Rows r = n d + j of (N, d) latents, each with K categories. With FROM_Z (gumbel_quantize) the
+# logits of a row are -(z[r] - values[j])^2, computed in the kernel from the latents z (N, d)
+# instead of read from an (N, d, K) tensor.
 
 
 @triton.jit
-def _perturbed_softmax(l_ptr, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE: tl.constexpr):
-    """Soft sample y and plain log-probabilities logp of a (BLOCK_R, BLOCK_K) tile."""
-    l = tl.load(l_ptr + offs, mask=mask, other=0.0)
+def _perturbed_softmax(l, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE: tl.constexpr):
+    """Soft sample y and plain log-probabilities logp of a (BLOCK_R, BLOCK_K) tile of logits l."""
     a = l
     if HAS_NOISE:
         u = tl.load(u_ptr + offs, mask=mask, other=0.5)
@@ -158,6 +216,17 @@ def _row_tile(R, K, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _latent_tile(N, D, K, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (i, j)'s (BLOCK_S, BLOCK_K) tile: samples [i BLOCK_S, (i + 1) BLOCK_S) of latent j."""
+    n = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    rows = n * D + tl.program_id(1)
+    ks = tl.arange(0, BLOCK_K)
+    rmask = n < N
+    kmask = ks[None, :] < K
+    return rows, ks, rmask, kmask, rmask[:, None] & kmask, rows[:, None] * K + ks[None, :]
+
+
+@triton.jit
 def _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL: tl.constexpr):
     """The codebook values of each row's latent (row r is latent r % D), (BLOCK_R, BLOCK_K)."""
     vrow = rows * 0 if GLOBAL else rows % D
@@ -166,18 +235,26 @@ def _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL: tl.constexpr):
 
 @triton.jit
 def _relaxed_categorical_fwd(
-    l_ptr, u_ptr, v_ptr, z_ptr, y_ptr, kl_ptr, R, D, K, tau: tl.float64, noise_scale: tl.float64, log_k: tl.float64,
-    HAS_NOISE: tl.constexpr, HARD: tl.constexpr, GLOBAL: tl.constexpr,
+    x_ptr, u_ptr, v_ptr, z_ptr, y_ptr, kl_ptr, lo_ptr, R, D, K,
+    tau: tl.float64, noise_scale: tl.float64, log_k: tl.float64,
+    HAS_NOISE: tl.constexpr, HARD: tl.constexpr, GLOBAL: tl.constexpr, FROM_Z: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    dt = l_ptr.dtype.element_ty
+    """x: the logits (R, K), or with FROM_Z the latents (R,), whose logits -(x - v)^2 it writes to lo."""
+    dt = x_ptr.dtype.element_ty
     tau, noise_scale, log_k = tl.full((), tau, dt), tl.full((), noise_scale, dt), tl.full((), log_k, dt)
     rows, ks, rmask, kmask, mask, offs = _row_tile(R, K, BLOCK_R, BLOCK_K)
-    y, logp = _perturbed_softmax(l_ptr, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE)
+    v = _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL)
+    if FROM_Z:
+        diff = tl.load(x_ptr + rows, mask=rmask, other=0.0)[:, None] - v
+        l = -(diff * diff)
+        tl.store(lo_ptr + offs, l, mask=mask)
+    else:
+        l = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    y, logp = _perturbed_softmax(l, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE)
     if HARD:
         am = tl.argmax(y, 1, tie_break_left=True)
         y = tl.where(ks[None, :] == am[:, None], 1.0, 0.0).to(y.dtype)
-    v = _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL)
     tl.store(y_ptr + offs, y, mask=mask)
     tl.store(z_ptr + rows, tl.sum(y * v, 1), mask=rmask)
     p = tl.where(kmask, tl.exp(logp), 0.0)
@@ -186,26 +263,98 @@ def _relaxed_categorical_fwd(
 
 @triton.jit
 def _relaxed_categorical_bwd(
-    gz_ptr, gy_ptr, gkl_ptr, l_ptr, u_ptr, v_ptr, gl_ptr, R, D, K, tau: tl.float64, noise_scale: tl.float64,
-    HAS_NOISE: tl.constexpr, GLOBAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    gz_ptr, gy_ptr, gkl_ptr, glo_ptr, x_ptr, u_ptr, v_ptr, yo_ptr, gx_ptr, part_ptr, N, D, K,
+    tau: tl.float64, noise_scale: tl.float64,
+    HAS_NOISE: tl.constexpr, GLOBAL: tl.constexpr, FROM_Z: tl.constexpr,
+    HAS_GZ: tl.constexpr, HAS_GY: tl.constexpr, HAS_GKL: tl.constexpr, HAS_GLO: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    tau, noise_scale = tl.full((), tau, l_ptr.dtype.element_ty), tl.full((), noise_scale, l_ptr.dtype.element_ty)
-    rows, ks, rmask, kmask, mask, offs = _row_tile(R, K, BLOCK_R, BLOCK_K)
-    y, logp = _perturbed_softmax(l_ptr, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE)
+    """grad of x (the logits, or with FROM_Z the latents, adding the logits' own gradient glo) and
+    this program's codebook partials: sum over its rows of g_z y_out (+ FROM_Z: the logits' term
+    2 g (z - v)); yo is the forward's y (one-hot when hard); HAS_*: which upstream gradients
+    exist (a missing one is zero). A global codebook: program i takes rows [i BLOCK_S,
+    (i + 1) BLOCK_S) of all N d rows (contiguous) and writes part[i, :]; one codebook per latent:
+    program (i, j) takes BLOCK_S samples of latent j and writes part[i, j, :]."""
+    dt = x_ptr.dtype.element_ty
+    tau, noise_scale = tl.full((), tau, dt), tl.full((), noise_scale, dt)
+    if GLOBAL:
+        rows, ks, rmask, kmask, mask, offs = _row_tile(N * D, K, BLOCK_S, BLOCK_K)
+    else:
+        rows, ks, rmask, kmask, mask, offs = _latent_tile(N, D, K, BLOCK_S, BLOCK_K)
     v = _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL)
-    g_z = tl.load(gz_ptr + rows, mask=rmask, other=0.0)
-    g_kl = tl.load(gkl_ptr + rows, mask=rmask, other=0.0)
-    gy = tl.load(gy_ptr + offs, mask=mask, other=0.0) + g_z[:, None] * v
+    if FROM_Z:
+        diff = tl.load(x_ptr + rows, mask=rmask, other=0.0)[:, None] - v
+        l = -(diff * diff)
+    else:
+        l = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    y, logp = _perturbed_softmax(l, u_ptr, offs, mask, kmask, tau, noise_scale, HAS_NOISE)
+    gy = tl.zeros((BLOCK_S, BLOCK_K), dt)
+    contrib = tl.zeros((BLOCK_S, BLOCK_K), dt)
+    if HAS_GY:
+        gy = tl.load(gy_ptr + offs, mask=mask, other=0.0)
+    if HAS_GZ:
+        g_z = tl.load(gz_ptr + rows, mask=rmask, other=0.0)
+        gy = gy + g_z[:, None] * v
+        contrib = g_z[:, None] * tl.load(yo_ptr + offs, mask=mask, other=0.0)
     dot = tl.sum(y * gy, 1)
-    p = tl.where(kmask, tl.exp(logp), 0.0)
-    ent = tl.sum(p * logp, 1)
-    gl = y * (gy - dot[:, None]) / tau + g_kl[:, None] * p * (logp - ent[:, None])
-    tl.store(gl_ptr + offs, gl, mask=mask)
+    gl = y * (gy - dot[:, None]) / tau
+    if HAS_GKL:
+        g_kl = tl.load(gkl_ptr + rows, mask=rmask, other=0.0)
+        p = tl.where(kmask, tl.exp(logp), 0.0)
+        ent = tl.sum(p * logp, 1)
+        gl = gl + g_kl[:, None] * p * (logp - ent[:, None])
+    if FROM_Z:
+        if HAS_GLO:
+            gl = gl + tl.load(glo_ptr + offs, mask=mask, other=0.0)
+        t = tl.where(mask, gl * diff, 0.0)
+        t = t + t  # d logits / d values = 2 (z - v) = -d logits / d z
+        tl.store(gx_ptr + rows, -tl.sum(t, 1), mask=rmask)
+        contrib = contrib + t
+    else:
+        tl.store(gx_ptr + offs, gl, mask=mask)
+    base = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * K
+    tl.store(part_ptr + base + ks, tl.sum(tl.where(mask, contrib, 0.0), 0), mask=ks < K)
 
 
-def _rc_launch_args(logits, values):
-    r = logits.shape[0] * logits.shape[1]
-    return (triton.cdiv(r, BLOCK_R),), r, triton.next_power_of_2(logits.shape[2])
+def _relaxed_forward(x, values, uniform, tau, noise_scale, hard, k, lo):
+    """Launch the forward kernel on rows of x (logits (N, d, K), or latents (N, d) with logits out lo)."""
+    n, d = x.shape[0], x.shape[1]
+    r = n * d
+    z = x.new_empty(n, d)
+    y = x.new_empty(n, d, k)
+    kl = x.new_empty(n, d)
+    _relaxed_categorical_fwd[(triton.cdiv(r, BLOCK_R),)](
+        x, x if uniform is None else uniform, values, z, y, kl, y if lo is None else lo, r, d, k,
+        tau, noise_scale, math.log(k),
+        HAS_NOISE=uniform is not None, HARD=hard, GLOBAL=values.shape[0] == 1, FROM_Z=lo is not None,
+        BLOCK_R=BLOCK_R, BLOCK_K=triton.next_power_of_2(k),
+    )
+    return z, y, kl
+
+
+def _relaxed_backward(grad_z, grad_y, grad_kl, grad_lo, x, values, uniform, y, tau, noise_scale, from_z):
+    """Launch the backward kernel, grid (cdiv(N d, 32), 1) for a global codebook, else
+    (cdiv(N, 32), d), and the codebook reduction (over the grid's first axis). A None upstream
+    gradient is zero (nothing is read for it)."""
+    n, d = x.shape[0], x.shape[1]
+    g, k = values.shape
+    grid = (triton.cdiv(n * d, BLOCK_S), 1) if g == 1 else (triton.cdiv(n, BLOCK_S), d)
+    grad_x = torch.empty_like(x)
+    part = x.new_empty(grid[0], grid[1], k)
+    _relaxed_categorical_bwd[grid](
+        *(x if t is None else t for t in (grad_z, grad_y, grad_kl, grad_lo)), x, x if uniform is None else uniform,
+        values, y, grad_x, part, n, d, k, tau, noise_scale,
+        HAS_NOISE=uniform is not None, GLOBAL=g == 1, FROM_Z=from_z, HAS_GZ=grad_z is not None,
+        HAS_GY=grad_y is not None, HAS_GKL=grad_kl is not None, HAS_GLO=grad_lo is not None,
+        BLOCK_S=BLOCK_S, BLOCK_K=triton.next_power_of_2(k),
+    )
+    grad_values = torch.empty_like(values)
+    _sum_rows_launch(part, grad_values, grid[0], grid[1] * k, 1.0)
+    return grad_x, grad_values
+
+
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
 
 
 def relaxed_categorical(
@@ -216,19 +365,10 @@ def relaxed_categorical(
     noise_scale: float,
     hard: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits, values = logits.contiguous(), values.contiguous()
-    u = logits if uniform is None else uniform.contiguous()
-    n, d, k = logits.shape
-    grid, r, block_k = _rc_launch_args(logits, values)
-    z = logits.new_empty(n, d)
-    y = torch.empty_like(logits)
-    kl = logits.new_empty(n, d)
-    _relaxed_categorical_fwd[grid](
-        logits, u, values, z, y, kl, r, d, k, tau, noise_scale, math.log(k),
-        HAS_NOISE=uniform is not None, HARD=hard, GLOBAL=values.shape[0] == 1,
-        BLOCK_R=BLOCK_R, BLOCK_K=block_k,
-    )
-    return z, y, kl
+    """1 launch, grid (cdiv(N d, 32),)."""
+    logits = logits.contiguous()
+    return _relaxed_forward(logits, values.contiguous(), _contiguous(uniform), tau, noise_scale, hard,
+                            logits.shape[2], None)
 
 
 def relaxed_categorical_backward(
@@ -242,20 +382,42 @@ def relaxed_categorical_backward(
     tau: float,
     noise_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits, values = logits.contiguous(), values.contiguous()
-    grad_z, grad_y, grad_kl = grad_z.contiguous(), grad_y.contiguous(), grad_kl.contiguous()
-    u = logits if uniform is None else uniform.contiguous()
-    n, d, k = logits.shape
-    grid, r, block_k = _rc_launch_args(logits, values)
-    grad_logits = torch.empty_like(logits)
-    _relaxed_categorical_bwd[grid](
-        grad_z, grad_y, grad_kl, logits, u, values, grad_logits, r, d, k, tau, noise_scale,
-        HAS_NOISE=uniform is not None, GLOBAL=values.shape[0] == 1,
-        BLOCK_R=BLOCK_R, BLOCK_K=block_k,
+    """2 launches: grad_logits and codebook partials (:func:`_relaxed_backward`), then their sum."""
+    return _relaxed_backward(
+        grad_z.contiguous(), grad_y.contiguous(), grad_kl.contiguous(), None, logits.contiguous(),
+        values.contiguous(), _contiguous(uniform), y.contiguous(), tau, noise_scale, False,
     )
-    # codebook gradient sum_rows g_z * y_out: a (batched) GEMV, left to BLAS
-    if values.shape[0] == 1:
-        grad_values = torch.einsum("nd,ndk->k", grad_z, y)[None]
-    else:
-        grad_values = torch.einsum("nd,ndk->dk", grad_z, y)
-    return grad_logits, grad_values
+
+
+def gumbel_quantize(
+    z: torch.Tensor,
+    values: torch.Tensor,
+    uniform: torch.Tensor | None,
+    tau: float,
+    hard: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """1 launch, grid (cdiv(N d, 32),): logits, relaxed sample, z_q and KL from z and the codebook."""
+    z = z.contiguous()
+    logits = z.new_empty(z.shape[0], z.shape[1], values.shape[1])
+    z_q, y, kl = _relaxed_forward(z, values.contiguous(), _contiguous(uniform), tau, 1.0, hard,
+                                  values.shape[1], logits)
+    return z_q, y, logits, kl
+
+
+def gumbel_quantize_backward(
+    grad_zq: torch.Tensor | None,
+    grad_y: torch.Tensor | None,
+    grad_logits: torch.Tensor | None,
+    grad_kl: torch.Tensor | None,
+    z: torch.Tensor,
+    values: torch.Tensor,
+    uniform: torch.Tensor | None,
+    y: torch.Tensor,
+    tau: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """2 launches: grad_z and codebook partials (:func:`_relaxed_backward`), then their sum. An
+    upstream gradient that is None is zero (no zeros tensor is made for an unused output)."""
+    return _relaxed_backward(
+        _contiguous(grad_zq), _contiguous(grad_y), _contiguous(grad_kl), _contiguous(grad_logits),
+        z.contiguous(), values.contiguous(), _contiguous(uniform), y.contiguous(), tau, 1.0, True,
+    )

@@ -8,15 +8,16 @@
 
 namespace qkernels {
 
-inline void check_klm(const Tensor& z, const Tensor& std, const char* op) {
+inline void check_klm(const Tensor& z, const std::optional<Tensor>& std, const char* op) {
   TORCH_CHECK(z.dim() == 2 && z.size(0) >= 1 && z.size(1) >= 1, op, ": z must be (n, d), got ", z.sizes());
   check_floating(z, "z", op);
-  TORCH_CHECK(std.dim() == 1 && std.size(0) == z.size(1), op, ": std must be (d,), got ", std.sizes());
-  check_like(std, "std", z, "z", op);
+  if (!std.has_value()) return;
+  TORCH_CHECK(std->dim() == 1 && std->size(0) == z.size(1), op, ": std must be (d,), got ", std->sizes());
+  check_like(*std, "std", z, "z", op);
 }
 
-inline void check_klm_backward(const Tensor& grad_loss, const Tensor& z, const Tensor& std, const Tensor& lse,
-                               const char* op) {
+inline void check_klm_backward(const Tensor& grad_loss, const Tensor& z, const std::optional<Tensor>& std,
+                               const Tensor& lse, const char* op) {
   check_klm(z, std, op);
   check_scalar_grad(grad_loss, "grad_loss", z, op);
   TORCH_CHECK(lse.dim() == 2 && lse.size(0) == z.size(0) && lse.size(1) == z.size(1) + 1, op,
@@ -42,28 +43,26 @@ inline void check_kde_grid_backward(const Tensor& grad, const Tensor& points, co
               points.device());
 }
 
-inline void check_cliff(const Tensor& x, const Tensor& grid, const Tensor& uni_points, const Tensor& cond, double sigma,
-                        double step, const char* op) {
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(1) >= 1, op, ": x must be (n, d), got ", x.sizes());
-  check_floating(x, "x", op);
-  TORCH_CHECK(grid.dim() == 1 && grid.size(0) >= 2, op, ": grid must be (K,), K >= 2, got ", grid.sizes());
-  TORCH_CHECK(uni_points.dim() == 1 && uni_points.size(0) >= 1, op, ": uni_points must be (K_u,)");
-  TORCH_CHECK(cond.dim() == 2 && cond.size(0) == x.size(1) && cond.size(1) >= 1, op,
+inline void check_cliff_loss(const Tensor& z, const Tensor& cond, double sigma, double a, double b, int64_t num_points,
+                             const char* op) {
+  TORCH_CHECK(z.dim() == 2 && z.size(0) >= 1 && z.size(1) >= 1, op, ": z must be (n, d), got ", z.sizes());
+  check_floating(z, "z", op);
+  TORCH_CHECK(cond.dim() == 2 && cond.size(0) == z.size(1) && cond.size(1) >= 1, op,
               ": cond_index must be (d, M), got ", cond.sizes());
-  check_like(grid, "grid", x, "x", op);
-  check_like(uni_points, "uni_points", x, "x", op);
-  check_index(cond, "cond_index", x, op);
-  check_index_range(cond, x.size(0), "cond_index", op);
-  TORCH_CHECK(sigma > 0 && step > 0, op, ": sigma and step must be > 0");
+  check_index(cond, "cond_index", z, op);
+  check_index_range(cond, z.size(0), "cond_index", op);
+  TORCH_CHECK(sigma > 0 && a < b && num_points >= 2, op, ": need sigma > 0, a < b and num_points >= 2, got sigma ",
+              sigma, ", a ", a, ", b ", b, ", num_points ", num_points);
 }
 
-inline void check_cliff_backward(const Tensor& g_uni, const Tensor& g_biv, const Tensor& g_kl, const Tensor& x,
-                                 const Tensor& grid, const Tensor& uni_points, const Tensor& cond, double sigma,
-                                 double step, const char* op) {
-  check_cliff(x, grid, uni_points, cond, sigma, step, op);
-  check_scalar_grad(g_uni, "grad_uni", x, op);
-  check_scalar_grad(g_biv, "grad_biv", x, op);
-  check_scalar_grad(g_kl, "grad_kl", x, op);
+// The one-element upstream gradients of (total, uni, biv, kl), each optional (absent: 0).
+inline void check_cliff_loss_backward(const std::optional<Tensor>* grads, const Tensor& z, const Tensor& cond,
+                                      double sigma, double a, double b, int64_t num_points, const char* op) {
+  check_cliff_loss(z, cond, sigma, a, b, num_points, op);
+  const char* names[4] = {"grad_total", "grad_uni", "grad_biv", "grad_kl"};
+  for (int i = 0; i < 4; ++i) {
+    if (grads[i].has_value()) check_scalar_grad(*grads[i], names[i], z, op);
+  }
 }
 
 }  // namespace qkernels
