@@ -161,6 +161,7 @@ def register(op: str, backend: str) -> Callable[[Callable], Callable]:
 
     def deco(fn: Callable) -> Callable:
         _REGISTRY.setdefault(op, {})[backend] = fn
+        _SELECTED.clear()
         return fn
 
     return deco
@@ -187,10 +188,28 @@ def warm() -> None:
 # dtypes the kernels of the cpu, triton and cuda backends are written for
 KERNEL_DTYPES = (torch.float32, torch.float64)
 
+# backends whose kernels check their inputs' values themselves (NaN / inf, index ranges, std > 0,
+# noise in [0, 1]: csrc/include/qkernels/checks.h) while reading them, on CPU tensors: the functional
+# API skips its own value checks for them (a read-back each, 5-18 us of a call's 30 at small shapes)
+SELF_CHECKING = frozenset({"cpu"})
+
+
+# select()'s answers per (op, device type, dtype, forced backend): one dict lookup per call (the
+# registry and AUTO_ORDER are fixed once the ops are registered; register() clears it)
+_SELECTED: dict[tuple, tuple[str, Callable]] = {}
+
 
 def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Callable]:
     """``(backend, implementation)`` of ``op`` for ``dtype`` tensors on ``device``."""
-    impls = implementations(op)
+    key = (op, device.type, dtype, _forced)
+    hit = _SELECTED.get(key)
+    if hit is None:
+        hit = _SELECTED[key] = _select(op, device, dtype)
+    return hit
+
+
+def _select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Callable]:
+    impls = _REGISTRY.get(op, {})
     if _forced != "auto":
         reason = unavailable_reason(_forced, device)
         if reason is None and _forced not in impls:

@@ -72,9 +72,15 @@ def check_tensor(
         )
     if nonempty and t.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
-    if finite and t.is_floating_point() and value_checks(t) and not all_finite(t):
-        raise ValueError(f"{name} contains NaN or inf")
+    if finite:
+        check_finite(name, t)
     return t
+
+
+def check_finite(name: str, t: torch.Tensor) -> None:
+    """No NaN or inf in a floating tensor ``t`` (where :func:`value_checks` allows a read-back)."""
+    if t.is_floating_point() and value_checks(t) and not all_finite(t):
+        raise ValueError(f"{name} contains NaN or inf")
 
 
 def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, *, dtype=True) -> None:
@@ -126,8 +132,9 @@ def check_positive(name: str, value: object, *, integer: bool = False, minimum=N
         raise ValueError(f"{name} must be > 0, got {value}")
 
 
-def check_std(std: object, z: torch.Tensor) -> torch.Tensor:
-    """Per-latent scales (d,) for latents z (n, d), all > 0.
+def check_std(std: object, z: torch.Tensor, *, values: bool = True) -> torch.Tensor:
+    """Per-latent scales (d,) for latents z (n, d), all > 0 (their values checked unless ``values`` is
+    False: a backend that checks them itself).
 
     ``std``: None -> ``z.std(0, correction=0) + 1e-6`` (differentiable in z, zero gradient for a
     constant column); a number (int or float) or a 0-d tensor -> broadcast to (d,); a (d,) tensor
@@ -138,11 +145,11 @@ def check_std(std: object, z: torch.Tensor) -> torch.Tensor:
     if std is None:
         return population_std(z) + 1e-6
     if isinstance(std, torch.Tensor):
-        check_tensor("std", std, ndim=(0, 1))
+        check_tensor("std", std, ndim=(0, 1), finite=values)
         check_same("std", std, "z", z, dtype=False)
         if std.dim() == 1 and std.shape[0] != d:
             raise ValueError(f"std must be a scalar or (d,) with d = {d}, got shape {tuple(std.shape)}")
-        if value_checks(std) and not bool((std > 0).all()):
+        if values and value_checks(std) and not bool((std > 0).all()):
             raise ValueError("std must be > 0 everywhere (a zero scale collapses its latent)")
         return std.expand(d).contiguous() if std.dim() == 0 else std
     if isinstance(std, bool) or not isinstance(std, (int, float)):

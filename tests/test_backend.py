@@ -215,3 +215,53 @@ def test_all_finite_one_reduction_and_its_overflow_fallback():
     assert not all_finite(torch.tensor([1.0, float("inf")]))
     assert not all_finite(torch.tensor([float("inf"), float("-inf")]))  # sum NaN
     assert not all_finite(torch.tensor([0.0, float("nan")]))
+
+
+def _nan_at(t: torch.Tensor, i: int = 0) -> torch.Tensor:
+    out = t.clone()
+    out.view(-1)[i] = float("nan")
+    return out
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="native extension not built")
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_bad_values_raise_naming_the_argument_on_both_cpu_backends(backend):
+    """The cpu kernels check input values themselves while reading them (csrc/include/qkernels/checks.h),
+    and the functional API skips its own read-backs for them (_backend.SELF_CHECKING): NaN, a
+    non-positive std or an out-of-range row is still a ValueError naming the argument, on the cpu
+    backend as on the reference."""
+    g = torch.Generator().manual_seed(0)
+    z, v, pts = torch.randn(8, 3, generator=g), torch.randn(3, 5, generator=g), torch.randn(3, 7, generator=g)
+    lg = torch.randn(8, 3, 5, generator=g)
+    cases = [
+        ("z contains NaN", lambda: qkernels.latent_quantize(_nan_at(z, 4), v)),
+        ("values contains NaN", lambda: qkernels.latent_quantize(z, _nan_at(v, 7))),
+        ("points contains NaN", lambda: qkernels.kde_grid(_nan_at(pts), z, 0.3)),
+        ("samples contains NaN", lambda: qkernels.kde_grid(pts, _nan_at(z, 23), 0.3)),
+        ("z contains NaN", lambda: qkernels.cliff_loss(_nan_at(z, 5), num_cond=4)),
+        ("cond_index must hold", lambda: qkernels.cliff_loss(z, cond_index=torch.tensor([[0, 8]] * 3))),
+        ("z contains NaN", lambda: qkernels.klm_loss(_nan_at(z, 2))),
+        ("std contains NaN", lambda: qkernels.klm_loss(z, std=torch.tensor([1.0, float("nan"), 1.0]))),
+        ("std must be > 0", lambda: qkernels.klm_loss(z, std=torch.tensor([1.0, 0.0, 1.0]))),
+        ("logits contains NaN", lambda: qkernels.categorical_latent(_nan_at(lg, 11), v)),
+        ("values contains NaN", lambda: qkernels.categorical_latent(lg, _nan_at(v))),
+    ]
+    with qkernels.use_backend(backend):
+        for match, call in cases:
+            with pytest.raises(ValueError, match=match):
+                call()
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="native extension not built")
+def test_cpu_kernels_value_checks_follow_the_switch():
+    """QKERNELS_CHECK_FINITE=0 turns the C++ kernels' value checks off too (read once per process)."""
+    code = (
+        "import torch, qkernels\n"
+        "z = torch.tensor([[0.2, float('nan')], [0.5, 1.0]])\n"
+        "out = torch.ops.qkernels.latent_quantize(z, torch.tensor([[0.0, 1.0]]))\n"
+        "print(out[1].tolist())\n"
+    )
+    res = _run(code, QKERNELS_CHECK_FINITE="0", TRITON_INTERPRET="0")
+    assert res.returncode == 0 and res.stdout.strip().startswith("[[0, "), res.stderr
+    res = _run(code, TRITON_INTERPRET="0")
+    assert res.returncode != 0 and "ValueError: latent_quantize: z contains NaN or inf" in res.stderr

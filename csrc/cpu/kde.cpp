@@ -40,6 +40,8 @@ using at::Tensor;
 
 Tensor kde_grid_cpu(const Tensor& points_, const Tensor& samples_, double sigma, bool derivative) {
   check_kde_grid(points_, samples_, sigma, "kde_grid");
+  check_finite(points_, "points", "kde_grid");
+  check_finite(samples_, "samples", "kde_grid");
   const Tensor points = points_.contiguous(), samples = samples_.contiguous();
   Tensor out = at::empty_like(points);
   AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "kde_grid_cpu", [&] {
@@ -111,6 +113,7 @@ std::vector<T> linspace(double lo_, double hi_, int64_t K) {
 std::tuple<Tensor, Tensor, Tensor, Tensor> cliff_loss_cpu(const Tensor& z_, const Tensor& cond_, double sigma, double a,
                                                           double b, int64_t K, double lu, double lb, double lk) {
   check_cliff_loss(z_, cond_, sigma, a, b, K, "cliff_loss");
+  check_finite(z_, "z", "cliff_loss");
   const Tensor z = z_.contiguous(), cond = cond_.contiguous();
   const int64_t n = z.size(0), d = z.size(1);
   std::vector<double> terms;
@@ -189,6 +192,8 @@ std::vector<T> default_std(const T* z, int64_t n, int64_t d, std::vector<double>
 
 std::tuple<Tensor, Tensor> klm_cpu(const Tensor& z_, const std::optional<Tensor>& std_) {
   check_klm(z_, std_, "klm");
+  check_finite(z_, "z", "klm");
+  if (std_.has_value()) check_finite(*std_, "std", "klm", /*positive=*/true);
   const Tensor z = z_.contiguous();
   const int64_t n = z.size(0), d = z.size(1);
   Tensor lse = at::empty({n, d + 1}, z.options());

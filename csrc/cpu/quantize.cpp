@@ -81,11 +81,15 @@ inline int32_t nearest_sorted(scalar_t x, const scalar_t* s, const int32_t* orde
   int32_t idx = std::numeric_limits<int32_t>::max();
   for (int32_t k = p - 1; k >= 0 && x - s[k] == best; --k) idx = std::min(idx, order[k]);
   for (int32_t k = p; k < nv && s[k] - x == best; ++k) idx = std::min(idx, order[k]);
-  return idx;
+  // no value at a comparable distance: x (or the codebook) is NaN, reached only with value checks off.
+  // Index 0, as argmin over all-NaN distances; never an out-of-bounds index
+  return idx == std::numeric_limits<int32_t>::max() ? 0 : idx;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cpu(const Tensor& z_, const Tensor& values_) {
   check_codebook(z_, values_, "latent_quantize");
+  check_finite(z_, "z", "latent_quantize");
+  check_finite(values_, "values", "latent_quantize");
   const int64_t N = z_.size(0), d = z_.size(1);
   const Tensor z = z_.contiguous(), values = values_.contiguous();
   const int64_t G = values.size(0), nv = values.size(1);
@@ -173,6 +177,9 @@ std::tuple<Tensor, Tensor, Tensor> relaxed_categorical_cpu(const Tensor& logits_
                                                            const std::optional<Tensor>& uniform_,
                                                            double tau, double noise_scale, bool hard) {
   check_categorical(logits_, values_, uniform_, "relaxed_categorical");
+  check_finite(logits_, "logits", "relaxed_categorical");
+  check_finite(values_, "values", "relaxed_categorical");
+  if (uniform_.has_value()) check_unit_interval(*uniform_, "uniform", "relaxed_categorical");
   const Tensor logits = logits_.contiguous(), values = values_.contiguous();
   const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();
   const int64_t N = logits.size(0), d = logits.size(1), K = logits.size(2), G = values.size(0);

@@ -2,7 +2,10 @@
 shapes, forward + backward: for every backend, the public function (``<backend>``) against the
 backend's implementation called directly with already-prepared arguments (``<backend> raw``). The
 difference of their times is what qkernels adds per call (benchmarks/RESULTS.md "Overhead"); ``add``
-(one bare ``torch.add`` forward + backward) is the scale of a single PyTorch op.
+(one bare ``torch.add`` forward + backward) is the scale of a single PyTorch op. One case per op and
+backend: the function and its raw call interleave only with ``add``, not with another backend's
+variants (run right after the reference's hundreds of small ops, each measured up to twice as slow:
+cold caches, not qkernels' overhead).
 """
 
 from __future__ import annotations
@@ -80,10 +83,9 @@ def cases(device: str | None = None) -> list[Case]:
     backends = [b for b in available_backends(device) if not (b == "triton" and device == "cpu")]
     out = []
     for op, (functional, raw) in _ops(device).items():
-        variants = {"add": variant(lambda z, v, lg: torch.add(z, z).sum())}
         for b in backends:
             if b in implementations(_RAW_OF.get(op, op)):
-                variants[b] = variant(functional, b)
-                variants[f"{b} raw"] = variant(raw(b), b)
-        out.append(Case("overhead", f"{op} n={N} d={D}", _inputs(device), variants, baseline="add"))
+                variants = {"add": variant(lambda z, v, lg: torch.add(z, z).sum()), b: variant(functional, b),
+                            f"{b} raw": variant(raw(b), b)}
+                out.append(Case("overhead", f"{op} n={N} d={D}, {b}", _inputs(device), variants, baseline="add"))
     return out

@@ -21,9 +21,10 @@ from typing import NamedTuple
 
 import torch
 
-from qkernels._backend import select
+from qkernels._backend import SELF_CHECKING, select
 from qkernels._precision import compute_dtype, no_autocast, upcast
 from qkernels._validation import (
+    check_finite,
     check_grid,
     check_positive,
     check_same,
@@ -234,8 +235,8 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
         ``10 sigma`` from an evaluation point (relative size < 2e-22 of a term's peak). Half-precision
         inputs: computed and returned in float32 (:mod:`qkernels._precision`).
     """
-    check_tensor("points", points, ndim=2)
-    check_tensor("samples", samples, ndim=2)
+    check_tensor("points", points, ndim=2, finite=False)
+    check_tensor("samples", samples, ndim=2, finite=False)
     check_same("points", points, "samples", samples, dtype=False)
     if samples.shape[1] != points.shape[0]:
         raise ValueError(
@@ -244,12 +245,16 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
         )
     sigma = check_sigma(sigma)
     dt = compute_dtype(points=points, samples=samples)
-    _, impl = select("kde_grid", points.device, dt)
+    backend, impl = select("kde_grid", points.device, dt)
+    if backend not in SELF_CHECKING:
+        check_finite("points", points)
+        check_finite("samples", samples)
     with no_autocast(points.device):
         return impl(upcast(points, dt), upcast(samples, dt), sigma, bool(derivative))
 
 
 def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torch.Tensor:
+    """(d, M) conditioning rows: drawn, or the user's (metadata checked here, values by the caller)."""
     if cond_index is None:
         check_positive("num_cond", num_cond, integer=True)
         if num_cond > n:
@@ -269,13 +274,12 @@ def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torc
         raise ValueError(f"cond_index must be (d, M) = ({d}, M >= 1), got shape {tuple(cond_index.shape)}")
     if cond_index.device != device:
         raise ValueError(f"cond_index is on {cond_index.device} but z is on {device}")
-    if value_checks(cond_index) and not in_range(cond_index, n):
-        raise ValueError(f"cond_index must hold row indices in [0, {n}), got values outside")
     return cond_index.contiguous()
 
 
 def _check_latents(z) -> None:
-    check_tensor("z", z, ndim=2)
+    """z (n, d), n >= 2, d >= 1 (metadata; its values are checked once the backend is known)."""
+    check_tensor("z", z, ndim=2, finite=False)
     if z.shape[0] < 2:
         raise ValueError(f"z must hold n >= 2 samples (rows), got shape {tuple(z.shape)}")
     if z.shape[1] < 1:
@@ -347,7 +351,11 @@ def cliff_loss(
             raise TypeError(f"{name} must be a number, got {type(lam).__name__}")
     idx = _cond_index(cond_index, num_cond, generator, n, d, z.device)
     dt = compute_dtype(z=z)
-    _, impl = select("cliff_loss", z.device, dt)
+    backend, impl = select("cliff_loss", z.device, dt)
+    if backend not in SELF_CHECKING:
+        check_finite("z", z)
+        if cond_index is not None and value_checks(idx) and not in_range(idx, n):
+            raise ValueError(f"cond_index must hold row indices in [0, {n}), got values outside")
     with no_autocast(z.device):
         total, uni, biv, kl = impl(upcast(z, dt), idx, sigma, a, b, k, float(lambda_uni), float(lambda_biv),
                                    float(lambda_kl))
@@ -377,9 +385,12 @@ def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None, group=
     if group is not None:
         z = gather_rows(z, group)
     _check_latents(z)
+    dt = compute_dtype(z=z, std=std if isinstance(std, torch.Tensor) else None)
+    backend, impl = select("klm", z.device, dt)
+    checked = backend not in SELF_CHECKING
+    if checked:
+        check_finite("z", z)
     if std is not None:
-        std = check_std(std, z)
-    dt = compute_dtype(z=z, std=std)
-    _, impl = select("klm", z.device, dt)
+        std = check_std(std, z, values=checked)
     with no_autocast(z.device):  # std None: the op computes the default std (from z in dt)
         return impl(upcast(z, dt), None if std is None else upcast(std, dt))[0]

@@ -22,9 +22,9 @@ from typing import NamedTuple
 
 import torch
 
-from qkernels._backend import implementations, register, select
+from qkernels._backend import SELF_CHECKING, implementations, register, select
 from qkernels._precision import compute_dtype, no_autocast, upcast
-from qkernels._validation import check_positive, check_same, check_tensor, value_checks
+from qkernels._validation import check_finite, check_positive, check_same, check_tensor, value_checks
 from qkernels.ops import _library as lib
 from qkernels.ops._library import zeros_if_none
 from qkernels.reference import quantize as ref
@@ -300,9 +300,9 @@ for _name, _relaxed_impl in implementations("relaxed_categorical").items():
 # ----------------------------------------------------------------------------- functional API
 
 
-def _codebook(name: str, values: torch.Tensor, d: int) -> torch.Tensor:
-    """(n_v,) or (d, n_v) -> (G, n_v)."""
-    check_tensor(name, values, ndim=(1, 2))
+def _codebook(name: str, values: torch.Tensor, d: int, *, finite: bool = True) -> torch.Tensor:
+    """(n_v,) or (d, n_v) -> (G, n_v) (values checked unless ``finite`` is False)."""
+    check_tensor(name, values, ndim=(1, 2), finite=finite)
     if values.dim() == 1:
         return values[None]
     if values.shape[0] != d:
@@ -331,11 +331,14 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
     float16 / bfloat16 z or values: computed in float32; z_q in z's dtype, losses float32
     (:mod:`qkernels._precision`).
     """
-    check_tensor("z", z, min_ndim=1)
-    vals = _codebook("values", values, z.shape[-1])
+    check_tensor("z", z, min_ndim=1, finite=False)
+    vals = _codebook("values", values, z.shape[-1], finite=False)
     check_same("z", z, "values", values, dtype=False)
     dt = compute_dtype(z=z, values=values)
-    _, impl = select("latent_quantize", z.device, dt)
+    backend, impl = select("latent_quantize", z.device, dt)
+    if backend not in SELF_CHECKING:
+        check_finite("z", z)
+        check_finite("values", values)
     # no reshape for 2-D z: each one is an autograd node, and the per-call cost counts at small n
     z2 = upcast(z if z.dim() == 2 else z.reshape(-1, z.shape[-1]), dt)
     with no_autocast(z.device):
@@ -405,17 +408,6 @@ def _uniform(
     if value_checks(uniform) and ((uniform < 0) | (uniform > 1)).any():
         raise ValueError("uniform must hold values in [0, 1]")
     return uniform.reshape(like.shape)
-
-
-def _relaxed(logits, vals, uniform, tau, noise_scale, hard, like):
-    """(z, y, kl) of the relaxed categorical on the compute dtype's backend (:mod:`qkernels._precision`):
-    z and y in ``like``'s dtype, kl in the compute dtype."""
-    dt = compute_dtype(logits=logits, values=vals, uniform=uniform)
-    _, impl = select("relaxed_categorical", logits.device, dt)
-    u = None if uniform is None else upcast(uniform, dt)
-    with no_autocast(logits.device):
-        z, y, kl = impl(upcast(logits, dt), upcast(vals, dt), u, float(tau), float(noise_scale), bool(hard))
-    return upcast(z, like.dtype), upcast(y, like.dtype), kl
 
 
 def gumbel_quantize(
@@ -490,13 +482,14 @@ def categorical_latent(
     one forward kernel; one backward kernel and one codebook-gradient reduction). The default
     values are made once per (K, dtype, device).
     """
-    check_tensor("logits", logits, min_ndim=2)
+    check_tensor("logits", logits, min_ndim=2, finite=False)
     k = logits.shape[-1]
-    if values is None:
+    given = values is not None
+    if not given:
         # made once per (K, dtype, device)
         values = _constant("linspace", logits, lambda: torch.linspace(
             -1, 1, k, device=logits.device, dtype=logits.dtype), k)
-    vals = _codebook("values", values, logits.shape[-2])
+    vals = _codebook("values", values, logits.shape[-2], finite=False)
     check_same("logits", logits, "values", values, dtype=False)
     if vals.shape[-1] != k:
         raise ValueError(f"values must have K = {k} entries (logits' last dim), got {tuple(values.shape)}")
@@ -506,7 +499,16 @@ def categorical_latent(
     u = None
     if noise_scale > 0:
         u = _uniform(uniform, tuple(logits.shape), lg, generator)
-    z, y, kl = _relaxed(lg, vals, u, tau, noise_scale, hard, logits)
+    dt = compute_dtype(logits=lg, values=vals, uniform=u)  # qkernels._precision
+    backend, impl = select("relaxed_categorical", lg.device, dt)
+    if backend not in SELF_CHECKING:
+        check_finite("logits", logits)
+        if given:  # the default values are ours
+            check_finite("values", values)
+    with no_autocast(lg.device):
+        z, y, kl = impl(upcast(lg, dt), upcast(vals, dt), None if u is None else upcast(u, dt), float(tau),
+                        float(noise_scale), bool(hard))
+    z, y = upcast(z, logits.dtype), upcast(y, logits.dtype)  # kl in the compute dtype
     if logits.dim() == 3:
         return CategoricalSample(z, y, kl)
     lead = logits.shape[:-1]

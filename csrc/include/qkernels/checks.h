@@ -4,6 +4,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
 namespace qkernels {
 
 using at::Tensor;
@@ -29,14 +34,60 @@ inline void check_index(const Tensor& idx, const char* name, const Tensor& ref, 
               ref.device());
 }
 
-// Index values in [0, hi): checked on CPU tensors only. Reading them on a GPU would synchronize the
-// host with the device; the CUDA kernels never read out of bounds and write NaN instead.
+// Value checks (the CPU kernels' share of qkernels/_validation.py): input values are checked here, in
+// C++ where the data is read, on CPU tensors only (reading GPU data would synchronize the host with
+// the device; the CUDA kernels never read out of bounds and write NaN instead), unless
+// QKERNELS_CHECK_FINITE=0 (read once). A failed check is a ValueError naming the argument.
+inline bool value_checks_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("QKERNELS_CHECK_FINITE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+inline bool value_checked(const Tensor& t) { return t.device().is_cpu() && t.numel() > 0 && value_checks_enabled(); }
+
+// Index values in [0, hi).
 inline void check_index_range(const Tensor& idx, int64_t hi, const char* name, const char* op) {
-  if (!idx.device().is_cpu() || idx.numel() == 0) return;
-  const auto mm = at::aminmax(idx);
-  const int64_t lo_v = std::get<0>(mm).item<int64_t>(), hi_v = std::get<1>(mm).item<int64_t>();
-  TORCH_CHECK(lo_v >= 0 && hi_v < hi, op, ": ", name, " must hold values in [0, ", hi, "), got values in [", lo_v,
-              ", ", hi_v, "]");
+  if (!value_checked(idx)) return;
+  const Tensor c = idx.contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  int64_t lo_v = p[0], hi_v = p[0];
+  for (int64_t i = 1; i < c.numel(); ++i) {
+    lo_v = std::min(lo_v, p[i]);
+    hi_v = std::max(hi_v, p[i]);
+  }
+  TORCH_CHECK_VALUE(lo_v >= 0 && hi_v < hi, op, ": ", name, " must hold values in [0, ", hi, "), got values in [",
+                    lo_v, ", ", hi_v, "]");
+}
+
+// No NaN or inf (positive: every value > 0) in a floating tensor.
+inline void check_finite(const Tensor& t, const char* name, const char* op, bool positive = false) {
+  if (!value_checked(t)) return;
+  const Tensor c = t.contiguous();
+  bool finite = true, pos = true;
+  AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "check_finite", [&] {
+    const scalar_t* p = c.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < c.numel(); ++i) {
+      finite &= std::isfinite(p[i]);
+      pos &= p[i] > 0;
+    }
+  });
+  TORCH_CHECK_VALUE(finite, op, ": ", name, " contains NaN or inf");
+  TORCH_CHECK_VALUE(!positive || pos, op, ": ", name, " must be > 0 everywhere");
+}
+
+// Every value in [0, 1].
+inline void check_unit_interval(const Tensor& t, const char* name, const char* op) {
+  if (!value_checked(t)) return;
+  const Tensor c = t.contiguous();
+  bool ok = true;
+  AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "check_unit_interval", [&] {
+    const scalar_t* p = c.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < c.numel(); ++i) ok &= p[i] >= 0 && p[i] <= 1;
+  });
+  TORCH_CHECK_VALUE(ok, op, ": ", name, " must hold values in [0, 1]");
 }
 
 // A one-element upstream gradient on ref's device.
