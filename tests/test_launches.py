@@ -34,25 +34,25 @@ BUDGETS = {
 }
 
 
-def _leaf(*shape, seed=0, scale=1.0):
+def _leaf(*shape, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(*shape, generator=g, dtype=torch.float32)).to(DEVICE).requires_grad_()
+    return torch.randn(*shape, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
 
 
-def _mlp():
+def _mlp(dtype=torch.float32):
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.GELU(), torch.nn.Linear(8, 5)).to(DEVICE)
+    return torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.GELU(), torch.nn.Linear(8, 5)).to(DEVICE, dtype)
 
 
-def scenarios():
+def scenarios(dtype=torch.float32):
     """name -> (forward: () -> outputs, leaves whose .grad is cleared, fn's own cost or None)."""
     gen = torch.Generator(DEVICE).manual_seed(0)
-    z = _leaf(16, 3)
-    values = _leaf(3, 5, seed=1)
-    codebook = _leaf(5, seed=2)
-    logits = _leaf(16, 3, 5, seed=3)
-    points = _leaf(3, 8, seed=4)
-    mlp = _mlp()
+    z = _leaf(16, 3, dtype=dtype)
+    values = _leaf(3, 5, seed=1, dtype=dtype)
+    codebook = _leaf(5, seed=2, dtype=dtype)
+    logits = _leaf(16, 3, 5, seed=3, dtype=dtype)
+    points = _leaf(3, 8, seed=4, dtype=dtype)
+    mlp = _mlp(dtype)
     leaves = (z, values, codebook, logits, points, *mlp.parameters())
     return {
         "cliff_loss": (lambda: qkernels.cliff_loss(z, grid=(-4.0, 4.0, 16), num_cond=4, generator=gen), leaves, None),
@@ -94,7 +94,7 @@ def forward_backward(forward, leaves):
 
 def fn_cost(fn, rows, leaves):
     """fn's own forward + backward on a stacked batch of ``rows`` rows (its input requiring grad)."""
-    x = _leaf(rows, 3, seed=9)
+    x = _leaf(rows, 3, seed=9, dtype=leaves[0].dtype)
     return forward_backward(lambda: fn(x), (*leaves, x))
 
 
@@ -107,8 +107,18 @@ def _paths():
     return out
 
 
+# the cuda path where it is known to exceed its budget (counted from the C++ glue; no GPU has run it):
+# the CUDA C++ Cliff and KLM do their set-up (standardization, default std, loss reductions) with ATen
+# ops around the kernels (~20-40 launches); gumbel_quantize and the penalties' stacking / reduction
+# have no CUDA C++ kernels (torch ops / the reference). strict: a pass is reported, to update this list
+CUDA_OVER_BUDGET = {"cliff_loss", "klm_loss", "gumbel_quantize", "normalized_hessian_penalty", "hessian_penalty"}
+
+
 def _budget_cases():
-    return [(name, path) for path in _paths() for name in BUDGETS]
+    return [pytest.param(name, path, marks=pytest.mark.xfail(
+                strict=True, reason="the CUDA C++ path is not fused: issue 25, CUDA_OVER_BUDGET"))
+            if path == "cuda" and name in CUDA_OVER_BUDGET else (name, path)
+            for path in _paths() for name in BUDGETS]
 
 
 @pytest.mark.parametrize("name,path", _budget_cases())
