@@ -194,13 +194,17 @@ KERNEL_DTYPES = (torch.float32, torch.float64)
 SELF_CHECKING = frozenset({"cpu"})
 
 
-# select()'s answers per (op, device type, dtype, forced backend): one dict lookup per call (the
-# registry and AUTO_ORDER are fixed once the ops are registered; register() clears it)
+# select()'s answers per (op, device type, dtype, forced backend): one dict lookup per eager call (the
+# registry and AUTO_ORDER are fixed once the ops are registered; register() clears it). Not while
+# torch.compile traces: a global dict that grows between traces would fail dynamo's guards and
+# recompile the graph at the next batch size
 _SELECTED: dict[tuple, tuple[str, Callable]] = {}
 
 
 def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Callable]:
     """``(backend, implementation)`` of ``op`` for ``dtype`` tensors on ``device``."""
+    if torch.compiler.is_compiling():
+        return _select(op, device, dtype)
     key = (op, device.type, dtype, _forced)
     hit = _SELECTED.get(key)
     if hit is None:

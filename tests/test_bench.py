@@ -317,3 +317,14 @@ def test_factor_digits_and_load_threshold():
     assert bench.report.load_warning(1.0, 2) is None  # exactly half: no warning
     assert "load average 1.5 on 2 CPUs (over 50% of them)" in bench.report.load_warning(1.5, 2)
     assert bench.report.memory_text(0.5) == "2.00x less" and bench.report.memory_text(8) == "8.00x more"
+
+
+def test_every_default_variant_runs_on_warm_up_inputs():
+    """Every variant of every default case (torch.compile ones aside: minutes of compiling) runs one
+    forward + backward on its case's tiny warm-up inputs (``make(0)``): a variant whose code went
+    stale is an error here, not a 'failed' row in somebody's benchmark table."""
+    for hotpath in bench.HOTPATHS:
+        for case in bench.cases(hotpath):
+            for name, fn in case.variants.items():
+                if "compiled" not in name:
+                    fn(*case.make(0))

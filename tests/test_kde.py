@@ -470,7 +470,7 @@ def test_triton_cliff_both_paths(monkeypatch, path, dtype):
     # forced onto the GEMM path: one differentiated latent per chunk (3 chunks), the epilogue's k
     # tiles 8192 / 128 = 64 wide, so K = 100 takes two, the last partial
     n, d, k, m = 80, 3, 100, 70
-    assert tk.fused_fits(m, k)
+    assert tk.fused_fits(n, d, m, k)
     if path == "gemm":
         monkeypatch.setattr(tk, "FUSED_MAX_TILE", 0)
         monkeypatch.setattr(tk, "CHUNK_ELEMS", 1)

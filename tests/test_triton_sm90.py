@@ -37,7 +37,7 @@ def _signature(fn, args, kwargs) -> tuple[dict, dict]:
     """(signature, constexprs) of one launch, as Triton's JIT would specialize it (ints equal to 1
     become constexprs; floats annotated tl.float64 are fp64)."""
     params = inspect.signature(fn).parameters
-    bound = dict(zip(params, args))
+    bound = dict(zip(params, args, strict=False))  # the leading positional arguments
     bound.update({k: v for k, v in kwargs.items() if k in params})
     sig, consts = {}, {}
     for name, value in bound.items():

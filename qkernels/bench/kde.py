@@ -128,11 +128,11 @@ def _kde_grid_case(shape, device):
 
 
 def _plain_cliff(z, idx, kk):
-    return ref.cliff_loss(z, idx, grid=(-5.0, 5.0, kk))[0]
+    return ref.cliff_loss(z, idx, 0.1, -5.0, 5.0, kk, 0.5, 1.0, 0.7)[0]
 
 
 def _plain_klm(z):
-    return ref.klm(z, ref.population_std(z) + 1e-6)[0]
+    return ref.klm(z, None)[0]
 
 
 def _plain_kde_grid(points, samples, upstream):

@@ -306,6 +306,13 @@ def _pb_fwd(
 
 
 @triton.jit
+def _pb_pair_grads(g_ptr, l, rows, cols, mask, n64, M):
+    """The upstream gradients (g+, g-) of this row block's rows z + h_l and z - h_l."""
+    plus = ((2 * l) * n64 + rows)[:, None] * M + cols[None, :]
+    return tl.load(g_ptr + plus, mask=mask, other=0.0), tl.load(g_ptr + plus + n64 * M, mask=mask, other=0.0)
+
+
+@triton.jit
 def _pb_bwd(
     g_ptr,
     z_ptr,
@@ -337,9 +344,7 @@ def _pb_bwd(
         mask = (rows < N)[:, None] & cmask[None, :]
         gz = tl.zeros((BLOCK_N, BLOCK_D), dt)
         for l in range(0, D):
-            plus = ((2 * l) * n64 + rows)[:, None] * M + cols[None, :]
-            gp = tl.load(g_ptr + plus, mask=mask, other=0.0)
-            gm = tl.load(g_ptr + plus + n64 * M, mask=mask, other=0.0)
+            gp, gm = _pb_pair_grads(g_ptr, l, rows, cols, mask, n64, M)
             gz += gp + gm
             gs += (gp - gm) * _pb_direction(u_ptr, l, rows, cols, mask, su0, su1, su2, SIGNS)
         if SCALE != 1:
@@ -354,9 +359,8 @@ def _pb_bwd(
             mask = (rows < N)[:, None] & cmask[None, :]
             gz = tl.zeros((BLOCK_N, BLOCK_D), dt)
             for l in range(0, D):
-                plus = ((2 * l) * n64 + rows)[:, None] * M + cols[None, :]
-                gz += tl.load(g_ptr + plus, mask=mask, other=0.0) + tl.load(g_ptr + plus + n64 * M, mask=mask,
-                                                                            other=0.0)
+                gp, gm = _pb_pair_grads(g_ptr, l, rows, cols, mask, n64, M)
+                gz += gp + gm
             z = tl.load(z_ptr + rows[:, None] * M + cols[None, :], mask=mask, other=0.0)
             gz += coef[None, :] * ((z - pivot[None, :]) - shift[None, :])
             tl.store(gz_ptr + rows[:, None] * M + cols[None, :], gz, mask=mask)

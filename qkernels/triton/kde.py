@@ -3,8 +3,8 @@
 by :mod:`qkernels.ops.kde`, which also checks their arguments).
 
 Launches per forward + backward (issue 25): klm 4, kde_grid 3, cliff_loss 4 on the fused path
-(tiles up to 128 x 128 conditioning values x grid points, :func:`fused_fits`), ~25 on the GEMM path
-(larger tiles).
+(tiles up to 128 x 128 conditioning values x grid points at the papers' batch sizes,
+:func:`fused_fits`), ~25 on the GEMM path (larger).
 
 Same math as csrc/include/qkernels/kde.h and csrc/cpu/kde.cpp; semantics:
 :mod:`qkernels.reference.kde`. No (n, n, d) or (n, n) tensor is written to memory: KLM streams
@@ -322,8 +322,8 @@ def kde_grid_backward(
 
 # ----------------------------------------------------------------------------- cliff_loss
 #
-# Two paths, chosen by :func:`fused_fits` from the (M, K) tile of one pair: the fused path below
-# (one program per pair, four launches, for tiles up to 128 x 128) and the GEMM path (issue 12),
+# Two paths, chosen by :func:`fused_fits` from the shape: the fused path below (one program per
+# pair, four launches, for tiles up to 128 x 128 at the papers' batch sizes) and the GEMM path (issue 12),
 # whose tables and products live in memory (for larger tiles; its standardization, grids and
 # lambdas run as torch ops around it).
 #
@@ -728,13 +728,19 @@ def _gemm_terms_backward(
 # Work per program: n (M + K) exps and 2 n M K FLOPs (x3 backward); d^2 programs.
 
 FUSED_MAX_TILE = 128 * 128  # the fused path holds a BLOCK_M x BLOCK_K block of J (and dJ) per program
+# ... and is taken up to this many multiply-adds per product (d^2 n BLOCK_M BLOCK_K): the papers' batch
+# sizes, where issue 25's estimate puts it ahead (benchmarks/RESULTS.md); above, the GEMM path, measured
+# on an H100 (13.4 ms at (4096, 32, 128, 128)), until a GPU run measures the fused one there
+FUSED_MAX_WORK = 1 << 33
 MIN_VAR = 1e-12  # standardization: the variance is clamped here (std >= 1e-6), as reference.standardize
 SQRT3 = math.sqrt(3.0)
 
 
-def fused_fits(m: int, k: int) -> bool:
-    """Whether Cliff with M conditioning values and K grid points takes the fused path (one rule)."""
-    return max(16, triton.next_power_of_2(m)) * max(16, triton.next_power_of_2(k)) <= FUSED_MAX_TILE
+def fused_fits(n: int, d: int, m: int, k: int) -> bool:
+    """Whether Cliff of (n, d) latents with M conditioning values and K grid points takes the fused
+    path (the one rule choosing between the two)."""
+    tile = max(16, triton.next_power_of_2(m)) * max(16, triton.next_power_of_2(k))
+    return tile <= FUSED_MAX_TILE and d * d * n * tile <= FUSED_MAX_WORK
 
 
 @triton.jit
@@ -1088,7 +1094,7 @@ def cliff_loss(
     (n, d), m, k = z.shape, ci.shape[1], num_points
     step = (b - a) / k
     total, uni, biv, kl = (z.new_empty(()) for _ in range(4))
-    if fused_fits(m, k):
+    if fused_fits(n, d, m, k):
         ws = z.new_empty(d * d + 2 * d)
         _cliff_fused_fwd[(d, d)](z, ci, ws, n, d, m, k, a, b, 1.0 / sigma, step, _log_const(n, sigma),
                                  PRECISION=_dot_precision(z.dtype), **_fused_blocks(m, k))
@@ -1111,7 +1117,7 @@ def cliff_loss_backward(
     (n, d), m, k = z.shape, ci.shape[1], num_points
     step = (b - a) / k
     grads = (grad_total, grad_uni, grad_biv, grad_kl)
-    if fused_fits(m, k):
+    if fused_fits(n, d, m, k):
         ws = z.new_empty(2 * d * d * n + d * d * m)
         wsd, wsc, wsz = ws[: d * d * n], ws[d * d * n: 2 * d * d * n], ws[2 * d * d * n:]
         flags = {f"HAS_{c}": g is not None for c, g in zip("TUBK", grads, strict=True)}
