@@ -1120,12 +1120,12 @@ def cliff_loss_backward(
     if fused_fits(n, d, m, k):
         ws = z.new_empty(2 * d * d * n + d * d * m)
         wsd, wsc, wsz = ws[: d * d * n], ws[d * d * n: 2 * d * d * n], ws[2 * d * d * n:]
-        flags = {f"HAS_{c}": g is not None for c, g in zip("TUBK", grads, strict=True)}
+        flags = {f"HAS_{c}": g is not None for c, g in zip("TUBK", grads, strict=True)}  # None: no zeros made
+        bl = _fused_blocks(m, k)
         gz = torch.empty_like(z)
         _cliff_fused_bwd[(d, d)](z, ci, *(z if g is None else g for g in grads), wsd, wsc, wsz, n, d, m, k, a, b,
                                  1.0 / sigma, step, lambda_uni, lambda_biv, lambda_kl,
-                                 PRECISION=_dot_precision(z.dtype), **flags, **_fused_blocks(m, k))
-        bl = _fused_blocks(m, k)
+                                 PRECISION=_dot_precision(z.dtype), **flags, **bl)
         _cliff_grad[(d,)](z, ci, wsd, wsc, wsz, gz, n, d, m, BLOCK_S=bl["BLOCK_S"], BLOCK_M=bl["BLOCK_M"])
         return gz
     # the GEMM path: terms' gradients and the standardization's backward in torch (large shapes)
