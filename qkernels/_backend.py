@@ -44,8 +44,9 @@ AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
         # cliff, H100: the GEMM-shaped triton rewrite (issue 12) is 1.6-1.7x the eager reference at
         # all four bench shapes with 5-10x less memory, but the suite run on that GPU was cut before
         # naming its two failures: the reference stays first until a run shows the triton Cliff
-        # correct there. The fused small-tile path (issue 25) has not run on a GPU yet. The CUDA C++
-        # Cliff (one block per latent, 23-373x slower) stays out
+        # correct there. The fused small-tile path (issue 25) and the block-sparse 3xTF32 GEMM path
+        # (issue 26) have not run on a GPU yet. The CUDA C++ Cliff (one block per latent, 23-373x
+        # slower) was deleted in issue 26
         "cliff_loss": ("reference",),
         # categorical_latent 4096x10: reference 1.11 ms, cuda 1.20, triton 1.46
         "relaxed_categorical": ("reference",),

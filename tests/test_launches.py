@@ -108,17 +108,25 @@ def _paths():
 
 
 # the cuda path where it is known to exceed its budget (counted from the C++ glue; no GPU has run it):
-# the CUDA C++ Cliff and KLM do their set-up (standardization, default std, loss reductions) with ATen
+# the CUDA C++ KLM does its set-up (standardization, default std, loss reductions) with ATen
 # ops around the kernels (~20-40 launches); gumbel_quantize and the penalties' stacking / reduction
 # have no CUDA C++ kernels (torch ops / the reference). strict: a pass is reported, to update this list
-CUDA_OVER_BUDGET = {"cliff_loss", "klm_loss", "gumbel_quantize", "normalized_hessian_penalty", "hessian_penalty"}
+CUDA_OVER_BUDGET = {"klm_loss", "gumbel_quantize", "normalized_hessian_penalty", "hessian_penalty"}
+NO_CUDA = {"cliff_loss"}  # the CUDA C++ Cliff was deleted (issue 26): the cuda backend does not implement it
 
 
 def _budget_cases():
-    return [pytest.param(name, path, marks=pytest.mark.xfail(
-                strict=True, reason="the CUDA C++ path is not fused: issue 25, CUDA_OVER_BUDGET"))
-            if path == "cuda" and name in CUDA_OVER_BUDGET else (name, path)
-            for path in _paths() for name in BUDGETS]
+    cases = []
+    for path in _paths():
+        for name in BUDGETS:
+            if path == "cuda" and name in NO_CUDA:
+                cases.append(pytest.param(name, path, marks=pytest.mark.skip(reason="no CUDA C++ kernel")))
+            elif path == "cuda" and name in CUDA_OVER_BUDGET:
+                cases.append(pytest.param(name, path, marks=pytest.mark.xfail(
+                    strict=True, reason="the CUDA C++ path is not fused: issue 25, CUDA_OVER_BUDGET")))
+            else:
+                cases.append((name, path))
+    return cases
 
 
 @pytest.mark.parametrize("name,path", _budget_cases())

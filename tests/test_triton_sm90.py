@@ -75,29 +75,51 @@ def _record(dtype) -> list[dict]:
         seen.setdefault(json.dumps(entry, sort_keys=True, default=str), entry)
         return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
+    import qkernels.triton.kde as tk
+
     interpreter.InterpretedFunction.run = spy
+    before = (torch.get_float32_matmul_precision(), tk.FUSED_MAX_TILE)
     try:
         with qkernels.use_backend("triton"):
             for forward, leaves, _ in scenarios(dtype).values():
                 forward_backward(forward, leaves)()
+            # Cliff's GEMM path (large tiles) and each float32 precision of its products (tf32x3, tf32, bf16)
+            z = torch.randn(40, 3, dtype=dtype, requires_grad=True)
+            tk.FUSED_MAX_TILE = 0
+            for mode in ("highest", "high", "medium") if dtype == torch.float32 else ("highest",):
+                torch.set_float32_matmul_precision(mode)
+                for fused in (0, before[1]):
+                    tk.FUSED_MAX_TILE = fused
+                    qkernels.cliff_loss(z, num_cond=5, grid=(-3.0, 3.0, 20)).backward()
     finally:
         interpreter.InterpretedFunction.run = original
+        torch.set_float32_matmul_precision(before[0])
+        tk.FUSED_MAX_TILE = before[1]
     return list(seen.values())
 
 
 COMPILE = r"""
-import json, os, subprocess, sys, glob, importlib
+import json, os, re, subprocess, sys, glob, importlib
 os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-ptxas = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))[0]
+# the newest bundled ptxas (Triton's PTX version may be newer than the plain one accepts) for -v's report
+ptxas = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas*")))[-1]
 out = []
 for e in json.load(sys.stdin):
     fn = getattr(importlib.import_module(e["module"]), e["kernel"])
     src = ASTSource(fn=fn, signature=e["signature"], constexprs=e["constexprs"])
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": e["num_warps"]})
-    out.append({"kernel": e["kernel"], "cubin": len(k.asm["cubin"])})
+    with open("/tmp/qk_sm90.ptx", "w") as f:
+        f.write(k.asm["ptx"])
+    v = subprocess.run([ptxas, "-v", "-arch=sm_90a", "/tmp/qk_sm90.ptx", "-o", "/dev/null"], capture_output=True,
+                       text=True).stderr
+    regs = re.search(r"Used (\d+) registers", v)
+    spills = re.search(r"(\d+) bytes spill stores", v)
+    out.append({"kernel": e["kernel"], "cubin": len(k.asm["cubin"]), "regs": int(regs.group(1)) if regs else None,
+                "spill_bytes": int(spills.group(1)) if spills else None, "warps": e["num_warps"],
+                "precision": e["constexprs"].get("PRECISION")})
 print(json.dumps(out))
 """
 
@@ -107,8 +129,11 @@ def test_every_launched_kernel_compiles_for_sm90(dtype):
     launches = _record(dtype)
     kernels = {e["kernel"] for e in launches}
     # the fused paths of issue 25: each hot path's kernels are among them
-    assert {"_cliff_fused_fwd", "_cliff_fused_bwd", "_klm_fwd", "_klm_bwd", "_latent_quantize_fwd",
-            "_kde_grid_by_points", "_fdc_fwd"} <= kernels, sorted(kernels)
+    assert {"_cliff_fused_fwd", "_cliff_fused_bwd", "_biv_fwd", "_biv_dx", "_biv_dkz", "_klm_tiles", "_klm_fwd_rows",
+            "_klm_bwd_rows", "_latent_quantize_fwd", "_kde_grid_by_points", "_fdc_fwd"} <= kernels, sorted(kernels)
+    if dtype == torch.float32:  # each precision mode of the bivariate products compiles
+        precisions = {e["constexprs"].get("PRECISION") for e in launches if e["kernel"] == "_biv_fwd"}
+        assert precisions == {"tf32x3", "tf32", "bf16"}, precisions
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT
     res = subprocess.run([sys.executable, "-c", COMPILE], input=json.dumps(launches), capture_output=True, text=True,
@@ -116,3 +141,4 @@ def test_every_launched_kernel_compiles_for_sm90(dtype):
     assert res.returncode == 0, res.stderr[-4000:]
     built = json.loads(res.stdout.strip().splitlines()[-1])
     assert len(built) == len(launches) and all(b["cubin"] > 0 for b in built)
+    print(json.dumps(built))  # registers and spills per kernel (benchmarks/RESULTS.md), with -s

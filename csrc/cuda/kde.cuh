@@ -1,5 +1,5 @@
-// Launchers of the CUDA KDE kernels (csrc/cuda/kde.cu): KLM, kde_grid and the Cliff terms, forward
-// and backward.
+// Launchers of the CUDA KDE kernels (csrc/cuda/kde.cu): KLM and kde_grid, forward and
+// backward (Cliff runs on the triton backend: benchmarks/RESULTS.md, issue 26).
 // Raw pointers, sizes and a stream only: no torch here, so the kernels compile with plain nvcc.
 // Every output element is written by one thread that sums in a fixed order (deterministic).
 #pragma once
@@ -31,25 +31,6 @@ cudaError_t kde_grid_fwd(const T* points, const T* samples, T* out, int64_t n, i
 template <typename T>
 cudaError_t kde_grid_bwd(const T* grad, const T* points, const T* samples, T* grad_points, T* grad_samples,
                          int64_t n, int64_t d, int64_t K, double sigma, bool derivative, cudaStream_t stream);
-
-// Cliff terms (qkernels/reference/kde.py cliff_terms). x (n, d) row-major, grid (K,), uni_points (Ku,),
-// cond (d, M) int64 rows of x. Forward writes the per-latent terms uni (d,), kl (d,) and the JSD of
-// every ordered pair jsd (d (d - 1),), pair p = i (d - 1) + r, j = r + (r >= i) (not written when
-// d < 2); the caller sums them. workspace: cliff_fwd_workspace(d, K, Ku, M) elements of T.
-int64_t cliff_fwd_workspace(int64_t d, int64_t K, int64_t Ku, int64_t M);
-template <typename T>
-cudaError_t cliff_fwd(const T* x, const T* grid, const T* uni_points, const int64_t* cond, T* uni, T* kl, T* jsd,
-                      T* workspace, int64_t n, int64_t d, int64_t K, int64_t Ku, int64_t M, double sigma,
-                      double step, cudaStream_t stream);
-
-// Backward: grad_x (n, d) = d(g_uni uni + g_biv biv + g_kl kl)/dx with grads = (g_uni, g_biv, g_kl)
-// on the device. One block per latent owns its column of grad_x (deterministic, no atomics).
-// workspace: cliff_bwd_workspace(d, K, Ku, M) elements of T.
-int64_t cliff_bwd_workspace(int64_t d, int64_t K, int64_t Ku, int64_t M);
-template <typename T>
-cudaError_t cliff_bwd(const T* grads, const T* x, const T* grid, const T* uni_points, const int64_t* cond, T* grad_x,
-                      T* workspace, int64_t n, int64_t d, int64_t K, int64_t Ku, int64_t M, double sigma,
-                      double step, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace qkernels

@@ -1,4 +1,5 @@
-// TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the KDE kernels (klm, kde_grid, cliff_loss): checks, allocation,
+// TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the KDE kernels (klm, kde_grid; Cliff has no CUDA C++
+// kernel since issue 26: it runs on the triton backend): checks, allocation,
 // stream, then the raw-pointer launchers of csrc/cuda/kde.cu. Built only with CUDA torch. The O(n d)
 // pre- and post-processing (y = z / std, the loss mean, the std gradient) is left to ATen.
 #include <ATen/ATen.h>
@@ -104,86 +105,6 @@ std::tuple<Tensor, Tensor> kde_grid_backward_cuda(const Tensor& grad_, const Ten
 }
 
 
-// The three terms of standardized latents x (the kernels of csrc/cuda/kde.cu).
-std::tuple<Tensor, Tensor, Tensor> cliff_terms(const Tensor& x_, const Tensor& grid_, const Tensor& uni_points_,
-                                               const Tensor& cond_, double sigma, double step) {
-  const c10::cuda::CUDAGuard guard(x_.device());
-  const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
-  const int64_t n = x.size(0), d = x.size(1), K = grid.size(0), Ku = vp.size(0), M = cond.size(1);
-  Tensor uni = at::empty({d}, x.options()), kl = at::empty({d}, x.options());
-  Tensor jsd = at::zeros({d > 1 ? d * (d - 1) : 1}, x.options());
-  Tensor ws = at::empty({cuda::cliff_fwd_workspace(d, K, Ku, M)}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_loss_cuda", [&] {
-    check_cuda(cuda::cliff_fwd<scalar_t>(x.data_ptr<scalar_t>(), grid.data_ptr<scalar_t>(), vp.data_ptr<scalar_t>(),
-                                         cond.data_ptr<int64_t>(), uni.data_ptr<scalar_t>(), kl.data_ptr<scalar_t>(),
-                                         jsd.data_ptr<scalar_t>(), ws.data_ptr<scalar_t>(), n, d, K, Ku, M, sigma,
-                                         step, c10::cuda::getCurrentCUDAStream()),
-               "cliff_loss");
-  });
-  return {uni.sum(), jsd.sum(), kl.sum()};
-}
-
-// d(g_uni uni + g_biv biv + g_kl kl)/dx with g3 = (g_uni, g_biv, g_kl) on the device.
-Tensor cliff_terms_backward(const Tensor& g3, const Tensor& x_, const Tensor& grid_, const Tensor& uni_points_,
-                            const Tensor& cond_, double sigma, double step) {
-  const c10::cuda::CUDAGuard guard(x_.device());
-  const Tensor x = x_.contiguous(), grid = grid_.contiguous(), vp = uni_points_.contiguous(), cond = cond_.contiguous();
-  const int64_t n = x.size(0), d = x.size(1), K = grid.size(0), Ku = vp.size(0), M = cond.size(1);
-  Tensor gx = at::empty_like(x);
-  Tensor ws = at::empty({cuda::cliff_bwd_workspace(d, K, Ku, M)}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cliff_loss_backward_cuda", [&] {
-    check_cuda(cuda::cliff_bwd<scalar_t>(g3.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), grid.data_ptr<scalar_t>(),
-                                         vp.data_ptr<scalar_t>(), cond.data_ptr<int64_t>(), gx.data_ptr<scalar_t>(),
-                                         ws.data_ptr<scalar_t>(), n, d, K, Ku, M, sigma, step,
-                                         c10::cuda::getCurrentCUDAStream()),
-               "cliff_loss_backward");
-  });
-  return gx;
-}
-
-// Cliff's set-up around the terms (qkernels/reference/kde.py cliff_loss), left to ATen: the
-// standardization, the grids, the lambdas, and the standardization's backward.
-constexpr double kMinVar = 1e-12;  // variance clamp of the standardization (std >= 1e-6)
-
-struct Standardized {
-  Tensor x, std, unclamped;
-};
-
-Standardized standardize(const Tensor& z) {
-  const Tensor mean = z.mean(0), var = (z - mean).square().mean(0);
-  const Tensor std = var.clamp_min(kMinVar).sqrt();
-  return {((z - mean) / std).contiguous(), std, var >= kMinVar};
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor> cliff_loss_cuda(const Tensor& z, const Tensor& cond, double sigma, double a,
-                                                           double b, int64_t K, double lu, double lb, double lk) {
-  check_cliff_loss(z, cond, sigma, a, b, K, "cliff_loss");
-  const c10::cuda::CUDAGuard guard(z.device());
-  const Standardized s = standardize(z);
-  const Tensor t = at::linspace(a, b, K, z.options()), v = at::linspace(-std::sqrt(3.0), std::sqrt(3.0), K, z.options());
-  auto [uni, biv, kl] = cliff_terms(s.x, t, v, cond, sigma, (b - a) / double(K));
-  return {lu * uni + lb * biv + lk * kl, uni, biv, kl};
-}
-
-Tensor cliff_loss_backward_cuda(const std::optional<Tensor>& g_total, const std::optional<Tensor>& g_uni,
-                                const std::optional<Tensor>& g_biv, const std::optional<Tensor>& g_kl, const Tensor& z,
-                                const Tensor& cond, double sigma, double a, double b, int64_t K, double lu, double lb,
-                                double lk) {
-  const std::optional<Tensor> grads[4] = {g_total, g_uni, g_biv, g_kl};
-  check_cliff_loss_backward(grads, z, cond, sigma, a, b, K, "cliff_loss_backward");
-  const c10::cuda::CUDAGuard guard(z.device());
-  const Tensor zero = at::zeros({}, z.options());
-  const auto value = [&](const std::optional<Tensor>& g) { return g.has_value() ? g->reshape({}).to(z.options()) : zero; };
-  const Tensor gt = value(g_total);  // device scalars: no host sync
-  const Tensor g3 = at::stack({lu * gt + value(g_uni), lb * gt + value(g_biv), lk * gt + value(g_kl)});
-  const Standardized s = standardize(z);
-  const Tensor t = at::linspace(a, b, K, z.options()), v = at::linspace(-std::sqrt(3.0), std::sqrt(3.0), K, z.options());
-  const Tensor gx = cliff_terms_backward(g3, s.x, t, v, cond, sigma, (b - a) / double(K));
-  // x = (z - mean) / std: dz = (gx - mean(gx) - x mean(gx x)) / std (no last term where std is clamped)
-  const Tensor proj = at::where(s.unclamped, (gx * s.x).mean(0), 0.0);
-  return (gx - gx.mean(0) - s.x * proj) / s.std;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(qkernels, CUDA, m) {
@@ -191,8 +112,6 @@ TORCH_LIBRARY_IMPL(qkernels, CUDA, m) {
   m.impl("kde_grid_backward", &kde_grid_backward_cuda);
   m.impl("klm", &klm_cuda);
   m.impl("klm_backward", &klm_backward_cuda);
-  m.impl("cliff_loss", &cliff_loss_cuda);
-  m.impl("cliff_loss_backward", &cliff_loss_backward_cuda);
 }
 
 }  // namespace qkernels

@@ -15,11 +15,12 @@ from qkernels.bench import Case, backend_variants, half_precision_case, variant
 from qkernels.ops.kde import cliff_loss, kde_grid, klm_loss
 from qkernels.reference import kde as ref
 
-CLIFF = [(64, 10, 10, 100), (1024, 12, 64, 100), (5000, 2, 100, 100), (4096, 32, 128, 128)]
-KLM = [(64, 12), (1024, 32), (4096, 64)]
+CLIFF = [(64, 10, 10, 100), (1024, 12, 64, 100), (5000, 2, 100, 100), (4096, 32, 128, 128), (16384, 32, 128, 128)]
+KLM = [(64, 12), (1024, 32), (4096, 64), (16384, 32)]
 KDE_GRID = [(4096, 32, 128)]  # (n, d, K): the derivative grid of every latent, Cliff's univariate term
 MATERIALIZED_MAX = 2e8
-SLOW = {(4096, 32, 128, 128), (4096, 64)}
+SLOW = {(4096, 32, 128, 128), (16384, 32, 128, 128), (4096, 64), (16384, 32)}
+GPU_ONLY = {(16384, 32, 128, 128), (16384, 32)}  # issue 26's targets at scale (minutes per call on a CPU)
 
 
 def cliff_inputs(n, d, m, k, seed=0):
@@ -141,11 +142,12 @@ def _plain_kde_grid(points, samples, upstream):
 
 def cases(device: str | None = None) -> list[Case]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cliff = {s: _cliff_case(s, device) for s in CLIFF}
-    klm = {s: _klm_case(s, device) for s in KLM}
+    cliff = {s: _cliff_case(s, device) for s in CLIFF if device == "cuda" or s not in GPU_ONLY}
+    klm = {s: _klm_case(s, device) for s in KLM if device == "cuda" or s not in GPU_ONLY}
     grid = [_kde_grid_case(s, device) for s in KDE_GRID]
     # bf16 (issue 15): the largest shape that runs in seconds, and the largest (slow, --all)
-    half = [half_precision_case(cliff[s], _cliff_loss, _plain_cliff) for s in ((1024, 12, 64, 100), CLIFF[-1])]
+    half = [half_precision_case(cliff[s], _cliff_loss, _plain_cliff)
+            for s in ((1024, 12, 64, 100), (4096, 32, 128, 128))]
     half += [half_precision_case(klm[(1024, 32)], _klm_loss, _plain_klm)]
     half += [half_precision_case(grid[-1], _kde_grid_loss, _plain_kde_grid)]
     return [*cliff.values(), *klm.values(), *grid, *half]

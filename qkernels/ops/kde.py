@@ -332,13 +332,13 @@ def cliff_loss(
 
     Backends: ``cpu`` drops Gaussian terms beyond 7.5 sigma in float32 / 10 sigma in float64 (below
     5e-12 / 2e-21 of a term's peak; csrc/include/qkernels/kde.h). ``triton`` computes the
-    bivariate term as matrix products (``tl.dot`` per pair on the fused path, torch.matmul on the
-    GEMM path for tiles over 128 x 128) whose precision follows
-    ``torch.get_float32_matmul_precision()``: "highest" is exact float32; "high" (TF32) and
-    "medium" (TF32 in the fused path, bf16 in the GEMM path) round the products' inputs, which moves
-    ``biv`` by up to 2e-5 / 5e-5 relative at the benchmark shapes (emulated on a CPU;
-    benchmarks/RESULTS.md). float64 stays float64. Launches per forward + backward on ``triton``:
-    2 for the draw, 4 for the loss (fused path).
+    bivariate term as matrix products on the tensor cores (``tl.dot``: per pair on the fused path;
+    block-sparse over the samples sorted per latent on the GEMM path for tiles over 128 x 128, which
+    skips the derivative kernel's terms beyond 10 sigma). Their float32 precision follows
+    ``torch.get_float32_matmul_precision()``: "highest" 3xTF32 (about float32's own error), "high"
+    TF32, "medium" bf16 inputs (benchmarks/RESULTS.md, issue 26). float64 stays float64 and exact.
+    Launches per forward + backward on ``triton``: 2 for the draw, 4 for the loss (fused path). There
+    is no CUDA C++ Cliff (the ``cuda`` backend does not implement it).
     """
     if group is not None:
         z = gather_rows(z, group)

@@ -29,12 +29,29 @@ SQRT_2PI = math.sqrt(2.0 * math.pi)
 
 # ----------------------------------------------------------------------------- klm
 #
-# Forward: _klm_fwd (one program per block of rows b, streaming every row a: the pair tile is
-# B x A x D, never written to memory) writes lse and one partial sum per program, then _klm_loss
-# (one program) adds the partials in a fixed order. Backward: _klm_bwd (same tiling) writes dLoss/dy
-# and per-program column partials of sum_b dy_bj y_bj; _klm_grad applies the chain through
-# y = z / std (and through the default std). Two launches each way. Without a given std every program
-# computes the population std of z + 1e-6 itself (two extra passes over z, no launch).
+# Flash-style and symmetric (issue 26): the kernel matrices are symmetric, so each pair of sample
+# tiles is computed once. Samples are grouped in super-blocks of KLM_SUPER rows; program (p, q),
+# q <= p, walks the (BLOCK_B x BLOCK_B x D) pair tiles of super-blocks p and q in registers (never
+# the n x n x d tensor) and writes, to a workspace ws (nsb, nsb, KLM_SUPER, W), the partial sums of
+# super-block p's rows over q's samples (ws[p, q]) and, for q < p, of q's rows over p's samples
+# (ws[q, p], the tiles' column sums, accumulated by this program alone). Every ws[r, q] is written
+# by one program; _klm_rows then adds each row's nsb partials in a fixed order: deterministic.
+# Forward (W = d + 1: the joint kernel and the d marginal ones): _klm_fwd_tiles, _klm_rows (lse and
+# one loss partial per row block), _klm_loss: 3 launches. Backward (W = d: dLoss/dy): _klm_bwd_tiles,
+# _klm_rows, _klm_grad (the chain through y = z / std and the default std): 3 launches. float32
+# exponentials are exp2 with log2(e) folded into the scale (the SFU's instruction); float64 keeps
+# exp. The running maximum of an online log-sum-exp is known up front: every exponent is <= 0 and
+# the a = b term is exp(0) = 1, so the sums lie in [1, n] and are accumulated directly. Without a
+# given std every program computes the population std of z + 1e-6 itself (two passes over z).
+
+KLM_SUPER = 128  # at most this many rows per super-block; workspace n^2 / super (d + 1) values
+LOG2E = 1.4426950408889634
+
+
+def _klm_super(n: int, block: int) -> int:
+    """Rows per super-block: about n / 16 (so that small batches still spread over ~136 programs),
+    a power of 2 between BLOCK_B and KLM_SUPER."""
+    return min(KLM_SUPER, max(block, triton.next_power_of_2(triton.cdiv(n, 16))))
 
 
 def _klm_blocks(d: int) -> tuple[int, int, int]:
@@ -70,41 +87,140 @@ def _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD: tl.constexpr, BLOCK_A
 
 
 @triton.jit
-def _klm_pair_tile(z_ptr, std, yb, rows_a, cols, cmask, N, D):
-    """Exact differences y_b - y_a (B, A, D) of the streamed block, y = z / std, and its row mask."""
-    amask = rows_a < N
-    za = tl.load(z_ptr + rows_a[:, None] * D + cols[None, :], mask=amask[:, None] & cmask[None, :], other=0.0)
-    return yb[:, None, :] - (za / std[None, :])[None, :, :], amask  # masked latents are 0 - 0
+def _gauss(s, c, c2):
+    """exp(c s): exp2(c2 s) with c2 = c log2(e) in float32 (the SFU's instruction), exp in float64."""
+    if s.dtype == tl.float32:
+        return tl.exp2(c2 * s)
+    return tl.exp(c * s)
 
 
 @triton.jit
-def _klm_fwd(
-    z_ptr, std_ptr, lse_ptr, part_ptr, N, D, c_joint: tl.float64,
-    HAS_STD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
+def _klm_y(z_ptr, std, rows, cols, cmask, N, D):
+    """y = z / std of the given rows (0 outside) and the row mask."""
+    rmask = rows < N
+    m = rmask[:, None] & cmask[None, :]
+    return tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0) / std[None, :], rmask
+
+
+@triton.jit
+def _ws_add(ws_ptr, p, q, r0, NSB, W, msum, jsum, cmask, ACCUMULATE, JOINT: tl.constexpr, SUPER: tl.constexpr,
+            BLOCK: tl.constexpr):
+    """ws[p, q, r0:r0 + BLOCK] (+)= [msum (BLOCK, d) | jsum (BLOCK,) if JOINT] (+ where ACCUMULATE)."""
+    rows = ((p * NSB + q) * SUPER + r0 + tl.arange(0, BLOCK)) * W
+    cols = tl.arange(0, msum.shape[1])
+    offs = rows[:, None] + cols[None, :]
+    if ACCUMULATE:
+        msum += tl.load(ws_ptr + offs, mask=cmask[None, :], other=0.0)
+        if JOINT:
+            jsum += tl.load(ws_ptr + rows + W - 1)
+    tl.store(ws_ptr + offs, msum, mask=cmask[None, :])
+    if JOINT:
+        tl.store(ws_ptr + rows + W - 1, jsum)
+    tl.debug_barrier()  # later tiles of this program read these rows back
+
+
+@triton.jit
+def _klm_tiles(
+    z_ptr, std_ptr, lse_ptr, ws_ptr, N, D, NSB, c_joint: tl.float64, c2_joint: tl.float64, c2_marg: tl.float64,
+    inv_f2: tl.float64, BACKWARD: tl.constexpr, HAS_STD: tl.constexpr, SUPER: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    c_joint = tl.full((), c_joint, z_ptr.dtype.element_ty)
-    # Log-sum-exps over a of exp(c_joint |y_b - y_a|^2) and of exp(-(y_bj - y_aj)^2 / 2). The
-    # running maximum of an online log-sum-exp is known up front here: every exponent is <= 0 and
-    # the a = b term is exp(0) = 1, so the sums lie in [1, n] and are accumulated directly.
-    rows_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    """Program (p, q), q <= p (others return): for every row b of super-block p and sample a of q,
+    forward: ws[p, q, b] = [sum_a exp(-(y_bj - y_aj)^2 / 2) for each j | sum_a exp(c_joint |y_b - y_a|^2)]
+    (W = d + 1); BACKWARD: ws[p, q, b, j] = sum_a [-(P_ba + P_ab) / f^2 + (Pj_ba + Pj_ab)] (y_bj - y_aj)
+    (W = d) with the joint softmax P_ba = exp(J_ba - L_b) and the per-latent ones Pj_ba from the
+    forward's lse. For q < p also ws[q, p] (the tiles' column sums, the terms being symmetric)."""
+    p = tl.program_id(0)
+    q = tl.program_id(1)
+    if q <= p:
+        dt = z_ptr.dtype.element_ty
+        cj, cj2, cm2, if2 = (tl.full((), c_joint, dt), tl.full((), c2_joint, dt), tl.full((), c2_marg, dt),
+                             tl.full((), inv_f2, dt))
+        cols = tl.arange(0, BLOCK_D)
+        cmask = cols < D
+        std, _, _ = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, BLOCK, BLOCK_D)
+        w = D if BACKWARD else D + 1
+        for b0 in range(0, SUPER, BLOCK):
+            rows_b = p * SUPER + b0 + tl.arange(0, BLOCK)
+            yb, bmask = _klm_y(z_ptr, std, rows_b, cols, cmask, N, D)
+            jsum = tl.zeros((BLOCK,), dt)
+            msum = tl.zeros((BLOCK, BLOCK_D), dt)
+            if BACKWARD:
+                mb = bmask[:, None] & cmask[None, :]
+                elb = tl.exp(-tl.load(lse_ptr + rows_b * (D + 1), mask=bmask, other=0.0))
+                eltb = tl.exp(-tl.load(lse_ptr + rows_b[:, None] * (D + 1) + 1 + cols[None, :], mask=mb, other=0.0))
+            a_end = tl.where(q < p, SUPER, b0 + BLOCK)  # the diagonal super-block: its lower triangle of tiles
+            for a0 in range(0, a_end, BLOCK):
+                rows_a = q * SUPER + a0 + tl.arange(0, BLOCK)
+                ya, amask = _klm_y(z_ptr, std, rows_a, cols, cmask, N, D)
+                diff = yb[:, None, :] - ya[None, :, :]  # (B, A, D); masked latents are 0 - 0
+                sq = diff * diff
+                pm = bmask[:, None] & amask[None, :]
+                ej = tl.where(pm, _gauss(tl.sum(sq, 2), cj, cj2), 0.0)  # (B, A)
+                em = tl.where(pm[:, :, None], _gauss(sq, -0.5, cm2), 0.0)  # (B, A, D)
+                if BACKWARD:
+                    ma = amask[:, None] & cmask[None, :]
+                    ela = tl.exp(-tl.load(lse_ptr + rows_a * (D + 1), mask=amask, other=0.0))
+                    elta = tl.exp(-tl.load(lse_ptr + rows_a[:, None] * (D + 1) + 1 + cols[None, :], mask=ma,
+                                           other=0.0))
+                    wj = -ej * (elb[:, None] + ela[None, :]) * if2
+                    em = (wj[:, :, None] + em * (eltb[:, None, :] + elta[None, :, :])) * diff
+                msum += tl.sum(em, 1)
+                jsum += tl.sum(ej, 1)
+                if (q < p) | (a0 < b0):  # off the diagonal: the column sums are rows a's (antisymmetric backward)
+                    cm = tl.sum(em, 0)
+                    _ws_add(ws_ptr, q, p, a0, NSB, w, -cm if BACKWARD else cm, tl.sum(ej, 0), cmask, b0 > 0,
+                            not BACKWARD, SUPER, BLOCK)
+            _ws_add(ws_ptr, p, q, b0, NSB, w, msum, jsum, cmask, False, not BACKWARD, SUPER, BLOCK)
+
+
+@triton.jit
+def _ws_rows(ws_ptr, rows, cols, cmask, NSB, W, SUPER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """sum over q (in order) of ws[rows // SUPER, q, rows % SUPER]: (BLOCK, BLOCK_D) marginal
+    columns and (BLOCK,) column d (the joint one, forward)."""
+    dt = ws_ptr.dtype.element_ty
+    base = (rows // SUPER) * NSB * SUPER + rows % SUPER
+    m = tl.zeros((BLOCK, BLOCK_D), dt)
+    j = tl.zeros((BLOCK,), dt)
+    for q in range(0, NSB):
+        r = (base + q * SUPER) * W
+        m += tl.load(ws_ptr + r[:, None] + cols[None, :], mask=cmask[None, :], other=0.0)
+        j += tl.load(ws_ptr + r + W - 1)
+    return m, j
+
+
+@triton.jit
+def _klm_fwd_rows(ws_ptr, lse_ptr, part_ptr, N, D, NSB, SUPER: tl.constexpr, BLOCK: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """lse[b] = [log of the joint sum | log of each marginal sum] and part[program] = sum_b (joint -
+    sum_j marginal) over this block of rows. Grid (n / BLOCK,)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, BLOCK_D)
-    bmask, cmask = rows_b < N, cols < D
-    mb = bmask[:, None] & cmask[None, :]
-    std, _, _ = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, BLOCK_A, BLOCK_D)
-    yb = tl.load(z_ptr + rows_b[:, None] * D + cols[None, :], mask=mb, other=0.0) / std[None, :]
-    jsum = tl.zeros((BLOCK_B,), yb.dtype)
-    msum = tl.zeros((BLOCK_B, BLOCK_D), yb.dtype)
-    for a0 in range(0, N, BLOCK_A):
-        diff, amask = _klm_pair_tile(z_ptr, std, yb, a0 + tl.arange(0, BLOCK_A), cols, cmask, N, D)
-        sq = diff * diff
-        jsum += tl.sum(tl.where(amask[None, :], tl.exp(c_joint * tl.sum(sq, 2)), 0.0), 1)
-        msum += tl.sum(tl.where(amask[None, :, None], tl.exp(-0.5 * sq), 0.0), 1)
-    w = D + 1
-    lj = tl.log(jsum)
+    rmask, cmask = rows < N, cols < D
+    mb = rmask[:, None] & cmask[None, :]
+    msum, jsum = _ws_rows(ws_ptr, rows, cols, cmask, NSB, D + 1, SUPER, BLOCK, BLOCK_D)
+    lj = tl.log(tl.where(rmask, jsum, 1.0))
     lm = tl.log(tl.where(mb, msum, 1.0))
-    tl.store(lse_ptr + rows_b * w, lj, mask=bmask)
-    tl.store(lse_ptr + rows_b[:, None] * w + 1 + cols[None, :], lm, mask=mb)
-    tl.store(part_ptr + tl.program_id(0), tl.sum(tl.where(bmask, lj - tl.sum(lm, 1), 0.0), 0))
+    tl.store(lse_ptr + rows * (D + 1), lj, mask=rmask)
+    tl.store(lse_ptr + rows[:, None] * (D + 1) + 1 + cols[None, :], lm, mask=mb)
+    tl.store(part_ptr + tl.program_id(0), tl.sum(lj - tl.sum(lm, 1), 0))
+
+
+@triton.jit
+def _klm_bwd_rows(z_ptr, std_ptr, ws_ptr, g_ptr, gy_ptr, part_ptr, N, D, NSB, HAS_STD: tl.constexpr,
+                  SUPER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """gy[b] = dLoss/dy_b = g / n times the row sums of the backward tiles; part[program, j] =
+    sum_b gy_bj y_bj over this block of rows. Grid (n / BLOCK,)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, BLOCK_D)
+    rmask, cmask = rows < N, cols < D
+    mb = rmask[:, None] & cmask[None, :]
+    acc, _ = _ws_rows(ws_ptr, rows, cols, cmask, NSB, D, SUPER, BLOCK, BLOCK_D)
+    std, _, _ = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, BLOCK, BLOCK_D)
+    yb, _ = _klm_y(z_ptr, std, rows, cols, cmask, N, D)
+    gy = tl.where(mb, acc * (tl.load(g_ptr).to(acc.dtype) / N), 0.0)
+    tl.store(gy_ptr + rows[:, None] * D + cols[None, :], gy, mask=mb)
+    tl.store(part_ptr + tl.program_id(0) * D + cols, tl.sum(gy * yb, 0), mask=cmask)
 
 
 @triton.jit
@@ -116,41 +232,6 @@ def _klm_loss(part_ptr, loss_ptr, P, N, const: tl.float64, BLOCK: tl.constexpr):
         ps = p0 + tl.arange(0, BLOCK)
         acc += tl.load(part_ptr + ps, mask=ps < P, other=0.0)
     tl.store(loss_ptr, tl.sum(acc, 0) / N + tl.full((), const, dt))
-
-
-@triton.jit
-def _klm_bwd(
-    z_ptr, std_ptr, lse_ptr, g_ptr, gy_ptr, part_ptr, N, D, c_joint: tl.float64, inv_f2: tl.float64,
-    HAS_STD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    dt = z_ptr.dtype.element_ty
-    c_joint, inv_f2 = tl.full((), c_joint, dt), tl.full((), inv_f2, dt)
-    # dLoss/dy_bj = g / n * sum_a [-(P_ba + P_ab) / f^2 + (Pj_ba + Pj_ab)] (y_bj - y_aj) with the
-    # joint softmax P_ba = exp(J_ba - L_b) and the per-latent ones Pj_ba (the kernel matrices are
-    # symmetric, so P_ab = exp(J_ba - L_a)). Also part[program, j] = sum_b dLoss/dy_bj y_bj.
-    rows_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    cols = tl.arange(0, BLOCK_D)
-    bmask, cmask = rows_b < N, cols < D
-    mb = bmask[:, None] & cmask[None, :]
-    w = D + 1
-    std, _, _ = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, BLOCK_A, BLOCK_D)
-    yb = tl.load(z_ptr + rows_b[:, None] * D + cols[None, :], mask=mb, other=0.0) / std[None, :]
-    elb = tl.exp(-tl.load(lse_ptr + rows_b * w, mask=bmask, other=0.0))
-    eltb = tl.exp(-tl.load(lse_ptr + rows_b[:, None] * w + 1 + cols[None, :], mask=mb, other=0.0))
-    acc = tl.zeros((BLOCK_B, BLOCK_D), dt)
-    for a0 in range(0, N, BLOCK_A):
-        rows_a = a0 + tl.arange(0, BLOCK_A)
-        diff, amask = _klm_pair_tile(z_ptr, std, yb, rows_a, cols, cmask, N, D)
-        ma = amask[:, None] & cmask[None, :]
-        ela = tl.exp(-tl.load(lse_ptr + rows_a * w, mask=amask, other=0.0))
-        elta = tl.exp(-tl.load(lse_ptr + rows_a[:, None] * w + 1 + cols[None, :], mask=ma, other=0.0))
-        sq = diff * diff
-        wj = -tl.exp(c_joint * tl.sum(sq, 2)) * (elb[:, None] + ela[None, :]) * inv_f2  # (B, A)
-        wm = tl.exp(-0.5 * sq) * (eltb[:, None, :] + elta[None, :, :])  # (B, A, D)
-        acc += tl.sum(tl.where(amask[None, :, None], (wj[:, :, None] + wm) * diff, 0.0), 1)
-    gy = tl.where(mb, acc * (tl.load(g_ptr).to(dt) / N), 0.0)
-    tl.store(gy_ptr + rows_b[:, None] * D + cols[None, :], gy, mask=mb)
-    tl.store(part_ptr + tl.program_id(0) * D + cols, tl.sum(gy * yb, 0), mask=cmask)
 
 
 @triton.jit
@@ -183,19 +264,32 @@ def _klm_grad(
     tl.store(gz_ptr + offs, gz, mask=mb)
 
 
+def _klm_launch(z, std, lse, backward):
+    """The tile pass: (workspace, nsb, super, block, block_d)."""
+    n, d = z.shape
+    f = silverman_factor(n, d)
+    block, _, block_d = _klm_blocks(d)
+    sup = _klm_super(n, block)
+    nsb = triton.cdiv(n, sup)
+    ws = z.new_empty(nsb * nsb * sup * (d if backward else d + 1))
+    c_joint = -0.5 / (f * f)
+    _klm_tiles[(nsb, nsb)](z, z if std is None else std, lse, ws, n, d, nsb, c_joint, c_joint * LOG2E, -0.5 * LOG2E,
+                           1.0 / (f * f), BACKWARD=backward, HAS_STD=std is not None, SUPER=sup, BLOCK=block,
+                           BLOCK_D=block_d)
+    return ws, nsb, sup, block, block_d
+
+
 def klm(z: torch.Tensor, std: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     z = z.contiguous()
     std = None if std is None else std.contiguous()
     n, d = z.shape
-    f = silverman_factor(n, d)
-    bb, ba, bd = _klm_blocks(d)
-    grid = (triton.cdiv(n, bb),)
     lse = z.new_empty(n, d + 1)
+    ws, nsb, sup, block, block_d = _klm_launch(z, std, lse, False)
+    grid = (triton.cdiv(n, block),)
     part = z.new_empty(grid[0])
+    _klm_fwd_rows[grid](ws, lse, part, n, d, nsb, SUPER=sup, BLOCK=block, BLOCK_D=block_d)
     loss = z.new_empty(())
-    _klm_fwd[grid](z, z if std is None else std, lse, part, n, d, -0.5 / (f * f), HAS_STD=std is not None,
-                   BLOCK_B=bb, BLOCK_A=ba, BLOCK_D=bd)
-    const = (d - 1) * math.log(n) - d * math.log(f)
+    const = (d - 1) * math.log(n) - d * math.log(silverman_factor(n, d))
     _klm_loss[(1,)](part, loss, grid[0], n, const, BLOCK=128)
     return loss, lse
 
@@ -206,17 +300,16 @@ def klm_backward(
     z, lse = z.contiguous(), lse.contiguous()
     std = None if std is None else std.contiguous()
     n, d = z.shape
-    f = silverman_factor(n, d)
-    bb, ba, bd = _klm_blocks(d)
-    grid = (triton.cdiv(n, bb),)
+    ws, nsb, sup, block, block_d = _klm_launch(z, std, lse, True)
+    grid = (triton.cdiv(n, block),)
     gz = torch.empty_like(z)
     part = z.new_empty(grid[0], d)
     gstd = z.new_empty(0 if std is None else d)
     s = z if std is None else std
-    _klm_bwd[grid](z, s, lse, grad_loss, gz, part, n, d, -0.5 / (f * f), 1.0 / (f * f),
-                   HAS_STD=std is not None, BLOCK_B=bb, BLOCK_A=ba, BLOCK_D=bd)
-    _klm_grad[grid](z, s, gz, part, gstd, n, d, grid[0], HAS_STD=std is not None, BLOCK_B=bb, BLOCK_A=ba,
-                    BLOCK_D=bd)
+    _klm_bwd_rows[grid](z, s, ws, grad_loss, gz, part, n, d, nsb, HAS_STD=std is not None, SUPER=sup,
+                        BLOCK=block, BLOCK_D=block_d)
+    _klm_grad[grid](z, s, gz, part, gstd, n, d, grid[0], HAS_STD=std is not None, BLOCK_B=block, BLOCK_A=block,
+                    BLOCK_D=block_d)
     return gz, gstd
 
 
@@ -343,7 +436,8 @@ def kde_grid_backward(
 # exps each, a small share of the work).
 
 CHUNK_ELEMS = 1 << 22  # values of J per chunk of differentiated latents (16 MiB in fp32)
-BLOCK_T = 32  # (rows, columns) tile of the table kernels
+BLOCK_T = 32  # (rows, columns) tile of the table kernel
+GEMM_BLOCKS = {"R": 64, "S": 32, "K": 32, "warps": 8}  # conditioning rows x samples x grid points per tl.dot tile
 
 
 @triton.jit
@@ -395,32 +489,146 @@ def _zeta(x_ptr, ci_ptr, offs, js, mask, N, D):
 
 
 @triton.jit
-def _dt_table(x_ptr, t_ptr, out_ptr, i0, N, D, K, CI, inv_sigma: tl.float64, BLOCK: tl.constexpr):
-    """out (n, CI K): out[s, c K + k] = D(t_k - x_s,i0+c). Grid (n / BLOCK, CI K / BLOCK)."""
-    inv_sigma = tl.full((), inv_sigma, x_ptr.dtype.element_ty)
-    ss = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    smask, cmask = ss < N, cols < CI * K
-    lat, ks = i0 + cols // K, cols % K
-    x = tl.load(x_ptr + ss[:, None] * D + lat[None, :], mask=smask[:, None] & cmask[None, :], other=0.0)
-    t = tl.load(t_ptr + ks, mask=cmask, other=0.0)
-    u = (t[None, :] - x) * inv_sigma
-    tl.store(out_ptr + ss[:, None] * (CI * K) + cols[None, :], -u * tl.exp(-0.5 * u * u),
-             mask=smask[:, None] & cmask[None, :])
+def _mma(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a @ b on the tensor cores at PRECISION: "ieee" (exact; float64), "tf32x3" (split
+    float32, about float32's error), "tf32", or "bf16" (the inputs rounded to bfloat16, exact in a
+    TF32 product)."""
+    if PRECISION == "bf16":
+        out = tl.dot(a.to(tl.bfloat16).to(a.dtype), b.to(tl.bfloat16).to(b.dtype), acc, input_precision="tf32")
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
+
+
+@triton.jit
+def _count_below(v_ptr, n, lo, hi, BLOCK: tl.constexpr):
+    """(#{v < lo}, #{v <= hi}) of the n values at v_ptr: for sorted values, the index range
+    [first, last) of those within [lo, hi]."""
+    c_lo = tl.zeros((BLOCK,), tl.int32)
+    c_hi = tl.zeros((BLOCK,), tl.int32)
+    for o in range(0, n, BLOCK):
+        offs = o + tl.arange(0, BLOCK)
+        v = tl.load(v_ptr + offs, mask=offs < n, other=float("inf"))
+        c_lo += (v < lo).to(tl.int32)
+        c_hi += (v <= hi).to(tl.int32)
+    return tl.sum(c_lo, 0), tl.sum(c_hi, 0)
 
 
 @triton.jit
 def _kz_table(x_ptr, ci_ptr, out_ptr, N, D, M, inv_sigma: tl.float64, BLOCK: tl.constexpr):
-    """out (d M, n): out[j M + m, s] = N(zeta_jm - x_sj). Grid (d M / BLOCK, n / BLOCK)."""
+    """out (n, d M): out[s, j M + m] = N(zeta_jm - x_sj). Grid (n / BLOCK, d M / BLOCK)."""
     inv_sigma = tl.full((), inv_sigma, x_ptr.dtype.element_ty)
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ss = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ss = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     rmask, smask = rows < D * M, ss < N
     js = rows // M
     zeta = _zeta(x_ptr, ci_ptr, rows, js, rmask, N, D)
-    x = tl.load(x_ptr + ss[None, :] * D + js[:, None], mask=rmask[:, None] & smask[None, :], other=0.0)
-    w = (zeta[:, None] - x) * inv_sigma
-    tl.store(out_ptr + rows[:, None] * N + ss[None, :], tl.exp(-0.5 * w * w), mask=rmask[:, None] & smask[None, :])
+    msk = smask[:, None] & rmask[None, :]
+    x = tl.load(x_ptr + ss[:, None] * D + js[None, :], mask=msk, other=0.0)
+    w = (zeta[None, :] - x) * inv_sigma
+    tl.store(out_ptr + ss[:, None] * (D * M) + rows[None, :], tl.exp(-0.5 * w * w), mask=msk)
+
+
+@triton.jit
+def _biv_fwd(kzt_ptr, order_ptr, xs_ptr, t_ptr, out_ptr, i0, N, DM, K, CI, NKT, inv_sigma: tl.float64,
+             window: tl.float64, PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """out[r, c K + k] = sum_s KzT[s, r] D(t_k - x_s,i) for latent i = i0 + c of the chunk and every
+    conditioning row r = j M + m: J of the pairs (j, i). Latent i's samples are read in sorted order
+    (order, xs: (d, n)), and each k tile sums only over the contiguous run of samples within
+    ``window`` = WINDOW sigma of its grid points (every skipped |D| <= WINDOW e^(-WINDOW^2 / 2)).
+    Grid (CI * NKT, d M / BLOCK_R): programs launched together share a column block of KzT
+    (n BLOCK_R values, in L2) and differ in (latent, k tile)."""
+    dt = kzt_ptr.dtype.element_ty
+    inv_sigma, window = tl.full((), inv_sigma, dt), tl.full((), window, dt)
+    rs = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(0) // NKT
+    ks = (tl.program_id(0) % NKT) * BLOCK_K + tl.arange(0, BLOCK_K)
+    i = i0 + c
+    rmask, kmask = rs < DM, ks < K
+    t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
+    lo, hi = _count_below(xs_ptr + i * N, N, tl.min(tl.where(kmask, t, float("inf")), 0) - window,
+                          tl.max(tl.where(kmask, t, float("-inf")), 0) + window, 256)
+    acc = tl.zeros((BLOCK_R, BLOCK_K), dt)
+    for s0 in range(lo, hi, BLOCK_S):
+        ss = s0 + tl.arange(0, BLOCK_S)
+        smask = ss < hi
+        rows = tl.load(order_ptr + i * N + ss, mask=smask, other=0)
+        x = tl.load(xs_ptr + i * N + ss, mask=smask, other=0.0)
+        kz = tl.load(kzt_ptr + rows[:, None] * DM + rs[None, :], mask=smask[:, None] & rmask[None, :], other=0.0)
+        dker, _ = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
+        acc = _mma(tl.trans(kz), tl.trans(dker), acc, PRECISION)
+    tl.store(out_ptr + rs[:, None] * (CI * K) + c * K + ks[None, :], acc, mask=rmask[:, None] & kmask[None, :])
+
+
+@triton.jit
+def _biv_dx(kzt_ptr, order_ptr, xs_ptr, t_ptr, dj_ptr, gu_ptr, gx_ptr, i0, N, D, DM, K, CI,
+            inv_sigma: tl.float64, window: tl.float64, PRECISION: tl.constexpr, BLOCK_S: tl.constexpr,
+            BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """gx[s, i] = sum_k (gDt[s, k] + gu[i, k]) dD(t_k - x_si)/dx with gDt = KzT @ dJ[:, c K:(c + 1) K]
+    (never stored) for a block of latent i = i0 + c's samples in sorted order: the gradient through the
+    derivative table and the uni term's dLoss/dG, over only the grid points within ``window`` of the
+    block's samples. Grid (n / BLOCK_S, CI)."""
+    dt = kzt_ptr.dtype.element_ty
+    inv_sigma, window = tl.full((), inv_sigma, dt), tl.full((), window, dt)
+    ss = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    c = tl.program_id(1)
+    i = i0 + c
+    smask = ss < N
+    rows = tl.load(order_ptr + i * N + ss, mask=smask, other=0)
+    x = tl.load(xs_ptr + i * N + ss, mask=smask, other=0.0)
+    k_lo, k_hi = _count_below(t_ptr, K, tl.min(tl.where(smask, x, float("inf")), 0) - window,
+                              tl.max(tl.where(smask, x, float("-inf")), 0) + window, 256)
+    acc = tl.zeros((BLOCK_S,), dt)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < k_hi
+        g = tl.zeros((BLOCK_S, BLOCK_K), dt)
+        for r0 in range(0, DM, BLOCK_R):
+            rr = r0 + tl.arange(0, BLOCK_R)
+            rmask = rr < DM
+            kz = tl.load(kzt_ptr + rows[:, None] * DM + rr[None, :], mask=smask[:, None] & rmask[None, :], other=0.0)
+            dj = tl.load(dj_ptr + rr[:, None] * (CI * K) + c * K + ks[None, :], mask=rmask[:, None] & kmask[None, :],
+                         other=0.0)
+            g = _mma(kz, dj, g, PRECISION)
+        t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
+        _, ddx = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
+        g += tl.load(gu_ptr + i * K + ks, mask=kmask, other=0.0)[None, :]
+        acc += tl.sum(g * tl.trans(ddx), 1)
+    tl.store(gx_ptr + rows * D + i, acc, mask=smask)
+
+
+@triton.jit
+def _biv_dkz(x_ptr, t_ptr, dj_ptr, gkz_ptr, i0, N, D, DM, K, CI, inv_sigma: tl.float64, window: tl.float64,
+             ACCUMULATE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """gKz[r, s] (+)= sum_c sum_k dJ[r, c K + k] D(t_k - x_s,i0+c) over the chunk's latents, over only
+    the grid points within ``window`` of the block's samples (samples in their own order).
+    Grid (d M / BLOCK_R, n / BLOCK_S)."""
+    dt = x_ptr.dtype.element_ty
+    inv_sigma, window = tl.full((), inv_sigma, dt), tl.full((), window, dt)
+    rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ss = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    rmask, smask = rr < DM, ss < N
+    out = gkz_ptr + rr[:, None] * N + ss[None, :]
+    omask = rmask[:, None] & smask[None, :]
+    if ACCUMULATE:
+        acc = tl.load(out, mask=omask, other=0.0)
+    else:
+        acc = tl.zeros((BLOCK_R, BLOCK_S), dt)
+    for c in range(0, CI):
+        x = tl.load(x_ptr + ss * D + i0 + c, mask=smask, other=0.0)
+        k_lo, k_hi = _count_below(t_ptr, K, tl.min(tl.where(smask, x, float("inf")), 0) - window,
+                                  tl.max(tl.where(smask, x, float("-inf")), 0) + window, 256)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            kmask = ks < k_hi
+            t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
+            dker, _ = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
+            dj = tl.load(dj_ptr + rr[:, None] * (CI * K) + c * K + ks[None, :], mask=rmask[:, None] & kmask[None, :],
+                         other=0.0)
+            acc = _mma(dj, dker, acc, PRECISION)
+    tl.store(out, acc, mask=omask)
 
 
 @triton.jit
@@ -492,30 +700,6 @@ def _jsd_epilogue(j_ptr, g_ptr, out_ptr, gb_ptr, i0, CI, D, M, K, step: tl.float
 
 
 @triton.jit
-def _dt_grad(x_ptr, t_ptr, gdt_ptr, gu_ptr, gx_ptr, i0, N, D, K, CI, inv_sigma: tl.float64,
-             BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
-    """gx[s, i0 + c] = sum_k (gDt[s, c K + k] + gu[i0 + c, k]) dD(t_k - x_s,i0+c)/dx: the chain
-    through the derivative-kernel table, with the uni term's dLoss/dG added. Grid (n / BLOCK_S, CI)."""
-    inv_sigma = tl.full((), inv_sigma, x_ptr.dtype.element_ty)
-    ss = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    cl = tl.program_id(1)
-    i = i0 + cl
-    smask = ss < N
-    x = tl.load(x_ptr + ss * D + i, mask=smask, other=0.0)
-    acc = tl.zeros((BLOCK_S,), x.dtype)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < K
-        t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
-        _, ddx = _dker_tile(t, kmask, x, smask, inv_sigma)  # (BK, BS)
-        gd = tl.load(gdt_ptr + ss[None, :] * (CI * K) + cl * K + ks[:, None], mask=kmask[:, None] & smask[None, :],
-                     other=0.0)
-        gu = tl.load(gu_ptr + i * K + ks, mask=kmask, other=0.0)
-        acc += tl.sum((gd + gu[:, None]) * ddx, 0)
-    tl.store(gx_ptr + ss * D + i, acc, mask=smask)
-
-
-@triton.jit
 def _kz_grad(x_ptr, ci_ptr, gkz_ptr, gx_ptr, gzeta_ptr, N, D, M, inv_sigma: tl.float64,
              BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
     """Chain through the kernel table: gx[s, j] = sum_m gKz[j M + m, s] dN/dx_sj and the partial
@@ -572,7 +756,7 @@ def _cliff_uni_kl(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, guni_ptr, lse_ptr, gu_pt
                   inv_sigma: tl.float64, step: tl.float64, log_const: tl.float64, BACKWARD: tl.constexpr,
                   BLOCK_K: tl.constexpr, BLOCK_KU: tl.constexpr, BLOCK_S: tl.constexpr):
     """Latent i = program_id(0): forward, its uni entropy and KL-uni term; BACKWARD, dLoss/dG of
-    its uni grid (to gu[i, :], for _dt_grad) and its KL log-sum-exps (to lse[i, :])."""
+    its uni grid (to gu[i, :], for _biv_dx) and its KL log-sum-exps (to lse[i, :])."""
     dt = x_ptr.dtype.element_ty
     inv_sigma, step, log_const = tl.full((), inv_sigma, dt), tl.full((), step, dt), tl.full((), log_const, dt)
     i = tl.program_id(0)
@@ -616,35 +800,58 @@ def _kl_grad(x_ptr, v_ptr, lse_ptr, gk_ptr, gx_ptr, N, D, KU, inv_sigma: tl.floa
     tl.store(gx_ptr + ss * D + i, prev - g_kl / KU * tl.sum(sm * u * inv_sigma, 0), mask=smask)
 
 
-def _cliff_setup(x, grid, uni_points, cond_index):
-    x, grid, uni_points, ci = x.contiguous(), grid.contiguous(), uni_points.contiguous(), cond_index.contiguous()
-    (n, d), k, ku, m = x.shape, grid.shape[0], uni_points.shape[0], ci.shape[1]
+def _gemm_setup(x, grid, cond_index, sigma):
+    """The GEMM path's per-call tables: latent-major sorted samples xs and their rows order (d, n),
+    KzT (n, d M), the chunk size CI and the block sizes."""
+    x, grid, ci = x.contiguous(), grid.contiguous(), cond_index.contiguous()
+    (n, d), k, m = x.shape, grid.shape[0], ci.shape[1]
+    xs, order = torch.sort(x.t(), 1)
+    kzt = x.new_empty(n, d * m)
+    _kz_table[(triton.cdiv(n, BLOCK_T), triton.cdiv(d * m, BLOCK_T))](x, ci, kzt, n, d, m, 1.0 / sigma, BLOCK=BLOCK_T)
+    chunk = max(1, min(d, CHUNK_ELEMS // max(1, d * m * k)))  # differentiated latents per chunk
+    return x, grid, ci, xs.contiguous(), order.contiguous(), kzt, chunk
+
+
+def _biv_chunk(x, grid, xs, order, kzt, i0, c, sigma, precision):
+    """J of the pairs (j, i) for the chunk's latents i0 .. i0 + c: (d M, c K)."""
+    (n, dm), k = kzt.shape, grid.shape[0]
+    b = GEMM_BLOCKS
+    out = x.new_empty(dm, c * k)
+    nkt = triton.cdiv(k, b["K"])
+    _biv_fwd[(c * nkt, triton.cdiv(dm, b["R"]))](kzt, order, xs, grid, out, i0, n, dm, k, c, nkt, 1.0 / sigma,
+                                                 WINDOW.value * sigma, PRECISION=precision, BLOCK_R=b["R"],
+                                                 BLOCK_S=b["S"], BLOCK_K=b["K"], num_warps=b["warps"])
+    return out
+
+
+def biv_work_fraction(x: torch.Tensor, a: float, b: float, k: int, sigma: float) -> float:
+    """The share of the dense bivariate product's (sample, grid point) work that :func:`_biv_fwd`
+    does for standardized latents x (n, d): per latent and k tile, the samples within the window,
+    in whole BLOCK_S blocks, over n. Host-side (for tests and benchmarks/RESULTS.md)."""
+    n, d = x.shape
+    t = torch.linspace(a, b, k, dtype=torch.float64)
+    xs = x.detach().double().cpu().t().sort(1).values.contiguous()
+    tiles = t.split(GEMM_BLOCKS["K"])
+    lo = torch.stack([torch.searchsorted(xs, (tt[0] - WINDOW.value * sigma).expand(d, 1).contiguous()) for tt in tiles])
+    hi = torch.stack([torch.searchsorted(xs, (tt[-1] + WINDOW.value * sigma).expand(d, 1).contiguous(), right=True)
+                      for tt in tiles])
+    bs = GEMM_BLOCKS["S"]
+    work = sum(((h - l + bs - 1) // bs * bs * len(tt)).sum().item() for l, h, tt in zip(lo, hi, tiles, strict=True))
+    return work / (d * k * n)
+
+
+def _uni_kl_blocks(k, ku, m):
     block_m = max(16, triton.next_power_of_2(m))
-    blocks = {
-        "k": max(16, triton.next_power_of_2(k)), "ku": triton.next_power_of_2(ku), "m": block_m,
-        "ke": max(16, min(triton.next_power_of_2(k), 8192 // block_m)), "s": 16,
-    }
-    ci_lat = max(1, min(d, CHUNK_ELEMS // max(1, d * m * k)))  # differentiated latents per chunk
-    return x, grid, uni_points, ci, (n, d, k, ku, m), blocks, ci_lat
-
-
-def _dt_chunk(x, grid, i0, c, n, d, k, sigma):
-    dt = x.new_empty(n, c * k)
-    _dt_table[(triton.cdiv(n, BLOCK_T), triton.cdiv(c * k, BLOCK_T))](x, grid, dt, i0, n, d, k, c, 1.0 / sigma,
-                                                                     BLOCK=BLOCK_T)
-    return dt
-
-
-def _kz(x, ci, n, d, m, sigma):
-    kz = x.new_empty(d * m, n)
-    _kz_table[(triton.cdiv(d * m, BLOCK_T), triton.cdiv(n, BLOCK_T))](x, ci, kz, n, d, m, 1.0 / sigma, BLOCK=BLOCK_T)
-    return kz
+    return {"k": max(16, triton.next_power_of_2(k)), "ku": triton.next_power_of_2(ku), "m": block_m,
+            "ke": max(16, min(triton.next_power_of_2(k), 8192 // block_m)), "s": 16}
 
 
 def _gemm_terms(
     x: torch.Tensor, grid: torch.Tensor, uni_points: torch.Tensor, cond_index: torch.Tensor, sigma: float, step: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x, grid, uni_points, ci, (n, d, k, ku, m), bl, chunk = _cliff_setup(x, grid, uni_points, cond_index)
+    n, d = x.shape
+    k, ku, m = grid.shape[0], uni_points.shape[0], cond_index.shape[1]
+    bl = _uni_kl_blocks(k, ku, m)
     uni, kl = x.new_empty(d), x.new_empty(d)
     log_const = -math.log(2 * math.sqrt(3.0)) + math.log(n * sigma) + 0.5 * math.log(2 * math.pi)
     _cliff_uni_kl[(d,)](
@@ -652,13 +859,13 @@ def _gemm_terms(
         BLOCK_K=bl["k"], BLOCK_KU=bl["ku"], BLOCK_S=bl["s"],
     )
     jsd = x.new_zeros(d, d)
-    if d > 1:
-        kz = _kz(x, ci, n, d, m, sigma)
-        for i0 in range(0, d, chunk):
-            c = min(chunk, d - i0)
-            prod = kz @ _dt_chunk(x, grid, i0, c, n, d, k, sigma)  # (d M, c K)
-            _jsd_epilogue[(d, c)](prod, prod, jsd, x, i0, c, d, m, k, step, BACKWARD=False,
-                                  BLOCK_M=bl["m"], BLOCK_K=bl["ke"])
+    precision = _dot_precision(x.dtype)
+    x, grid, ci, xs, order, kzt, chunk = _gemm_setup(x, grid, cond_index, sigma)
+    for i0 in range(0, d, chunk):
+        c = min(chunk, d - i0)
+        prod = _biv_chunk(x, grid, xs, order, kzt, i0, c, sigma, precision)
+        _jsd_epilogue[(d, c)](prod, prod, jsd, x, i0, c, d, m, k, step, BACKWARD=False, BLOCK_M=bl["m"],
+                              BLOCK_K=bl["ke"])
     return uni.sum(), jsd.sum(), kl.sum()
 
 
@@ -673,39 +880,39 @@ def _gemm_terms_backward(
     sigma: float,
     step: float,
 ) -> torch.Tensor:
-    x, grid, uni_points, ci, (n, d, k, ku, m), bl, chunk = _cliff_setup(x, grid, uni_points, cond_index)
+    n, d = x.shape
+    k, ku, m = grid.shape[0], uni_points.shape[0], cond_index.shape[1]
+    bl = _uni_kl_blocks(k, ku, m)
     g_u, g_b, g_k = (g.to(x.dtype).reshape(1) for g in (grad_uni, grad_biv, grad_kl))
     gu, lse = x.new_empty(d, k), x.new_empty(d, ku)
     _cliff_uni_kl[(d,)](
         x, grid, uni_points, x, x, g_u, lse, gu, n, d, k, ku, 1.0 / sigma, step, 0.0, BACKWARD=True,
         BLOCK_K=bl["k"], BLOCK_KU=bl["ku"], BLOCK_S=bl["s"],
     )
+    precision = _dot_precision(x.dtype)
+    x, grid, ci, xs, order, kzt, chunk = _gemm_setup(x, grid, cond_index, sigma)
+    b, dm, win = GEMM_BLOCKS, d * m, WINDOW.value * sigma
     gx = torch.empty_like(x)  # through the derivative-kernel tables (uni and biv)
-    if d > 1:
-        kz = _kz(x, ci, n, d, m, sigma)
-        gkz = torch.zeros_like(kz)
-        for i0 in range(0, d, chunk):
-            c = min(chunk, d - i0)
-            dtc = _dt_chunk(x, grid, i0, c, n, d, k, sigma)
-            prod = kz @ dtc
-            _jsd_epilogue[(d, c)](prod, prod, prod, g_b, i0, c, d, m, k, step, BACKWARD=True,
-                                  BLOCK_M=bl["m"], BLOCK_K=bl["ke"])  # prod now holds dLoss/dJ
-            gkz.addmm_(prod, dtc.t())
-            _dt_grad[(triton.cdiv(n, bl["s"]), c)](
-                x, grid, kz.t().mm(prod), gu, gx, i0, n, d, k, c, 1.0 / sigma, BLOCK_S=bl["s"], BLOCK_K=bl["ke"]
-            )
-        gxz = torch.empty_like(x)
-        nb = triton.cdiv(n, bl["s"])
-        gzeta = x.new_empty(nb, d, m)
-        _kz_grad[(nb, d)](x, ci, gkz, gxz, gzeta, n, d, m, 1.0 / sigma, BLOCK_M=bl["m"], BLOCK_S=bl["s"])
-        # zeta[j, m] = x[cond_index[j, m], j]: scatter its gradient back to the rows (O(d M)). An
-        # out-of-range row made zeta NaN in the kernels; clamping keeps the scatter in bounds.
-        cols = torch.arange(d, device=x.device)[:, None].expand(d, m)
-        gx = (gx + gxz).index_put((ci.clamp(0, n - 1), cols), gzeta.sum(0), accumulate=True)
-    else:
-        _dt_grad[(triton.cdiv(n, bl["s"]), 1)](
-            x, grid, x.new_zeros(n, k), gu, gx, 0, n, d, k, 1, 1.0 / sigma, BLOCK_S=bl["s"], BLOCK_K=bl["ke"]
-        )
+    gkz = x.new_empty(dm, n)
+    for i0 in range(0, d, chunk):
+        c = min(chunk, d - i0)
+        prod = _biv_chunk(x, grid, xs, order, kzt, i0, c, sigma, precision)
+        _jsd_epilogue[(d, c)](prod, prod, prod, g_b, i0, c, d, m, k, step, BACKWARD=True,
+                              BLOCK_M=bl["m"], BLOCK_K=bl["ke"])  # prod now holds dLoss/dJ
+        _biv_dkz[(triton.cdiv(dm, b["R"]), triton.cdiv(n, b["S"]))](
+            x, grid, prod, gkz, i0, n, d, dm, k, c, 1.0 / sigma, win, ACCUMULATE=i0 > 0, PRECISION=precision,
+            BLOCK_R=b["R"], BLOCK_S=b["S"], BLOCK_K=b["K"], num_warps=b["warps"])
+        _biv_dx[(triton.cdiv(n, b["S"]), c)](kzt, order, xs, grid, prod, gu, gx, i0, n, d, dm, k, c, 1.0 / sigma, win,
+                                             PRECISION=precision, BLOCK_S=b["S"], BLOCK_R=b["R"] // 2, BLOCK_K=b["K"],
+                                             num_warps=b["warps"])
+    gxz = torch.empty_like(x)
+    nb = triton.cdiv(n, bl["s"])
+    gzeta = x.new_empty(nb, d, m)
+    _kz_grad[(nb, d)](x, ci, gkz, gxz, gzeta, n, d, m, 1.0 / sigma, BLOCK_M=bl["m"], BLOCK_S=bl["s"])
+    # zeta[j, m] = x[cond_index[j, m], j]: scatter its gradient back to the rows (O(d M)). An
+    # out-of-range row made zeta NaN in the kernels; clamping keeps the scatter in bounds.
+    cols = torch.arange(d, device=x.device)[:, None].expand(d, m)
+    gx = (gx + gxz).index_put((ci.clamp(0, n - 1), cols), gzeta.sum(0), accumulate=True)
     _kl_grad[(triton.cdiv(n, bl["s"]), d)](x, uni_points, lse, g_k, gx, n, d, ku, 1.0 / sigma,
                                            BLOCK_KU=bl["ku"], BLOCK_S=bl["s"])
     return gx
@@ -817,7 +1024,7 @@ def _pair_grid(z_ptr, i, j, N, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, 
         ss = s0 + tl.arange(0, BLOCK_S)
         kz, _, dt_, _ = _pair_tiles(z_ptr, ss, ss < N, i, j, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask,
                                     inv_sigma)
-        acc = tl.dot(kz, dt_, acc, input_precision=PRECISION)
+        acc = _mma(kz, dt_, acc, PRECISION)
     return acc
 
 
@@ -1012,8 +1219,8 @@ def _cliff_fused_bwd(
             smask = ss < N
             kz, dkz, dt_, ddt = _pair_tiles(z_ptr, ss, smask, i, j, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t,
                                             kmask, inv_sigma)
-            g_dt = tl.dot(tl.trans(kz), dj, out_dtype=dt, input_precision=PRECISION)  # (S, K)
-            g_kz = tl.dot(dj, tl.trans(dt_), out_dtype=dt, input_precision=PRECISION)  # (M, S)
+            g_dt = _mma(tl.trans(kz), dj, tl.zeros((BLOCK_S, BLOCK_K), dt), PRECISION)  # (S, K)
+            g_kz = _mma(dj, tl.trans(dt_), tl.zeros((BLOCK_M, BLOCK_S), dt), PRECISION)  # (M, S)
             prod = g_kz * dkz
             tl.store(wsd_ptr + pair * N + ss, tl.sum(g_dt * ddt, 1), mask=smask)
             tl.store(wsc_ptr + pair * N + ss, tl.sum(prod, 0), mask=smask)
@@ -1064,11 +1271,12 @@ def _cliff_grad(z_ptr, ci_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M,
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision for the fused Cliff: float64 exact; float32 per
-    torch.get_float32_matmul_precision() ("highest": ieee fp32; "high" / "medium": TF32)."""
-    if dtype == torch.float64 or torch.get_float32_matmul_precision() == "highest":
+    """tl.dot's input precision (:func:`_mma`) for Cliff's bivariate products: float64 exact;
+    float32 per torch.get_float32_matmul_precision(): "highest" 3xTF32 ("tf32x3": about float32's own
+    error, on the tensor cores), "high" TF32, "medium" bf16 inputs."""
+    if dtype == torch.float64:
         return "ieee"
-    return "tf32"
+    return {"highest": "tf32x3", "high": "tf32"}.get(torch.get_float32_matmul_precision(), "bf16")
 
 
 def _fused_blocks(m: int, k: int) -> dict:
