@@ -83,12 +83,16 @@ def _train_config(args: argparse.Namespace):
     from qkernels.train.run import CONFIG
 
     out = args.out or f"runs/{args.model or 'tripod'}"
+    if args.resume and args.force:
+        raise UsageError("--resume continues the run in --out and --force deletes it: give one of them")
     if args.resume and (Path(out) / CONFIG).is_file():
-        cfg = TrainConfig.load(Path(out) / CONFIG)  # the run's own settings; only --steps/--device may change
+        cfg = TrainConfig.load(Path(out) / CONFIG)  # the run's own settings; only --steps/--device/--threads change
         if args.steps is not None:
             cfg.steps = args.steps
         if args.device is not None:
             cfg.device = args.device
+        if args.threads is not None:  # else the recorded count: the resumed run goes on bit-for-bit
+            cfg.threads = args.threads
         return cfg
     try:  # only the fields the file sets: the others still follow --model (e.g. the default --out)
         base = json.loads(Path(args.config).read_text()) if args.config else {}
@@ -99,7 +103,7 @@ def _train_config(args: argparse.Namespace):
     flags = {"model": args.model, "dataset": args.dataset, "steps": args.steps, "batch_size": args.batch_size,
              "seed": args.seed, "eval_samples": args.eval_samples, "device": args.device, "lr": args.lr,
              "arch": args.arch, "image_size": args.image_size, "num_latents": args.num_latents,
-             "eval_every": args.eval_every}
+             "eval_every": args.eval_every, "threads": args.threads}
     base.update({k: v for k, v in flags.items() if v is not None})
     if args.compile:
         base["compile"] = True
@@ -124,19 +128,37 @@ def _train(args: argparse.Namespace) -> int:
     print("qkernels train: loading torch, the data and the model ...", file=sys.stderr, flush=True)
     import json
 
+    import torch
+
     from qkernels.data import DatasetFormatError
     from qkernels.train.loop import Trainer
+    from qkernels.train.run import run_files
+    from qkernels.train.threads import auto_threads
 
     cfg = _train_config(args)
     _check_device(cfg.device)
+    # a fresh run never shares --out with another (--force: the Trainer deletes that run's files first); --resume
+    # without a checkpoint restarts the same run, whose config.json cfg was read from
+    old = [str(p.relative_to(cfg.out)) for p in run_files(cfg.out)]
+    if old and not (args.force or args.resume):
+        shown = ", ".join(old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4 else "")
+        raise UsageError(f"--out {cfg.out} already holds a run ({shown}): continue it with --resume, or delete "
+                         "those files and start over with --force")
+    if cfg.threads is None:  # recorded in config.json by the Trainer: a --resume keeps the count
+        cfg.threads, why = auto_threads()
+    else:
+        why = "" if args.threads else "recorded in config.json" if args.resume else "--config"
     distributed = _init_distributed(cfg)
+    threads = torch.get_num_threads()  # set back after the run (for callers of main() in a live process)
     try:
         try:
             trainer = Trainer(cfg, resume=args.resume)
         except (ValueError, TypeError, FileNotFoundError, DatasetFormatError) as err:
             raise UsageError(f"{cfg.model} on {cfg.dataset}: {err}") from None
+        trainer.threads_why = why
         res = trainer.run()
     finally:
+        torch.set_num_threads(threads)
         if distributed:
             import torch.distributed as dist
 
@@ -190,11 +212,17 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from qkernels.train import compare_runs
-    from qkernels.train.run import METRICS_FILE
+    from qkernels.train.run import LOG, METRICS_FILE
 
     for d in args.run_dirs:
-        _run_dir(d, METRICS_FILE)
+        _run_dir(d, METRICS_FILE, *((LOG,) if args.curves else ()))
+    if args.curves and not args.curves.lower().endswith(".png"):
+        raise UsageError(f"--curves {args.curves}: give a .png file name")
     print(compare_runs(args.run_dirs, columns=args.columns))
+    if args.curves:
+        from qkernels.train.figures import compare_curves
+
+        print(f"loss curves: {compare_curves(args.run_dirs, args.curves)}")
     return 0
 
 
@@ -229,6 +257,14 @@ def _add_train(sub) -> None:
     p.add_argument("--eval-samples", type=_int_at_least(20), help="samples for the metrics (default 2000)")
     p.add_argument("--eval-every", type=_int_at_least(0), help="evaluate every N steps (0: at the end only)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--force", action="store_true",
+                   help="--out holds a run: delete its files (config.json, log.jsonl, checkpoint.pt, metrics.json, "
+                        "figures/*.png of a run; nothing else) and start over. Without it such a directory is "
+                        "refused")
+    p.add_argument("--threads", type=_int_at_least(1),
+                   help="torch threads of the training process (default: the usable cores not busy at the start, "
+                        "or OMP_NUM_THREADS; --resume: the run's recorded count). Shown in the first line, kept in "
+                        "config.json; results depend on it (float summation order)")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--config", help="JSON file of TrainConfig fields (flags override it)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder and decoder")
@@ -242,9 +278,10 @@ def _add_train(sub) -> None:
     p.add_argument("--eval-samples", type=_int_at_least(20))
     p.add_argument("--device")
     p.set_defaults(func=_eval)
-    p = _debug_flag(sub.add_parser("compare", help="table of the metrics of several runs"))
+    p = _debug_flag(sub.add_parser("compare", help="table of the metrics of several runs (and their loss curves)"))
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--columns", nargs="+", help="metric keys to show (default: the standard ones present)")
+    p.add_argument("--curves", metavar="PNG", help="also draw the runs' loss curves on one figure into this file")
     p.set_defaults(func=_compare)
 
 

@@ -124,7 +124,8 @@ def test_weight_decay_groups_and_schedules(tmp_path):
     assert all(g["betas"] == (0.9, 0.999) and g["weight_decay"] == 0.0 for g in tr.opt.param_groups)
     assert len(tr.clip_params) == len(list(tr.model.parameters())) and METHODS["tripod"].optim.lr == 2e-4
     # FactorQVAE: CosineAnnealingLR(T_max 50k, eta_min 1.25e-6) for the VAE AND the discriminator (Adam 1e-3),
-    # periodic as torch's closed form: down at 50k, back up at 100k (the authors' max_steps)
+    # periodic as torch's closed form: down at 50k (FactorQVAE's 50k iterations: one half-cosine), back up at
+    # 100k (QVAE's 100k iterations, same spec)
     for spec in (METHODS["factorqvae"].optim, METHODS["factorqvae"].disc_optim):
         assert spec.name == "adam" and spec.lr == 1e-3 and spec.betas == (0.9, 0.999)
         assert lr_at(spec, 1e-3, 0, 100_000) == pytest.approx(1e-3)
@@ -512,14 +513,14 @@ def test_compare_shows_every_metric_some_run_has(tmp_path):
 
 
 def test_progress_line_rate_and_eta(monkeypatch, capsys):
-    # resumed at step 50 of 100; 10 s later at step 60: 1.00 it/s, 40 steps left = 0.7 min
+    # resumed at step 50 of 100; 10 s later at step 60: 1.00 it/s, 40 steps left = 40 s; 10 s elapsed
     from qkernels.train import loop
 
     clock = iter([0.0, 10.0])
     monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
     bar = loop.Progress(100, 50)
     bar.update(60, {"total": 1.5})
-    assert capsys.readouterr().err.strip() == "step 60/100 | total 1.5 | 1.00 it/s | eta 0.7 min"
+    assert capsys.readouterr().err.strip() == "step 60/100 | total 1.5 | 1.00 it/s | elapsed 0:10 | eta 0:40"
 
 
 # ------------------------------------------------------------------ pre-audit 9 review: the trainer's reporting
@@ -691,9 +692,10 @@ def test_progress_on_a_tty_redraws_at_most_every_half_second(monkeypatch, capsys
         bar.update(s, {"total": 2.0})
     bar.close()
     err = capsys.readouterr().err
-    assert err == ("\rstep 1/5 | total 2 | 4.00 it/s | eta 0.0 min\x1b[K"
-                   "\rstep 3/5 | total 2 | 4.00 it/s | eta 0.0 min\x1b[K"
-                   "\rstep 5/5 | total 2 | 4.00 it/s | eta 0.0 min\x1b[K\n")
+    assert err == ("\rstep 1/5 | total 2 | - it/s | elapsed 0:00 | eta -\x1b[K"  # the first step: warm-up
+                   "\rstep 3/5 | total 2 | 4.00 it/s | elapsed 0:01 | eta 0:00\x1b[K"
+                   "\rstep 5/5 | total 2 | 4.00 it/s | elapsed 0:01 | eta 0:00\x1b[K\n"
+                   "trained 5 steps in 0:01 (4.00 it/s after the first step)\n")
 
 
 def test_fixed_size_batches_are_slices_of_per_epoch_permutations():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -53,6 +54,42 @@ def _check_input(name: str, x: object, module: nn.Module, *, dtype: bool = True)
         )
 
 
+def _latent_axis(name: str, x: torch.Tensor, module: nn.Module, d: int, dim: int, *, trailing: int = 0) -> int:
+    """The axis of ``x`` that holds the module's ``d`` latents: ``dim`` of the ``x.dim() - trailing`` leading axes
+    (``trailing``: axes after the latents, the K of logits; such modules take no ``dim=``). Raises when that axis
+    does not have size ``d``, naming the axis that does (a channel-first (B, D, H, W) input: dim=1)."""
+    nd = x.dim() - trailing
+    kind = type(module).__name__
+    if nd < 1:
+        raise ValueError(f"{name} must have an axis of {d} latents, got shape {tuple(x.shape)}")
+    if not -nd <= dim < nd:
+        raise ValueError(f"{kind}(dim={dim}) does not fit {name} of shape {tuple(x.shape)}")
+    axis = dim % nd
+    if x.shape[axis] == d:
+        return axis
+    others = [a for a in range(nd) if x.shape[a] == d]
+    last = -1 - trailing
+    if others:
+        k = others[0]
+        hint = f"the latents look like axis {k}: " + (
+            f"move them there with {name}.movedim({k}, {last})" if trailing else
+            f"pass dim={k} to {kind}" + (f", or move them last with {name}.movedim({k}, -1)" if dim == -1 else ""))
+    else:
+        hint = f"give {name} as (..., {d}, K)" if trailing else f"give {name} as (..., {d}) or pick the axis with dim="
+    where = ("the second-to-last axis (logits are (..., d, K))" if trailing else
+             "the last axis" if dim == -1 else f"axis {axis} (dim={dim})")
+    raise ValueError(f"{name} has shape {tuple(x.shape)}: this {kind} takes its {d} latents along {where}, which "
+                     f"has size {x.shape[axis]}; {hint}")
+
+
+def _to_last(t: torch.Tensor, axis: int) -> torch.Tensor:
+    return t if axis == t.dim() - 1 else t.movedim(axis, -1)
+
+
+def _from_last(t: torch.Tensor, axis: int) -> torch.Tensor:
+    return t if axis == t.dim() - 1 else t.movedim(-1, axis)
+
+
 class LatentQuantizer(nn.Module):
     """QLAE latent quantization: a learnable scalar codebook per latent (or one global codebook).
 
@@ -60,8 +97,11 @@ class LatentQuantizer(nn.Module):
         num_latents: d. num_values: n_v values per codebook.
         global_codebook: one (n_v,) codebook shared by all latents instead of (d, n_v).
         init_range: values initialised to linspace(low, high, n_v) (QLAE: (-0.5, 0.5)).
-    forward(z (..., d)) -> :class:`~qkernels.Quantized`. Weight decay should not apply to
-    ``values`` (QLAE decays weights only).
+        dim: the axis of z that holds the d latents (default -1: z is (..., d); 1 for a channel-first
+            (B, d, H, W) feature map). An input whose axis ``dim`` is not of size d is an error (never
+            quantized along another axis).
+    forward(z) -> :class:`~qkernels.Quantized` (z_q and indices shaped like z). Weight decay should
+    not apply to ``values`` (QLAE decays weights only).
     """
 
     def __init__(
@@ -71,9 +111,11 @@ class LatentQuantizer(nn.Module):
         *,
         global_codebook: bool = False,
         init_range: tuple[float, float] = (-0.5, 0.5),
+        dim: int = -1,
     ) -> None:
         super().__init__()
         check_positive("num_latents", num_latents, integer=True)
+        self.dim = _check_dim(dim)
         check_positive("num_values", num_values, integer=True, minimum=2)
         low, high = init_range
         if not low < high:
@@ -84,43 +126,90 @@ class LatentQuantizer(nn.Module):
 
     def forward(self, z: torch.Tensor) -> Quantized:
         _check_input("z", z, self)
-        return latent_quantize(z, self.values)
+        if not isinstance(z, torch.Tensor):
+            return latent_quantize(z, self.values)  # the op's own message
+        axis = _latent_axis("z", z, self, self.num_latents, self.dim)
+        q = latent_quantize(_to_last(z, axis), self.values)
+        if axis == z.dim() - 1:
+            return q
+        return Quantized(_from_last(q.z_q, axis), _from_last(q.indices, axis), q.loss_quantize, q.loss_commit)
 
     def indices_to_values(self, indices: torch.Tensor) -> torch.Tensor:
-        """indices (..., d) int64 -> the codebook values (..., d)."""
-        return _lookup(self.values.detach(), indices)
+        """indices (latents along ``dim``) int64 -> the codebook values, shaped like indices."""
+        axis = _latent_axis("indices", indices, self, self.num_latents, self.dim)
+        return _from_last(_lookup(self.values.detach(), _to_last(indices, axis)), axis)
 
     def values_to_indices(self, values: torch.Tensor) -> torch.Tensor:
-        """values (..., d) -> index of the nearest codebook value (exact inverse of
+        """values (latents along ``dim``) -> index of the nearest codebook value (exact inverse of
         :meth:`indices_to_values` when a codebook has no repeated values)."""
-        return _nearest(values, self.values.detach())
+        axis = _latent_axis("values", values, self, self.num_latents, self.dim)
+        return _from_last(_nearest(_to_last(values, axis), self.values.detach()), axis)
+
+
+def _check_dim(dim: object) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"dim must be an int (the axis of the latents, e.g. -1 or 1), got {dim!r}")
+    return int(dim)
+
+
+def _fsq_levels(levels: object) -> int | list[int] | torch.Tensor:
+    """FSQ's ``levels`` as the op takes them, or a TypeError that says what they must be."""
+    what = ("FSQ levels must be an int >= 2 (the same number of levels for every latent, e.g. FSQ(5)) or a "
+            "sequence of ints >= 2, one per latent (e.g. FSQ([8, 5, 5]))")
+    if isinstance(levels, torch.Tensor):
+        return levels
+    if isinstance(levels, numbers.Integral) and not isinstance(levels, bool):
+        return int(levels)
+    if isinstance(levels, Sequence) and not isinstance(levels, (str, bytes)) and len(levels) and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in levels):
+        return [int(v) for v in levels]
+    hint = f"; use FSQ({int(levels)})" if isinstance(levels, float) and levels.is_integer() else ""
+    raise TypeError(f"{what}, got {levels!r} ({type(levels).__name__}){hint}")
 
 
 class FSQ(nn.Module):
-    """Finite scalar quantization (Tripod): ``levels`` an int or one int per latent (each >= 2).
+    """Finite scalar quantization (Tripod): ``levels`` an int (every latent) or one int per latent (each >= 2).
 
-    forward(z (..., d)) -> :class:`~qkernels.Quantized` with values in [-1, 1] and zero losses.
+    dim: the axis of z that holds the latents (default -1: z is (..., d); 1 for a channel-first
+    (B, d, H, W) feature map); with one int per latent, that axis must have their number of entries.
+    forward(z) -> :class:`~qkernels.Quantized` with values in [-1, 1] and zero losses (shaped like z).
     """
 
-    def __init__(self, levels: int | Sequence[int]) -> None:
+    def __init__(self, levels: int | Sequence[int], *, dim: int = -1) -> None:
         super().__init__()
-        n = 1 if isinstance(levels, int) else len(levels)
+        levels = _fsq_levels(levels)
+        n = levels.numel() if isinstance(levels, torch.Tensor) else 1 if isinstance(levels, int) else len(levels)
+        self.dim = _check_dim(dim)
         self.register_buffer("levels", _levels(levels, n, "cpu"), persistent=False)
 
     def forward(self, z: torch.Tensor) -> Quantized:
-        return fsq(z, self.levels)
+        if not isinstance(z, torch.Tensor) or self.levels.numel() == 1:
+            return fsq(z, self.levels)  # one level count: elementwise, the same in any layout
+        axis = _latent_axis("z", z, self, self.levels.numel(), self.dim)
+        q = fsq(_to_last(z, axis), self.levels)
+        if axis == z.dim() - 1:
+            return q
+        return Quantized(_from_last(q.z_q, axis), _from_last(q.indices, axis), q.loss_quantize, q.loss_commit)
 
     def _top(self, like: torch.Tensor) -> torch.Tensor:
         return (self.levels.to(like.device) - 1).to(torch.float32 if not like.is_floating_point() else like.dtype)
 
+    def _along(self, x: torch.Tensor, fn) -> torch.Tensor:
+        if self.levels.numel() == 1:
+            return fn(x)
+        axis = _latent_axis("input", x, self, self.levels.numel(), self.dim)
+        return _from_last(fn(_to_last(x, axis)), axis)
+
     def indices_to_values(self, indices: torch.Tensor) -> torch.Tensor:
-        """indices (..., d) in [0, L-1] -> values 2 i / (L - 1) - 1 (float32)."""
-        top = self._top(indices)
-        return 2 * indices.to(top.dtype) / top - 1
+        """indices (latents along ``dim``) in [0, L-1] -> values 2 i / (L - 1) - 1 (float32)."""
+        def f(i):
+            top = self._top(i)
+            return 2 * i.to(top.dtype) / top - 1
+        return self._along(indices, f)
 
     def values_to_indices(self, values: torch.Tensor) -> torch.Tensor:
-        """values (..., d) on the FSQ grid -> int64 indices (nearest grid point)."""
-        return torch.round((values + 1) / 2 * self._top(values)).long()
+        """values (latents along ``dim``) on the FSQ grid -> int64 indices (nearest grid point)."""
+        return self._along(values, lambda v: torch.round((v + 1) / 2 * self._top(v)).long())
 
 
 class GumbelQuantizer(nn.Module):
@@ -162,7 +251,8 @@ class CategoricalLatent(nn.Module):
 
     forward(logits (..., d, K), noise_scale=None, *, generator=None) ->
     :class:`~qkernels.CategoricalSample`; ``noise_scale`` defaults to 1 in training and 0 in eval
-    mode (the evaluation representation softmax(logits) @ values).
+    mode (the evaluation representation softmax(logits) @ values). Logits whose second-to-last axis
+    is not of size d (num_latents) are an error.
     """
 
     def __init__(
@@ -187,6 +277,8 @@ class CategoricalLatent(nn.Module):
         generator: torch.Generator | None = None,
     ) -> CategoricalSample:
         _check_input("logits", logits, self, dtype=False)  # values are cast to logits' dtype
+        if isinstance(logits, torch.Tensor) and logits.dim() >= 2:
+            _latent_axis("logits", logits, self, self.num_latents, -1, trailing=1)
         if noise_scale is None:
             noise_scale = 1.0 if self.training else 0.0
         return categorical_latent(

@@ -21,6 +21,9 @@ class TrainConfig:
     world_size records the number of processes of the latest (re)start; local_kde: each rank's KDE losses
     (Cliff, KLM) on its own shard instead of the global batch; dist_timeout_s: how long a collective waits
     for a rank before the job fails.
+    threads: torch intra-op threads of the training process (``torch.set_num_threads``). None: ``qkernels train``
+    picks the usable cores that are not busy (:func:`qkernels.train.threads.auto_threads`) and records the count in
+    config.json, so that ``--resume`` keeps it; the Python API keeps the process's setting.
     """
 
     model: str = "tripod"
@@ -46,6 +49,7 @@ class TrainConfig:
     world_size: int = 1
     local_kde: bool = False
     dist_timeout_s: int = 600
+    threads: int | None = None
     progress: bool = True
 
     def to_dict(self) -> dict:

@@ -70,7 +70,8 @@ def evaluate_model(model, ds, cfg, *, num_samples: int) -> dict:
 
 
 def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: int | None = None) -> dict:
-    """Final evaluation: metrics.json + figures; also an eval line in the log when ``log`` is given."""
+    """Final evaluation: metrics.json + figures (loss curves from the log included); also an eval line in the
+    log when ``log`` is given."""
     from qkernels.train import figures
     from qkernels.train.checkpoint import write_text_atomic
 
@@ -80,6 +81,7 @@ def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: i
     if log is not None:
         log({"type": "eval", **scalars(res)})
     figures.make_all(model, ds, cfg, Path(out) / "figures", res)
+    figures.loss_figure(out, cfg)
     return res
 
 

@@ -2,7 +2,10 @@
 
 Run directory: ``config.json``, ``log.jsonl`` (one JSON object per line: ``{"type": "train", "step", terms...}`` and
 ``{"type": "eval", "step", metrics...}``), ``checkpoint.pt`` (atomic), ``metrics.json`` (final evaluation, incl.
-matrices) and ``figures/*.png``.
+matrices) and ``figures/*.png`` (:data:`~qkernels.train.run.FIGURE_FILES`). A fresh run never shares its directory
+with another: it refuses a directory that holds one (``overwrite=False``; ``qkernels train`` without ``--force``)
+or deletes that run's files first (:func:`~qkernels.train.run.clear_run`: only the files above; anything else in
+the directory stays).
 
 Determinism: the global torch RNG is re-seeded from (seed, step) before every step and batches are a function of
 (seed, step) (:mod:`qkernels.train.data`); LR and temperature schedules are functions of the step. So a run resumed
@@ -35,7 +38,7 @@ from qkernels.train import checkpoint as ckpt
 from qkernels.train.config import TrainConfig
 from qkernels.train.data import derive_seed, get_batch
 from qkernels.train.evaluate import evaluate_model, finish_run
-from qkernels.train.run import CHECKPOINT, CONFIG, LOG, build, scalars
+from qkernels.train.run import CHECKPOINT, CONFIG, LOG, RunExistsError, build, clear_run, run_files, scalars
 
 
 def batch_size_of(cfg: TrainConfig) -> int:
@@ -72,12 +75,31 @@ def clip_(params, spec: OptimSpec) -> None:
 
 
 class Trainer:
-    """Holds model, optimizers and data of one run; ``run()`` trains to ``cfg.steps``."""
+    """Holds model, optimizers and data of one run; ``run()`` trains to ``cfg.steps``.
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool = False) -> None:
+    resume: continue from ``cfg.out/checkpoint.pt`` when there is one (else start afresh). overwrite: what a fresh
+    run does when ``cfg.out`` holds another run (:func:`~qkernels.train.run.run_files`): delete that run's files
+    first (True) or raise :class:`~qkernels.train.run.RunExistsError` before anything is built or written (False;
+    ``qkernels train`` refuses such a directory itself unless ``--force``). ``cfg.threads`` (when not None) is set
+    with ``torch.set_num_threads`` for the process; ``threads_why`` is shown after the count in the first line.
+    """
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = True) -> None:
         self.cfg, self.out = cfg, Path(cfg.out)
         self.spec = METHODS[cfg.model]
         self.rank, self.world = rank_and_size()
+        # every rank looks before rank 0 writes anything (the DDP set-up below and a barrier come between)
+        resuming = resume and (self.out / CHECKPOINT).is_file()
+        old = [str(p.relative_to(self.out)) for p in run_files(self.out)]
+        if old and not resume and not overwrite:
+            shown = ", ".join(old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4 else "")
+            raise RunExistsError(f"{self.out} already holds a run ({shown}): continue it with resume=True, or "
+                                 "delete it and start over with overwrite=True", files=old)
+        if cfg.threads is not None:
+            if isinstance(cfg.threads, bool) or not isinstance(cfg.threads, int) or cfg.threads < 1:
+                raise ValueError(f"threads must be an integer >= 1, got {cfg.threads!r}")
+            torch.set_num_threads(cfg.threads)
+        self.threads_why = ""
         cfg.world_size = self.world
         self.model, self.ds = build(cfg)
         self.batch_size = batch_size_of(cfg)
@@ -103,8 +125,12 @@ class Trainer:
         self.step = 0
         self._made_dir = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
-        self.fresh = not (resume and (self.out / CHECKPOINT).is_file())
+        self.fresh = not resuming
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()
+        self.replaced = []  # the files of a previous run deleted for this fresh one
         if self.fresh and self.rank == 0:
+            self.replaced = clear_run(self.out)
             cfg.save(self.out / CONFIG)
             (self.out / LOG).write_text("")
         elif not self.fresh:
@@ -207,8 +233,12 @@ class Trainer:
         cfg = self.cfg
         self.model.train()
         bar = Progress(cfg.steps, self.step, enabled=cfg.progress and self.rank == 0)
-        bar.note(f"training {cfg.model} on {cfg.dataset}: step {self.step} of {cfg.steps}, batch {self.batch_size}, "
-                 f"lr {self.lr:g} -> {self.out}")
+        why = f" ({self.threads_why})" if self.threads_why else ""
+        n = torch.get_num_threads()
+        bar.note(f"training {cfg.model} on {cfg.dataset} with {n} thread{'s' if n > 1 else ''}{why}: step "
+                 f"{self.step} of {cfg.steps}, batch {self.batch_size}, lr {self.lr:g} -> {self.out}")
+        if self.replaced:
+            bar.note(f"deleted the {len(self.replaced)} files of the run that was in {self.out}")
         while self.step < cfg.steps:
             if stop_after is not None and self.step >= stop_after:
                 return None
@@ -234,35 +264,95 @@ class Trainer:
         return finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log)
 
 
-class Progress:
-    """One status line on stderr: step, live loss terms, speed, ETA (``\\r``-updated on a tty, else every 10%)."""
+def hms(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on."""
+    t = max(int(round(seconds)), 0)
+    h, m, sec = t // 3600, t // 60 % 60, t % 60
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
-    def __init__(self, total: int, start: int, *, enabled: bool = True) -> None:
+
+class Progress:
+    """One status line on stderr: step, live loss terms, speed, elapsed time, ETA (``\\r``-updated on a tty, else
+    every 10%), and a closing line with the run's speed.
+
+    Speed and ETA come from an exponential moving average of the step time over about the last ``window`` steps
+    (the first step, which carries the warm-up, is left out): a run that slows down when another job starts
+    shows it within a few steps, where a whole-run average would keep promising the early speed. ``clock``:
+    seconds (tests pass a fake one)."""
+
+    def __init__(self, total: int, start: int, *, enabled: bool = True, window: int = 20, clock=None) -> None:
         self.total, self.start, self.enabled = total, start, enabled
-        self.t0 = self.last = time.perf_counter()
+        self.clock = clock or (lambda: time.perf_counter())
+        self.t0 = self.last = self.last_step = self.clock()
+        self.alpha = 2.0 / (window + 1)
+        self.step_time: float | None = None  # EMA of seconds per step
+        self.first_end: float | None = None
+        self.first_at = start
+        self.at = start  # the step of the latest tick
         self.tty = sys.stderr.isatty()
         self.every = max(total // 10, 1)
 
+    def tick(self, step: int, now: float) -> None:
+        """Step ``step`` ended at ``now``: fold the time per step since the last tick into the moving average
+        (as often as steps passed)."""
+        k = step - self.at
+        if k <= 0:
+            return
+        dt = (now - self.last_step) / k
+        self.last_step, self.at = now, step
+        if self.first_end is None:
+            self.first_end, self.first_at = now, step
+            if k == 1:  # the first step alone carries the warm-up: not a measure of the speed to come
+                return
+        if self.step_time is None:
+            self.step_time, k = dt, k - 1
+        self.step_time = dt + (self.step_time - dt) * (1 - self.alpha) ** k
+
+    def eta(self, step: int) -> float | None:
+        """Seconds to ``total`` at the recent speed (None before two steps)."""
+        return None if self.step_time is None else (self.total - step) * self.step_time
+
+    def line(self, step: int, terms: dict[str, float], now: float) -> str:
+        shown = " ".join(f"{k} {v:.4g}" for k, v in terms.items() if k != "lr")
+        rate = f"{1.0 / max(self.step_time, 1e-9):.2f} it/s" if self.step_time is not None else "- it/s"
+        eta = self.eta(step)
+        return (f"step {step}/{self.total} | {shown} | {rate} | elapsed {hms(now - self.t0)} | "
+                f"eta {hms(eta) if eta is not None else '-'}")
+
     def update(self, step: int, terms: dict[str, float]) -> None:
+        now = self.clock()
+        self.tick(step, now)
         if not self.enabled:
             return
-        now = time.perf_counter()
         first = step == self.start + 1  # shown at once: the run is alive
         if self.tty and now - self.last < 0.5 and step < self.total and not first:
             return
         if not self.tty and step % self.every and step != self.total and not first:
             return
         self.last = now
-        rate = (step - self.start) / max(now - self.t0, 1e-9)
-        eta = (self.total - step) / max(rate, 1e-9)
-        shown = " ".join(f"{k} {v:.4g}" for k, v in terms.items() if k != "lr")
-        line = f"step {step}/{self.total} | {shown} | {rate:.2f} it/s | eta {eta / 60:.1f} min"
+        line = self.line(step, terms, now)
         sys.stderr.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
         sys.stderr.flush()
 
+    def summary(self, now: float) -> str | None:
+        """The closing line, trained N steps in m:ss (x it/s after the first step); None before any step."""
+        if self.first_end is None:
+            return None
+        n = self.at - self.start
+        text = f"trained {n} steps in {hms(now - self.t0)}"
+        if self.at > self.first_at and self.last_step > self.first_end:
+            rate = (self.at - self.first_at) / (self.last_step - self.first_end)
+            text += f" ({rate:.2f} it/s after the first step)"
+        return text
+
     def close(self) -> None:
-        if self.enabled and self.tty:
+        if not self.enabled:
+            return
+        if self.tty:
             sys.stderr.write("\n")
+        text = self.summary(self.last_step)
+        if text:
+            self.note(text)
 
     def note(self, text: str) -> None:
         """One line on stderr (when enabled)."""
@@ -272,6 +362,7 @@ class Progress:
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
-          final_eval: bool = True) -> dict | None:
-    """Train ``cfg`` (resuming from ``cfg.out/checkpoint.pt`` when ``resume`` and it exists)."""
-    return Trainer(cfg, resume=resume).run(stop_after=stop_after, final_eval=final_eval)
+          final_eval: bool = True, overwrite: bool = True) -> dict | None:
+    """Train ``cfg`` (resuming from ``cfg.out/checkpoint.pt`` when ``resume`` and it exists; ``overwrite``:
+    see :class:`Trainer`)."""
+    return Trainer(cfg, resume=resume, overwrite=overwrite).run(stop_after=stop_after, final_eval=final_eval)
