@@ -103,7 +103,8 @@ def _train_config(args: argparse.Namespace):
     flags = {"model": args.model, "dataset": args.dataset, "steps": args.steps, "batch_size": args.batch_size,
              "seed": args.seed, "eval_samples": args.eval_samples, "device": args.device, "lr": args.lr,
              "arch": args.arch, "image_size": args.image_size, "num_latents": args.num_latents,
-             "eval_every": args.eval_every, "threads": args.threads}
+             "eval_every": args.eval_every, "threads": args.threads, "protocol": args.protocol,
+             "data_order": args.data_order}
     base.update({k: v for k, v in flags.items() if v is not None})
     if args.compile:
         base["compile"] = True
@@ -205,7 +206,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     _run_dir(args.run_dir, CONFIG, CHECKPOINT)
     _check_device(args.device or "cpu")
-    res = eval_run(args.run_dir, num_samples=args.eval_samples, device=args.device or "cpu")
+    res = eval_run(args.run_dir, num_samples=args.eval_samples, device=args.device or "cpu", protocol=args.protocol)
     print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict))}, indent=1))
     return 0
 
@@ -234,6 +235,7 @@ def _debug_flag(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _add_train(sub) -> None:
+    from qkernels.metrics.protocols import PROTOCOLS
     from qkernels.models.registry import METHODS
 
     p = _debug_flag(sub.add_parser(
@@ -254,7 +256,14 @@ def _add_train(sub) -> None:
     p.add_argument("--arch", choices=("small", "paper"), help="network widths (default small)")
     p.add_argument("--image-size", type=_int_at_least(8), help="procedural image size: 8, 16, 32 (default), 64, ...")
     p.add_argument("--num-latents", type=_int_at_least(1))
-    p.add_argument("--eval-samples", type=_int_at_least(20), help="samples for the metrics (default 2000)")
+    p.add_argument("--data-order", choices=("auto", "iid", "epochs", "split"),
+                   help="how batches read the dataset (default auto: the method's authors': epochs for "
+                        "tripod/qlae/ae, an 80%% split for qvae/factorqvae, iid draws for the rest)")
+    p.add_argument("--protocol", choices=("auto", *sorted(PROTOCOLS)),
+                   help="evaluation protocol (default auto: the method's authors', e.g. tripod: InfoMEC with IQR "
+                        "pruning and random-forest DCI on 10,000 samples; fast: 2,000 samples)")
+    p.add_argument("--eval-samples", type=_int_at_least(20),
+                   help="samples for every metric (default: the protocol's)")
     p.add_argument("--eval-every", type=_int_at_least(0), help="evaluate every N steps (0: at the end only)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--force", action="store_true",
@@ -275,6 +284,10 @@ def _add_train(sub) -> None:
     p.set_defaults(func=_train)
     p = _debug_flag(sub.add_parser("eval", help="re-evaluate a saved run (metrics.json + figures)"))
     p.add_argument("run_dir")
+    p.add_argument("--data-order", choices=("auto", "iid", "epochs", "split"),
+                   help="how batches read the dataset (default auto: the method's authors': epochs for "
+                        "tripod/qlae/ae, an 80%% split for qvae/factorqvae, iid draws for the rest)")
+    p.add_argument("--protocol", choices=("auto", *sorted(PROTOCOLS)), help="instead of the run's")
     p.add_argument("--eval-samples", type=_int_at_least(20))
     p.add_argument("--device")
     p.set_defaults(func=_eval)

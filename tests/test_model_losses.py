@@ -187,7 +187,7 @@ def test_tripod_terms():
     spread_latents(model, 40.0)  # |z| ~ 2: tanh(z) is far from z
     terms = seeded_loss(model, x)
     with torch.no_grad():
-        z = model.encoder(x)
+        z = model.encoder(2 * x - 1)
         zq = np_fsq(f64(z), 5)
         # the authors' scale: BCE mean over (c, h, w) per image, then the batch mean (tripod losses/image.py)
         rec = np_bce_mean(model.decoder(torch.from_numpy(zq).float()), x)
@@ -207,7 +207,7 @@ def test_tripod_klm_gradient_flows_through_the_std():
 
     def grad_of(detach_std):
         model.zero_grad()
-        z = model.encoder(x)
+        z = model.encoder(2 * x - 1)
         std = torch.tanh(z).std(0, unbiased=False) + 1e-6
         klm_loss(model.quantizer(z).z_q, std=std.detach() if detach_std else std).backward()
         return head.grad.clone()
@@ -239,7 +239,7 @@ def test_tripod_nhp_layers_are_the_authors():
     terms = model.loss(x, 0)
     torch.manual_seed(3)
     with torch.no_grad():
-        zc = model.encoder(x)
+        zc = model.encoder(2 * x - 1)
         zq = model.quantizer(zc).z_q
         std = torch.tanh(zc).std(0, unbiased=False) + 1e-6
         per = normalized_hessian_penalty(lambda u: model.decoder(u, return_activations=True)[1], zq, std,
@@ -294,7 +294,7 @@ def test_qvae_kl_of_negative_squared_distance_logits():
     model, x = build("qvae", num_values=7, beta=0.5)
     terms = seeded_loss(model, x)
     with torch.no_grad():
-        z = f64(model.encoder(x))
+        z = f64(model.encoder(x - 0.5))
     c = f64(model.quantizer.values)
     kl = float(np_kl_uniform(torch.from_numpy(-((z[:, :, None] - c[None, None]) ** 2))).mean())  # mean over latents
     close(terms["kl"], kl)
@@ -397,7 +397,8 @@ def test_factorqvae_discriminator_loss_by_hand():
     """Audit 9 review: permuting the FIRST batch's one-hots (instead of the second batch's) survived.
     FactorQVAE: class 0 the soft one-hots of x (flattened, n x d K), class 1 those of x2 with each
     latent's one-hot moved to another row of the batch (the same permutation for its K entries);
-    Gumbel-softmax of logits -(z - c)^2 at tau = exp(-1e-5 step); replayed draws."""
+    Gumbel-softmax of logits -(z - c)^2 at tau = exp(-2e-5 iteration) (exp(-1e-5 global_step), two Lightning
+    global steps per iteration); the encoder sees x - 0.5; replayed draws."""
     model, x = build("factorqvae", num_values=5, **SMALL)
     spread_latents(model, 30.0)
     with torch.no_grad():  # N(0, 1) weights: logits that tell inputs apart (N(0, 0.02) gives ~0)
@@ -409,12 +410,12 @@ def test_factorqvae_discriminator_loss_by_hand():
     torch.manual_seed(5)
     got = model.discriminator_loss(x, x2, step)["disc"].item()
     torch.manual_seed(5)
-    tau = math.exp(-1e-5 * step)
+    tau = math.exp(-2e-5 * step)
     c = f64(model.quantizer.values)
 
     def soft_one_hots(xx):
         with torch.no_grad():
-            z = f64(model.encoder(xx))
+            z = f64(model.encoder(xx - 0.5))
         u = f64(torch.rand(6, 3, 5))
         a = (-((z[:, :, None] - c) ** 2) - np.log(-np.log(u))) / tau
         p = np.exp(a - a.max(-1, keepdims=True))
@@ -462,7 +463,7 @@ def test_tripod_forwards_its_nhp_settings():
     def nhp(**kw):
         torch.manual_seed(3)
         with torch.no_grad():
-            zc = model.encoder(x)
+            zc = model.encoder(2 * x - 1)
             std = torch.tanh(zc).std(0, unbiased=False) + 1e-6
             return float(normalized_hessian_penalty(lambda u: model.decoder(u, return_activations=True)[1],
                                                     model.quantizer(zc).z_q, std, **kw))

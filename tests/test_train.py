@@ -148,8 +148,9 @@ def _clone_optimizer(opt, src, dst, lr):
 @pytest.mark.parametrize("model", ["factorvae", "factorqvae"])
 def test_discriminator_steps_after_model(tmp_path, model):
     # the trainer's step against one written out here: zero the model's grads, loss, backward, clip,
-    # step; THEN the discriminator's step on latents of the UPDATED model, its grads zeroed first
-    # (the TC term left gradients on it). The other order gives different parameters.
+    # step; THEN the discriminator's step (its permuted samples from the UPDATED model; FactorQVAE's real
+    # ones are the model step's own), its grads zeroed first (the TC term left gradients on it). The other
+    # order gives different parameters. Batches in the method's data order, two per step.
     import copy
 
     from qkernels.train.data import derive_seed
@@ -168,10 +169,10 @@ def test_discriminator_steps_after_model(tmp_path, model):
             for g in dopt.param_groups:
                 g["lr"] = lr_at(spec.disc_optim, spec.disc_optim.lr, s, cfg.steps)
             torch.manual_seed(derive_seed(cfg.seed, s, 3))
-            x = get_batch(tr.ds, tr.batch_size, cfg.seed, s)
+            x = get_batch(tr.ds, tr.batch_size, cfg.seed, s, order=spec.data_order, streams=2)
 
             def disc_step(x=x, s=s):
-                x2 = get_batch(tr.ds, tr.batch_size, cfg.seed, s, stream=1)
+                x2 = get_batch(tr.ds, tr.batch_size, cfg.seed, s, stream=1, order=spec.data_order, streams=2)
                 d = m.discriminator_loss(x, x2, s)["total"]
                 dopt.zero_grad(set_to_none=True)
                 d.backward()
@@ -208,7 +209,8 @@ def test_cli_train_eval_compare(tmp_path, capsys):
               "figures/interventions.png", "figures/nmi.png"):
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
     m = json.loads((out / "metrics.json").read_text())
-    for k in ("infomec.infom", "dci.disentanglement", "mig.mig", "recon.psnr"):
+    assert m["protocol"] == "qlae" and m["dci.preset"] == "qlae"  # the authors' protocol (InfoMEC and DCI)
+    for k in ("infomec.infom", "dci.disentanglement", "recon.psnr"):
         assert k in m and m[k] == m[k]
     assert len(m["infomec.nmi"]) == 5
     # PSNR of the reconstructions: a mean of per-image dB, >= the dB of the mean MSE (Jensen), finite
@@ -608,7 +610,7 @@ def test_qlae_step_is_adamw_on_decay_groups_with_the_decayed_group_clipped(tmp_p
     big = 0.0
     for s in (0, 1):
         torch.manual_seed(derive_seed(0, s, 3))
-        x = get_batch(tr.ds, 8, 0, s)
+        x = get_batch(tr.ds, 8, 0, s, order="epochs")  # QLAE reads shuffled epochs
         opt.zero_grad(set_to_none=True)
         m.loss(x, s)["total"].backward()
         big = max(big, max(float(p.grad.abs().max()) for p in undecayed + decayed))
@@ -760,9 +762,9 @@ class _Half(torch.nn.Module):
 
 
 def test_evaluate_model_wiring_and_reconstruction_scores(monkeypatch):
-    """Image data: qkernels.metrics.evaluate called with the config's metrics, the given sample count, seed
-    cfg.seed + 1 (not the training batches' seed) and the integer codes when the model has them; recon MSE /
-    PSNR (mean of per-image dB) on 256 images of generator(seed, 2), recomputed in float64 numpy; the
+    """Image data: qkernels.metrics.evaluate called with the method's protocol, the config's metrics, the given
+    sample count, seed cfg.seed + 1 (not the training batches' seed) and the integer codes when the model has
+    them; recon MSE / PSNR (mean of per-image dB) on 256 images of generator(seed, 2), recomputed in float64 numpy; the
     model's train/eval mode restored; arrays made JSON lists."""
     import numpy as np
 
@@ -782,7 +784,9 @@ def test_evaluate_model_wiring_and_reconstruction_scores(monkeypatch):
     model = _Half()
     res = evaluate_model(model, ds, cfg, num_samples=123)
     enc, kw = calls[0]
-    assert kw == {"metrics": ("mig",), "num_samples": 123, "seed": 8, "batch_size": 256}
+    assert kw == {"protocol": cfg.eval_protocol(), "metrics": ("mig",), "num_samples": 123, "seed": 8,
+                  "batch_size": 256}
+    assert cfg.eval_protocol().name == "qlae"  # ae: its authors' (QLAE's) protocol
     assert res["mig.mig"] == 0.25 and res["mig.matrix"] == [[1.0, 0.0], [0.0, 1.0]] and model.training
     x = ds.observations_from_factors(ds.sample_factors(256, torch.Generator().manual_seed(_np_seed(7, 2))))
     torch.testing.assert_close(enc(x[:3]), x[:3].flatten(1) * 0.5)
@@ -959,14 +963,16 @@ def test_reconstruction_figure_rows_are_data_then_recon():
 
 def test_config_defaults_are_the_documented_ones():
     """The bare `qkernels train`: the authors' Tripod on shapes3d_procedural at 32 x 32 for 600 steps, small
-    widths, method defaults for batch/lr/latents, evaluation at the end on 2000 samples (InfoMEC, DCI, MIG)."""
+    widths, method defaults for batch/lr/latents/data order, evaluation at the end with the authors' protocol
+    (Tripod's: InfoMEC and DCI on 10,000 samples)."""
     cfg = TrainConfig()
     assert (cfg.model, cfg.dataset, cfg.steps, cfg.image_size, cfg.arch, cfg.out) == \
         ("tripod", "shapes3d_procedural", 600, 32, "small", "runs/tripod")
     assert (cfg.batch_size, cfg.lr, cfg.num_latents, cfg.seed, cfg.eval_every, cfg.eval_samples) == \
-        (None, None, None, 0, 0, 2000)
-    assert cfg.metrics == ("infomec", "dci", "mig") and (cfg.device, cfg.compile, cfg.amp, cfg.local_kde) == \
-        ("cpu", False, False, False)
+        (None, None, None, 0, 0, None)
+    assert (cfg.protocol, cfg.data_order, cfg.metrics) == ("auto", "auto", None)
+    assert cfg.eval_protocol().name == "tripod" and cfg.eval_protocol().num_samples() == 10_000
+    assert (cfg.device, cfg.compile, cfg.amp, cfg.local_kde) == ("cpu", False, False, False)
     assert (cfg.checkpoint_every, cfg.log_every, cfg.world_size, cfg.dist_timeout_s) == (250, 10, 1, 600)
 
 
@@ -1071,7 +1077,7 @@ def test_cli_eval_bench_compare_forward_their_flags(tmp_path, monkeypatch, capsy
     for f in ("config.json", "checkpoint.pt"):
         (run / f).write_text("")
     assert main(["eval", str(run), "--eval-samples", "25"]) == 0
-    assert seen["eval"] == (str(run), {"num_samples": 25, "device": "cpu"})
+    assert seen["eval"] == (str(run), {"num_samples": 25, "device": "cpu", "protocol": None})
     assert json.loads(capsys.readouterr().out) == {"step": 4, "mig.mig": 0.5}
     assert main(["bench", "--hotpath", "kde", "--hotpath", "quantize", "--no-memory", "--all", "--min-time", "0.1",
                  "--threads", "2"]) == 0
@@ -1113,8 +1119,8 @@ def test_periodic_and_final_evaluation_records(tmp_path, monkeypatch):
 
     seen = []
 
-    def fake_eval(model, ds, cfg, *, num_samples):
-        seen.append(num_samples)
+    def fake_eval(model, ds, cfg, *, num_samples=None):
+        seen.append(num_samples or cfg.eval_samples)
         return {"mig.mig": 0.5, "infomec.nmi": [[0.25]]}
 
     monkeypatch.setattr(loop, "evaluate_model", fake_eval)

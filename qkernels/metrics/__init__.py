@@ -3,7 +3,7 @@
 ``sources`` ``(N, n_s)`` integer factor classes, ``latents`` ``(N, n_z)`` float or integer codes
 (tensors or arrays); each disentanglement metric returns a plain dict, matrices oriented
 ``(n_s, n_z)``. ``evaluate`` samples a ground-truth dataset, encodes it and runs the metrics
-registered in ``METRICS``.
+registered in ``METRICS``, with a paper's own settings by name (``PROTOCOLS``: ``protocol="tripod"``...).
 """
 
 from qkernels.metrics.dci import dci, disentanglement_completeness
@@ -13,13 +13,18 @@ from qkernels.metrics.infomec import infomec
 from qkernels.metrics.mcc import mcc
 from qkernels.metrics.mig import mig
 from qkernels.metrics.modularity import modularity
+from qkernels.metrics.protocols import METHOD_PROTOCOL, PROTOCOLS, Protocol, get_protocol
 from qkernels.metrics.sap import sap
 
 __all__ = [
+    "METHOD_PROTOCOL",
     "METRICS",
+    "PROTOCOLS",
+    "Protocol",
     "dci",
     "disentanglement_completeness",
     "evaluate",
+    "get_protocol",
     "infomec",
     "mcc",
     "mig",

@@ -5,8 +5,9 @@ With importance matrix R (n_s x n_z here; R[i, j] = importance of latent j for s
     C = sum_i w_i (1 - H_{n_z}(R[i, :] / sum_j R[i, j])),    w_i = sum_j R[i, j] / sum R
 (H_b: entropy in base b). I = mean held-out accuracy over sources.
 
-The classifier and split are chosen by name (``PRESETS``): the two published conventions, ``"dlib"``
-(disentanglement_lib) and ``"tripod"`` (Tripod's code, the default), and ``"depth_search"``.
+The classifier and split are chosen by name (``PRESETS``): the published conventions ``"dlib"``
+(disentanglement_lib, also FactorQVAE's code), ``"tripod"`` (Tripod's code, the default) and ``"qlae"``
+(QLAE's paper), and ``"depth_search"``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from qkernels.metrics._common import (
 )
 
 #: the ``preset`` names of ``dci``
-PRESETS = ("tripod", "dlib", "depth_search")
+PRESETS = ("tripod", "qlae", "dlib", "depth_search")
 DEFAULT_MAX_DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, None)
 DLIB_NUM_TRAIN, DLIB_NUM_TEST = 10000, 5000
 TRIPOD_TEST_FRACTION = 0.1
@@ -50,7 +51,11 @@ def dci(
             ``"tripod"`` (default; Tripod's code, Hsu et al. 2024): ``RandomForestClassifier(
             n_estimators=100, criterion="entropy", max_depth=10)`` on a 90/10 train/test split of
             all N rows (``ceil(0.1 N)`` test rows, as ``train_test_split(test_size=0.1)``).
-            ``"dlib"`` (disentanglement_lib): scikit-learn's ``GradientBoostingClassifier()``
+            ``"qlae"`` (QLAE's paper, App. B): the random forest of ``"tripod"`` on its 90/10 split,
+            the max depth tuned per source on held-out accuracy among ``max_depths`` (as
+            ``"depth_search"``).
+            ``"dlib"`` (disentanglement_lib; FactorQVAE's ``metrics/dci.py``): scikit-learn's
+            ``GradientBoostingClassifier()``
             defaults on 10000 train / 5000 test rows; with N < 15000, all N rows split 2:1 (see
             ``split_indices``; disentanglement_lib draws fresh samples for each set instead).
             ``"depth_search"``: the random forest of ``"tripod"`` with the max depth chosen per
@@ -64,7 +69,7 @@ def dci(
             ``"dlib"`` 23.5 s / 11.2 s (gradient boosting fits 100 stages x n_classes trees per
             source, serially; ~4 min at N = 10000 with 9 sources). Every preset treats each latent
             as one feature (integer codes as ordinal values).
-        max_depths: ``"depth_search"`` only: the candidate depths (``None`` = unlimited); default
+        max_depths: ``"depth_search"`` and ``"qlae"`` only: the candidate depths (``None`` = unlimited); default
             ``DEFAULT_MAX_DEPTHS``.
         n_jobs: parallel jobs of the random forests (scikit-learn semantics; results do not depend
             on it); gradient boosting is serial.
@@ -86,12 +91,13 @@ def dci(
     seed = check_seed(seed)
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
-    if preset == "depth_search":
+    searched = preset in ("depth_search", "qlae")
+    if searched:
         depths = _check_depths(DEFAULT_MAX_DEPTHS if max_depths is None else max_depths)
     elif max_depths is not None:
-        raise ValueError(f"max_depths applies to preset='depth_search' only, got preset={preset!r}")
+        raise ValueError(f"max_depths applies to preset='depth_search' or 'qlae' only, got preset={preset!r}")
     s_codes, _ = label_encode(s)
-    if preset == "tripod":
+    if preset in ("tripod", "qlae"):
         tr, te = split_test_fraction(n, TRIPOD_TEST_FRACTION, seed)
     else:
         tr, te = split_indices(n, DLIB_NUM_TRAIN, DLIB_NUM_TEST, seed)
@@ -103,7 +109,7 @@ def dci(
         if np.unique(y_tr).size < 2:  # nothing to learn: predict the only class, no importances
             accuracy[i] = float(np.mean(y_te == y_tr[0]))
             continue
-        if preset == "depth_search":
+        if searched:
             importance[i], accuracy[i] = _forest_best_depth(
                 z[tr], y_tr, z[te], y_te, depths, seed + i, n_jobs
             )

@@ -14,6 +14,7 @@ from qkernels.metrics.infomec import infomec
 from qkernels.metrics.mcc import mcc
 from qkernels.metrics.mig import mig
 from qkernels.metrics.modularity import modularity
+from qkernels.metrics.protocols import Protocol, get_protocol
 from qkernels.metrics.sap import sap
 
 #: name -> ``fn(sources, latents, **options) -> dict``. A new metric is one function + one line.
@@ -31,15 +32,17 @@ def evaluate(
     encode: Callable[[torch.Tensor], torch.Tensor],
     dataset,
     *,
-    metrics: Sequence[str] = ("infomec", "dci"),
-    num_samples: int = 10000,
+    protocol: str | Protocol | None = None,
+    metrics: Sequence[str] | None = None,
+    num_samples: int | None = None,
     seed: int = 0,
     batch_size: int = 256,
     options: Mapping[str, Mapping] | None = None,
+    discrete_latents: bool | None = None,
     verbose: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Score ``encode`` on ``num_samples`` samples of a ground-truth ``dataset``.
+    """Score ``encode`` on samples of a ground-truth ``dataset``.
 
     ``dataset`` needs ``sample_factors(n, generator)`` -> int ``(n, n_s)`` and
     ``observations_from_factors(factors)`` -> float ``(n, C, H, W)``. All factors are drawn at
@@ -48,14 +51,24 @@ def evaluate(
     ``batch_size`` as long as ``encode`` treats samples independently). ``encode`` maps a batch
     of observations to latents ``(B, n_z)`` (an integer tensor = discrete codes).
 
-    ``options`` gives per-metric keyword arguments, e.g. ``{"dci": {"preset": "dlib"}}`` or
-    ``{"infomec": {"class_weight": None}}``; ``seed`` is passed to every metric that takes one.
-    Progress: ``progress(done, total)`` after each batch, and/or a line on stderr when ``verbose``.
+    ``protocol``: a paper's evaluation (:mod:`qkernels.metrics.protocols`: ``"qlae"``, ``"tripod"``,
+    ``"factorqvae"``, ``"dlib"``, ``"fast"``) fixing the metrics, each metric's sample count (metric m
+    runs on the first ``samples[m]`` rows of one draw) and its options; ``metrics``, ``num_samples``
+    (one count for every metric) and ``options`` (merged over the protocol's, per metric) override
+    it. Without a protocol: ``("infomec", "dci")`` on 10,000 samples with each metric's defaults.
+    ``options`` gives per-metric keyword arguments, e.g. ``{"dci": {"preset": "dlib"}}``; ``seed`` is
+    passed to every metric that takes one, ``discrete_latents`` (None: integer dtype = discrete) to
+    every metric that takes it. Progress: ``progress(done, total)`` after each batch, and/or a line
+    on stderr when ``verbose``.
 
     Returns every metric's entries under namespaced keys: ``"infomec.infom"``,
     ``"dci.disentanglement"``, ``"infomec.nmi"``, ... Values are floats, numpy arrays, or strings
-    naming the convention used (``"dci.preset"``).
+    naming the convention used (``"dci.preset"``, and ``"protocol"`` with the samples per metric in
+    ``"<metric>.num_samples"``).
     """
+    proto = None if protocol is None else get_protocol(protocol)
+    if metrics is None:
+        metrics = proto.metrics if proto is not None else ("infomec", "dci")
     unknown = [m for m in metrics if m not in METRICS]
     if isinstance(metrics, str) or unknown:
         raise ValueError(
@@ -67,28 +80,41 @@ def evaluate(
             f"options has entries for metrics not requested: {sorted(set(options) - set(metrics))}"
         )
     for name, v in (("num_samples", num_samples), ("batch_size", batch_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if num_samples is not None:
+        counts = {m: num_samples for m in metrics}
+    elif proto is not None:
+        counts = {m: proto.samples.get(m, proto.num_samples()) for m in metrics}
+    else:
+        counts = {m: 10_000 for m in metrics}
 
     sources, latents = encode_dataset(
         encode,
         dataset,
-        num_samples=num_samples,
+        num_samples=max(counts.values()),
         seed=seed,
         batch_size=batch_size,
         verbose=verbose,
         progress=progress,
     )
-    results: dict = {}
+    results: dict = {} if proto is None else {"protocol": proto.name}
     for name in metrics:
         fn = METRICS[name]
-        kwargs = dict(options.get(name, {}))
-        if "seed" in inspect.signature(fn).parameters:
+        params = inspect.signature(fn).parameters
+        kwargs = dict(proto.options.get(name, {})) if proto is not None else {}
+        kwargs.update(options.get(name, {}))
+        if "seed" in params:
             kwargs.setdefault("seed", seed)
+        if discrete_latents is not None and "discrete_latents" in params:
+            kwargs.setdefault("discrete_latents", discrete_latents)
         if verbose:
-            print(f"[qkernels.metrics] computing {name}", file=sys.stderr)
-        for key, value in fn(sources, latents, **kwargs).items():
+            print(f"[qkernels.metrics] computing {name} on {counts[name]} samples", file=sys.stderr)
+        n = counts[name]
+        for key, value in fn(sources[:n], latents[:n], **kwargs).items():
             results[f"{name}.{key}"] = value
+        if proto is not None:
+            results[f"{name}.num_samples"] = n
     return results
 
 

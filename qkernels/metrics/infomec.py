@@ -29,6 +29,9 @@ from qkernels.metrics._common import (
 )
 
 CLASS_WEIGHTS = ("balanced", None)
+PRUNE_RULES = ("range", "iqr")
+IQR_DISCRETE = 0.1  # Tripod's rule: a discrete latent is active iff its IQR > 0.1 (in the latents' units)
+IQR_CONTINUOUS = 1 / 10  # ... a continuous one iff its IQR > max IQR / 10
 
 
 def infomec(
@@ -38,6 +41,7 @@ def infomec(
     discrete_latents: bool | None = None,
     k: int = 10,
     seed: int = 0,
+    prune: str = "range",
     prune_threshold: float = 1 / 20,
     class_weight: str | None = "balanced",
     max_iter: int = 100,
@@ -57,9 +61,14 @@ def infomec(
         k: neighbours of the kNN estimator (continuous latents only). Default 10 as in the authors'
             code; the paper's text says 3 (InfoM/InfoC move by a few % between the two).
         seed: seeds the estimator's jitter (``random_state``), so results are deterministic.
-        prune_threshold: inactive-latent rule for InfoM/InfoC. Discrete latents: inactive iff
-            constant (zero range). Continuous: inactive iff range < ``prune_threshold`` x the
-            largest latent range (the paper's 1/20); ``0`` keeps every non-constant latent.
+        prune: the inactive-latent rule for InfoM/InfoC (InfoC is normalized by the number of
+            active latents). ``"range"`` (QLAE's code, also FactorQVAE's): a discrete latent is
+            inactive iff constant (zero range); a continuous one iff its range < ``prune_threshold``
+            x the largest latent range. ``"iqr"`` (Tripod's ``disentangle/metrics/infomec.py``): a
+            discrete latent is active iff its interquartile range > 0.1, in the latents' own units
+            (Tripod passes FSQ values in [-1, 1], not codes); a continuous one iff its IQR > the
+            largest IQR / 10 (quantiles with linear interpolation, as ``np.quantile``).
+        prune_threshold: ``"range"`` only: the paper's 1/20; ``0`` keeps every non-constant latent.
         class_weight: InfoE's regression. ``"balanced"`` (the authors' code): the fit minimizes the
             class-weighted mean log loss, sample weight ``N / (n_present_classes * count(class))``
             (scikit-learn's rule). ``None``: unweighted fit. Either way the REPORTED log losses are
@@ -91,6 +100,8 @@ def infomec(
     _check_fit_options(class_weight, max_iter, tol)
     if not 0.0 <= prune_threshold < 1.0:
         raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
+    if not isinstance(prune, str) or prune not in PRUNE_RULES:
+        raise ValueError(f"prune must be one of {PRUNE_RULES}, got {prune!r}")
     discrete = is_discrete(z, discrete_latents)
     if not discrete and n <= k:
         raise ValueError(f"k = {k} neighbours need N > k samples, got N = {n}")
@@ -117,6 +128,10 @@ def infomec(
         if design.shape[1]:
             mi[:, ranges > 0] = _knn_mutual_info(s_codes, design, k, seed)
 
+    if prune == "iqr":
+        q1, q3 = np.quantile(z.astype(np.float64), [0.25, 0.75], axis=0)
+        iqr = q3 - q1
+        active = iqr > (IQR_DISCRETE if discrete else IQR_CONTINUOUS * iqr.max())
     nmi = np.clip(mi / h_s[:, None], 0.0, 1.0)
     infom, infoc = _modularity_compactness(nmi[:, active])
     fit = dict(class_weight=class_weight, max_iter=max_iter, tol=tol)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from qkernels.models.base import Method, QuantizedAutoencoder, build_encoder_decoder, recon_loss, to_image
+from qkernels.models.base import Method, QuantizedAutoencoder, build_encoder_decoder
 from qkernels.nn.quantize import LatentQuantizer
 
 
@@ -18,13 +18,13 @@ class AE(Method):
         self.encoder, self.decoder = build_encoder_decoder(family, arch, tuple(obs_shape), num_latents, num_latents)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder(x)
+        return self.encoder(self.inputs(x))
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        return to_image(self.decoder(z), self.recon)
+        return self.image(self.decoder(z))
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
-        rec = recon_loss(self.decoder(self.encoder(x)), x, self.recon)
+        rec = self.reconstruction(self.decoder(self.encoder(self.inputs(x))), x)
         return {"total": rec, "recon": rec}
 
 
@@ -45,7 +45,7 @@ class QLAE(QuantizedAutoencoder):
         return [v.sort().values for v in self.quantizer.values.detach()]
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
-        q = self.quantizer(self.encoder(x))
-        rec = recon_loss(self.decoder(q.z_q), x, self.recon)
+        q = self.quantizer(self.encoder(self.inputs(x)))
+        rec = self.reconstruction(self.decoder(q.z_q), x)
         total = rec + self.weight_quantize * q.loss_quantize + self.weight_commit * q.loss_commit
         return {"total": total, "recon": rec, "quantize": q.loss_quantize, "commit": q.loss_commit}

@@ -5,7 +5,9 @@
 * :class:`ResidualEncoder` / :class:`ResidualDecoder`: Tripod's code (residual conv nets, GELU, AdaIN-conditioned
   decoder blocks). Used by tripod.
 * :class:`DLibEncoder` / :class:`DLibDecoder`: the disentanglement_lib conv VAE (Locatello et al. 2019; Cliff
-  App. G.3). Used by the VAE family, qvae/factorqvae, dvae/factordvae, cliff_vae.
+  App. G.3). Used by the VAE family, dvae/factordvae, cliff_vae, and qvae/factorqvae at the small width.
+* :class:`DalleEncoder` / :class:`DalleDecoder`: FactorQVAE's DALL-E-style residual nets (``--arch paper`` of
+  qvae/factorqvae), initialized N(0, 0.02) by :func:`init_normal_`.
 * :class:`MLP`: Cliff App. G.1 (2-50-100-50-2, tanh) for 2-D data.
 
 Images are (n, C, S, S) with S = 4 * 2**len(widths); presets: :func:`preset` ("paper" or "small").
@@ -268,6 +270,100 @@ class DLibDecoder(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.net(self.fc(z).view(z.shape[0], self.c0, 4, 4))
+
+
+def init_normal_(module: nn.Module, std: float = 0.02) -> nn.Module:
+    """N(0, std) weights and zero biases for every Conv2d / ConvTranspose2d / Linear in ``module``
+    (FactorQVAE's ``weights_init``, applied to encoder and decoder in ``models/base.py`` and to the
+    discriminator)."""
+    for m in module.modules():
+        if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+    return module
+
+
+class _DalleBlock(nn.Module):
+    """Residual block of DALL-E's dVAE as FactorQVAE builds it (``blocks/encoder_block.py``,
+    ``decoder_block.py``): id(x) + post_gain * res(x), id a 1x1 conv when the width changes,
+    res = 4 x (ReLU, conv) through c_out / 4 hidden channels (encoder: 3x3, 3x3, 3x3, 1x1; decoder:
+    1x1, 3x3, 3x3, 3x3), post_gain = 1 / n_layers^2 (n_layers = groups x blocks per group)."""
+
+    def __init__(self, c_in: int, c_out: int, n_layers: int, decoder: bool) -> None:
+        super().__init__()
+        h = c_out // 4
+        kernels = (1, 3, 3, 3) if decoder else (3, 3, 3, 1)
+        chans = (c_in, h, h, h, c_out)
+        layers: list[nn.Module] = []
+        for k, a, b in zip(kernels, chans[:-1], chans[1:], strict=True):
+            layers += [nn.ReLU(), nn.Conv2d(a, b, k, padding=k // 2)]
+        self.res = nn.Sequential(*layers)
+        self.id = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
+        self.post_gain = 1.0 / n_layers**2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.id(x) + self.post_gain * self.res(x)
+
+
+def _dalle_widths(channel: int, groups: int) -> list[int]:
+    return [channel * 2**g for g in range(groups)]
+
+
+class DalleEncoder(nn.Module):
+    """(n, C, S, S) -> (n, out_dim): FactorQVAE's encoder (``encoders/base_encoder.py``,
+    ``qvae_encoder.py``): conv3 to ``channel``, ``groups`` groups of ``blocks`` residual blocks at widths
+    channel * 2^g, 2x2 max-pool after every group but the last; flatten, ReLU, Linear to ``hidden``,
+    ReLU, Linear, ReLU, Linear to out_dim. Paper: channel 128, 3 groups x 2 blocks, hidden 128."""
+
+    def __init__(self, in_channels: int, image_size: int, out_dim: int, *, channel: int = 128, groups: int = 3,
+                 blocks: int = 2, hidden: int = 128) -> None:
+        super().__init__()
+        if groups < 2 or image_size % 2 ** (groups - 1):
+            raise ValueError(f"image_size {image_size} must be divisible by 2**(groups - 1) = {2 ** (groups - 1)}")
+        widths, n_layers = _dalle_widths(channel, groups), groups * blocks
+        layers: list[nn.Module] = [nn.Conv2d(in_channels, channel, 3, padding=1)]
+        c = channel
+        for g, w in enumerate(widths):
+            for _ in range(blocks):
+                layers.append(_DalleBlock(c, w, n_layers, decoder=False))
+                c = w
+            if g < groups - 1:
+                layers.append(nn.MaxPool2d(2))
+        side = image_size // 2 ** (groups - 1)
+        self.net = nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), nn.Linear(c * side * side, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class DalleDecoder(nn.Module):
+    """(n, d) -> (n, C, S, S): FactorQVAE's decoder (``decoders/base_decoder.py``, ``qvae_decoder.py``):
+    Linear to (``input_channel``, S / 2^(groups-1), same), ``groups`` groups of ``blocks`` residual blocks at
+    widths channel * 2^g from the widest down, nearest 2x upsampling after every group but the last, ReLU,
+    1x1 conv to C. Paper: channel 128, 3 groups x 2 blocks, input_channel 64."""
+
+    def __init__(self, latent_dim: int, out_channels: int, image_size: int, *, channel: int = 128, groups: int = 3,
+                 blocks: int = 2, input_channel: int = 64) -> None:
+        super().__init__()
+        if groups < 2 or image_size % 2 ** (groups - 1):
+            raise ValueError(f"image_size {image_size} must be divisible by 2**(groups - 1) = {2 ** (groups - 1)}")
+        widths, n_layers = _dalle_widths(channel, groups)[::-1], groups * blocks
+        self.side, self.c0 = image_size // 2 ** (groups - 1), input_channel
+        self.fc = nn.Linear(latent_dim, input_channel * self.side**2)
+        layers: list[nn.Module] = []
+        c = input_channel
+        for g, w in enumerate(widths):
+            for _ in range(blocks):
+                layers.append(_DalleBlock(c, w, n_layers, decoder=True))
+                c = w
+            if g < groups - 1:
+                layers.append(nn.Upsample(scale_factor=2, mode="nearest"))
+        self.net = nn.Sequential(*layers, nn.ReLU(), nn.Conv2d(c, out_channels, 1))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(self.fc(z).view(z.shape[0], self.c0, self.side, self.side))
 
 
 class MLP(nn.Module):

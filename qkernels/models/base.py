@@ -10,15 +10,26 @@ from torch import nn
 
 from qkernels.models.architectures import (
     AdaINDecoder,
+    DalleDecoder,
+    DalleEncoder,
     DLibDecoder,
     DLibEncoder,
     QLAEEncoder,
     ResidualDecoder,
     ResidualEncoder,
+    init_normal_,
     preset,
 )
 
 RECON_KINDS = ("bce_mean", "bce_sum", "mse_mean")
+# what the encoder sees of an image x in [0, 1], and its inverse: "unit" x (QLAE, the dlib family), "signed"
+# 2x - 1 (Tripod's datasets: x in [-1, 1], BCE target (x + 1) / 2), "centered" x - 0.5 (FactorQVAE's
+# data/shapes3d.py ``shift``, with an MSE loss against x - 0.5)
+INPUT_MAPS = {
+    "unit": (lambda x: x, lambda y: y),
+    "signed": (lambda x: 2 * x - 1, lambda y: (y + 1) / 2),
+    "centered": (lambda x: x - 0.5, lambda y: y + 0.5),
+}
 
 
 def recon_loss(out: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -36,9 +47,9 @@ def recon_loss(out: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
     raise ValueError(f"recon must be one of {RECON_KINDS}, got {kind!r}")
 
 
-def to_image(out: torch.Tensor, kind: str) -> torch.Tensor:
-    """Decoder output -> image in [0, 1]."""
-    return torch.sigmoid(out) if kind.startswith("bce") else out.clamp(0, 1)
+def to_image(out: torch.Tensor, kind: str, input_map: str = "unit") -> torch.Tensor:
+    """Decoder output -> image in [0, 1] (an MSE decoder predicts the encoder's input convention)."""
+    return torch.sigmoid(out) if kind.startswith("bce") else INPUT_MAPS[input_map][1](out).clamp(0, 1)
 
 
 def cosine(step: int, total: int, start: float, end: float) -> float:
@@ -72,15 +83,32 @@ class Method(nn.Module):
     ``latent_values(z) -> list of d 1-D tensors``: the values each latent is swept over in intervention figures.
     ``no_decay(name, param) -> bool`` marks parameters excluded from weight decay: biases and codebooks (QLAE's
     code decays everything else, norm scales and the decoder's input map included).
+
+    ``input_map`` (:data:`INPUT_MAPS`): the authors' input convention; images arrive in [0, 1] and
+    ``inputs(x)`` is what the encoder sees; ``reconstruction(out, x)`` compares BCE logits with x and an
+    MSE output with ``inputs(x)``; ``image(out)`` maps a decoder output back to [0, 1].
     """
 
     recon: str = "bce_mean"
+    input_map: str = "unit"
     num_latents: int
 
     def __init__(self) -> None:
         super().__init__()
         self.total_steps = 1
         self.dp_group = self.kde_group = None
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Images in [0, 1] -> the encoder's input convention."""
+        return INPUT_MAPS[self.input_map][0](x)
+
+    def reconstruction(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The reconstruction loss of decoder output ``out`` for images ``x`` in [0, 1]."""
+        return recon_loss(out, x if self.recon.startswith("bce") else self.inputs(x), self.recon)
+
+    def image(self, out: torch.Tensor) -> torch.Tensor:
+        """Decoder output -> image in [0, 1]."""
+        return to_image(out, self.recon, self.input_map)
 
     def forward(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         """The training loss (so that DistributedDataParallel, which calls ``forward``, can wrap a method)."""
@@ -117,13 +145,13 @@ class QuantizedAutoencoder(Method):
     ``decoder``; encode gives z_q, codes the integer indices."""
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quantizer(self.encoder(x)).z_q
+        return self.quantizer(self.encoder(self.inputs(x))).z_q
 
     def codes(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quantizer(self.encoder(x)).indices
+        return self.quantizer(self.encoder(self.inputs(x))).indices
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        return to_image(self.decoder(z), self.recon)
+        return self.image(self.decoder(z))
 
 
 def discriminator_of(model: nn.Module) -> nn.Module | None:
@@ -132,11 +160,14 @@ def discriminator_of(model: nn.Module) -> nn.Module | None:
 
 
 def build_encoder_decoder(family: str, arch: str, obs_shape: tuple[int, ...], enc_out: int, dec_in: int):
-    """(encoder, decoder) of ``family`` "qlae" (conv + AdaIN), "tripod" (residual) or "dlib" for images
-    ``obs_shape`` (C, S, S)."""
+    """(encoder, decoder) of ``family`` "qlae" (conv + AdaIN), "tripod" (residual), "dlib" or "dalle"
+    (FactorQVAE's residual nets at the paper's width, initialized N(0, 0.02)) for images ``obs_shape``
+    (C, S, S)."""
     if len(obs_shape) != 3 or obs_shape[1] != obs_shape[2]:
         raise ValueError(f"image models need observations (C, S, S), got {obs_shape}")
     c, s = obs_shape[0], obs_shape[1]
+    if family == "dalle":
+        return init_normal_(DalleEncoder(c, s, enc_out)), init_normal_(DalleDecoder(dec_in, c, s))
     kw = preset(family, arch, s)
     if family == "qlae":
         enc = QLAEEncoder(c, s, enc_out, **kw)

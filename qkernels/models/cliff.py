@@ -35,13 +35,13 @@ class CliffAE(Method):
                          "num_cond": num_cond}
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder(x)
+        return self.encoder(self.inputs(x))
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return self.decoder(z)
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
-        z = self.encoder(x)
+        z = self.encoder(self.inputs(x))
         cliff = cliff_loss(z, group=self.kde_group, **self.cliff_kw)
         terms = {"cliff": cliff}
         total = cliff

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qkernels.models.architectures import init_normal_
 from qkernels.models.base import permute_dims
 
 
@@ -24,10 +25,7 @@ class Discriminator(nn.Module):
             c = width
         self.net = nn.Sequential(*mods, nn.Linear(c, 2))
         if init_std is not None:
-            for m in self.net:
-                if isinstance(m, nn.Linear):
-                    nn.init.normal_(m.weight, 0.0, init_std)
-                    nn.init.zeros_(m.bias)
+            init_normal_(self.net, init_std)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.net(z.flatten(1))

@@ -16,8 +16,9 @@ from qkernels.models.vae import BetaTCVAE, BetaVAE, CliffVAE, FactorVAE
 class OptimSpec:
     """Optimizer defaults. ``clip``: "value" (elementwise, QLAE/Tripod) or "norm" or None, applied to every model
     parameter, or only to the weight-decayed ones when ``clip_undecayed`` is False (QLAE). ``lr_schedule``: None or
-    "cosine": torch's ``CosineAnnealingLR`` closed form with T_max = ``lr_decay_steps`` (the run length when 0), from
-    ``lr`` down to ``lr_min`` and, past T_max, periodically back up (as FactorQVAE's 100k-step runs with T_max 50k)."""
+    "cosine": torch's ``CosineAnnealingLR`` closed form with T_max = ``lr_decay_steps`` iterations (the run length
+    when 0), from ``lr`` down to ``lr_min`` and, past T_max, periodically back up (QVAE: 100k iterations, T_max
+    50k; FactorQVAE's paper run is T_max long: one half-cosine, :mod:`qkernels.models.factorqvae`)."""
 
     name: str = "adam"
     lr: float = 1e-4
@@ -33,12 +34,19 @@ class OptimSpec:
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """``paper_steps``: the authors' run length in our iterations (one model step + one discriminator step),
+    where their code says it (0: not stated). ``data_order``: how the authors read a dataset
+    (:data:`qkernels.train.data.DATA_ORDERS`): "epochs" (Tripod's and QLAE's shuffled ``tf.data``), "split"
+    (FactorQVAE: shuffled epochs over an 80% split), "iid" (disentanglement_lib's fresh samples)."""
+
     cls: type
     optim: OptimSpec
     batch_size: int
     latents: str  # "twice_sources" or "ten" or "two"
     disc_optim: OptimSpec | None = None
     defaults: dict = field(default_factory=dict)
+    paper_steps: int = 0
+    data_order: str = "iid"
 
 
 # optax's AdamW defaults (b2 0.999); QLAE: decay 0.1 on all but biases and codebooks, clip the decayed group only
@@ -46,16 +54,24 @@ class MethodSpec:
 _QLAE_OPT = OptimSpec("adamw", 1e-3, (0.9, 0.999), 0.1, "value", 1.0, clip_undecayed=False)
 _TRIPOD_OPT = OptimSpec("adamw", 2e-4, (0.9, 0.999), 0.0, "value", 1.0)
 # FactorQVAE configs/Shapes3D: Adam 1e-3 for the VAE and the discriminator, CosineAnnealingLR(T_max 50k, 1.25e-6)
+# stepped once per iteration; max_steps 100k Lightning global steps = 100k iterations for QVAE (one optimizer),
+# 50k for FactorQVAE (two optimizers step per iteration: models/factor_qvae.py, train.py)
+# (T_max is kept in iterations: a short run follows the first iterations of the authors' schedule)
 _FQ_OPT = OptimSpec("adam", 1e-3, (0.9, 0.999), lr_schedule="cosine", lr_min=1.25e-6, lr_decay_steps=50_000)
 _DLIB_OPT = OptimSpec("adam", 1e-4, (0.9, 0.999))
 _DISC_OPT = OptimSpec("adam", 1e-4, (0.5, 0.9))  # FactorVAE (Kim & Mnih, 2018)
 
 METHODS: dict[str, MethodSpec] = {
-    "ae": MethodSpec(AE, OptimSpec("adamw", 1e-3, (0.9, 0.999), 0.0, "value", 1.0), 128, "twice_sources"),
-    "qlae": MethodSpec(QLAE, _QLAE_OPT, 128, "twice_sources"),
-    "tripod": MethodSpec(Tripod, _TRIPOD_OPT, 64, "twice_sources"),
-    "qvae": MethodSpec(QVAE, _FQ_OPT, 256, "twice_sources"),
-    "factorqvae": MethodSpec(FactorQVAE, _FQ_OPT, 256, "twice_sources", disc_optim=_FQ_OPT),
+    # latent_quantization configs/params/ae/ae_shapes3d.yaml (l2: 0.001) and models/ae.py (clip and decay the
+    # "regularized" group only; biases plain Adam, unclipped), as QLAE's optimizer
+    "ae": MethodSpec(AE, OptimSpec("adamw", 1e-3, (0.9, 0.999), 0.001, "value", 1.0, clip_undecayed=False), 128,
+                     "twice_sources", data_order="epochs"),
+    # latent_quantization configs/train_ae.yaml: optim.num_steps 2e5; tripod configs/train_autoencoder.yaml: 250000
+    "qlae": MethodSpec(QLAE, _QLAE_OPT, 128, "twice_sources", paper_steps=200_000, data_order="epochs"),
+    "tripod": MethodSpec(Tripod, _TRIPOD_OPT, 64, "twice_sources", paper_steps=250_000, data_order="epochs"),
+    "qvae": MethodSpec(QVAE, _FQ_OPT, 256, "twice_sources", paper_steps=100_000, data_order="split"),
+    "factorqvae": MethodSpec(FactorQVAE, _FQ_OPT, 256, "twice_sources", disc_optim=_FQ_OPT, paper_steps=50_000,
+                             data_order="split"),
     "dvae": MethodSpec(DVAE, _DLIB_OPT, 64, "ten"),
     "factordvae": MethodSpec(FactorDVAE, _DLIB_OPT, 64, "ten", disc_optim=_DISC_OPT),
     "beta_vae": MethodSpec(BetaVAE, _DLIB_OPT, 64, "ten"),

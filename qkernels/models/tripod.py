@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from qkernels.distributed import gather_rows
-from qkernels.models.base import QuantizedAutoencoder, build_encoder_decoder, recon_loss
+from qkernels.models.base import QuantizedAutoencoder, build_encoder_decoder
 from qkernels.nn.quantize import FSQ
 from qkernels.ops.hessian import normalized_hessian_penalty
 from qkernels.ops.kde import klm_loss
@@ -37,7 +37,10 @@ def tripod_lambdas(dataset: str) -> tuple[float, float]:
 class Tripod(QuantizedAutoencoder):
     """FSQ (L levels) autoencoder with KLM and NHP on Tripod's residual encoder / decoder (GELU throughout).
     encode -> z_q (n, d) in [-1, 1]. Defaults are the authors' (Shapes3D lambdas; see :data:`TRIPOD_LAMBDAS`).
+    The encoder sees images in [-1, 1] (the authors' datasets), the BCE target is the [0, 1] image.
     """
+
+    input_map = "signed"
 
     def __init__(self, obs_shape, num_latents: int, *, levels: int = 12, lambda_klm: float = 1e-4,
                  lambda_nhp: float = 1e-2, num_perturbations: int = 2, eps: float = 0.1, arch: str = "small",
@@ -54,11 +57,11 @@ class Tripod(QuantizedAutoencoder):
         return [grid.clone() for _ in range(self.num_latents)]
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
-        z = self.encoder(x)
+        z = self.encoder(self.inputs(x))
         z_q = self.quantizer(z).z_q
         t = torch.tanh(z)  # the std of the global batch's continuous latents under data parallelism
         std = (t if self.kde_group is None else gather_rows(t, self.kde_group)).std(dim=0, unbiased=False) + 1e-6
-        rec = recon_loss(self.decoder(z_q), x, self.recon)
+        rec = self.reconstruction(self.decoder(z_q), x)
         terms = {"recon": rec}
         total = rec
         if self.lambda_klm > 0:

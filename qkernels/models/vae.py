@@ -9,7 +9,7 @@ import math
 import torch
 
 from qkernels.distributed import randn_rows
-from qkernels.models.base import Method, build_encoder_decoder, recon_loss, to_image
+from qkernels.models.base import Method, build_encoder_decoder
 from qkernels.models.discriminator import Discriminator, discriminator_loss, tc_estimate
 from qkernels.ops.kde import cliff_loss
 
@@ -31,19 +31,19 @@ class BetaVAE(Method):
 
     def posterior(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x -> (mu, logvar), each (n, d)."""
-        mu, logvar = self.encoder(x).chunk(2, dim=1)
+        mu, logvar = self.encoder(self.inputs(x)).chunk(2, dim=1)
         return mu, logvar
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return self.posterior(x)[0]
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        return to_image(self.decoder(z), self.recon)
+        return self.image(self.decoder(z))
 
     def _forward(self, x: torch.Tensor):
         mu, logvar = self.posterior(x)
         z = mu + torch.exp(0.5 * logvar) * randn_rows(mu, self.dp_group)
-        rec = recon_loss(self.decoder(z), x, self.recon)
+        rec = self.reconstruction(self.decoder(z), x)
         kl = 0.5 * (mu**2 + logvar.exp() - 1 - logvar).sum(1).mean()
         return mu, logvar, z, rec, kl
 

@@ -15,7 +15,11 @@ class TrainConfig:
     setting for the method. arch: "small" (CPU) or "paper" widths. image_size: rendering size of the procedural image
     datasets (None: their default, 64; file datasets keep their own size). dataset_kwargs / model_kwargs: passed to
     ``load_dataset`` / the model class (override lambdas etc.). eval_every: steps between evaluations (0: only
-    at the end); eval_samples: samples per evaluation; metrics: metric names for ``qkernels.metrics.evaluate``.
+    at the end). protocol: the evaluation protocol (:mod:`qkernels.metrics.protocols`; "auto": the method's
+    authors', :data:`~qkernels.metrics.protocols.METHOD_PROTOCOL`, e.g. Tripod's on 10,000 samples; "fast":
+    2,000 samples for a quick look); eval_samples / metrics: override the protocol's sample counts (one count
+    for every metric) / metric names (None: the protocol's). data_order: how training batches read the dataset
+    (:mod:`qkernels.train.data`: "iid", "epochs", "split"; "auto": the method's authors').
     checkpoint_every: steps between checkpoints (and at the end). log_every: steps between JSONL lines.
     Data parallelism (``torchrun``; :class:`~qkernels.train.loop.Trainer`): batch_size is the GLOBAL batch;
     world_size records the number of processes of the latest (re)start; local_kde: each rank's KDE losses
@@ -39,8 +43,10 @@ class TrainConfig:
     dataset_kwargs: dict = field(default_factory=dict)
     model_kwargs: dict = field(default_factory=dict)
     eval_every: int = 0
-    eval_samples: int = 2000
-    metrics: tuple[str, ...] = ("infomec", "dci", "mig")
+    protocol: str = "auto"
+    data_order: str = "auto"
+    eval_samples: int | None = None
+    metrics: tuple[str, ...] | None = None
     checkpoint_every: int = 250
     log_every: int = 10
     device: str = "cpu"
@@ -54,8 +60,14 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["metrics"] = list(self.metrics)
+        d["metrics"] = None if self.metrics is None else list(self.metrics)
         return d
+
+    def eval_protocol(self):
+        """The :class:`~qkernels.metrics.Protocol` this run is scored with."""
+        from qkernels.metrics.protocols import METHOD_PROTOCOL, get_protocol
+
+        return get_protocol(METHOD_PROTOCOL.get(self.model, "fast") if self.protocol == "auto" else self.protocol)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -64,7 +76,7 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(names)}")
         d = dict(d)
-        if "metrics" in d:
+        if d.get("metrics") is not None:
             d["metrics"] = tuple(d["metrics"])
         return cls(**d)
 

@@ -1,12 +1,30 @@
 """Stateless batch sampling: batch ``step`` is a function of (seed, step) only, so a resumed run reads the same
-data. Ground-truth datasets: factors drawn uniformly by a generator seeded from (seed, step, stream), then
-rendered. Fixed-size datasets with ``.x`` (quantized_grid2d): one permutation per epoch seeded from (seed, epoch).
+data. Ground-truth datasets, by ``order`` (:data:`DATA_ORDERS`; each method's authors' in the registry):
+
+* ``"iid"``: factors drawn uniformly (with replacement) by a generator seeded from (seed, step, stream), then
+  rendered (disentanglement_lib's ``sample_observations``);
+* ``"epochs"``: shuffled epochs over every factor combination of the dataset, one permutation per (seed,
+  epoch) (Tripod's and QLAE's ``tf.data`` shuffles of the whole dataset, buffers 10k / 100k: a full shuffle
+  here);
+* ``"split"``: shuffled epochs over a fixed seeded 80% of the combinations (FactorQVAE's ``random_split``
+  80/10/10 in ``data/shapes3d.py``).
+
+With ``streams`` = 2 (a discriminator's second batch, stream 1), a step's two batches are consecutive blocks of
+the epoch, as the authors split one batch of 2B in halves. Fixed-size datasets with ``.x`` (quantized_grid2d):
+one permutation per epoch seeded from (seed, epoch).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
+
+from qkernels.data.base import row_major_bases
+
+DATA_ORDERS = ("iid", "epochs", "split")
+SPLIT_FRACTION = 0.8
 
 
 def derive_seed(*keys: int) -> int:
@@ -32,17 +50,45 @@ def num_sources(ds) -> int:
     return len(ds.factor_sizes)
 
 
-def get_batch(ds, batch_size: int, seed: int, step: int, stream: int = 0, shard: tuple[int, int] = (0, 1)
-              ) -> torch.Tensor:
+def get_batch(ds, batch_size: int, seed: int, step: int, stream: int = 0, shard: tuple[int, int] = (0, 1), *,
+              order: str = "iid", streams: int = 1) -> torch.Tensor:
     """Observations of batch ``step`` (stream 0: model step; 1: the discriminator's second batch).
-    ``shard`` = (rank, world size): that rank's equal block of rows of the (global) batch, rendered alone."""
+    ``shard`` = (rank, world size): that rank's equal block of rows of the (global) batch, rendered alone.
+    ``order``: how a ground-truth dataset is read (module docstring); ``streams``: batches per step."""
+    if order not in DATA_ORDERS:
+        raise ValueError(f"order must be one of {DATA_ORDERS}, got {order!r}")
     rank, world = shard
-    if is_ground_truth(ds):
+    if is_ground_truth(ds) and order == "iid":
         f = ds.sample_factors(batch_size, generator(seed, step, stream, 0))
         return ds.observations_from_factors(f.chunk(world)[rank] if world > 1 else f)
-    n = ds.x.shape[0]
-    per_epoch = max(n // batch_size, 1)
-    epoch, k = divmod(step, per_epoch)
-    perm = torch.randperm(n, generator=generator(seed, epoch, stream, 1))
-    idx = perm[k * batch_size:(k + 1) * batch_size] if batch_size <= n else perm
+    if is_ground_truth(ds):
+        sizes = tuple(int(k) for k in ds.factor_sizes)
+        pool = _pool(sizes, seed, order == "split")
+        idx = _epoch_block(pool.shape[0], batch_size, seed, step, stream, streams,
+                           lambda n, g: pool[torch.randperm(n, generator=g)])
+        idx = idx.chunk(world)[rank] if world > 1 else idx
+        bases = torch.tensor(row_major_bases(sizes))
+        return ds.observations_from_factors(idx[:, None] // bases % torch.tensor(sizes))
+    idx = _epoch_block(ds.x.shape[0], batch_size, seed, step, stream, streams,
+                       lambda n, g: torch.randperm(n, generator=g))
     return ds.x[idx.chunk(world)[rank] if world > 1 else idx]
+
+
+def _epoch_block(n: int, batch_size: int, seed: int, step: int, stream: int, streams: int, permute):
+    """Rows of (step, stream) in a per-epoch permutation of n rows: block step * streams + stream."""
+    per_epoch = max(n // (batch_size * streams), 1)
+    epoch, k = divmod(step, per_epoch)
+    perm = permute(n, generator(seed, epoch, 1)) if streams > 1 else permute(n, generator(seed, epoch, stream, 1))
+    if batch_size * streams > n:
+        return perm[:batch_size] if streams == 1 else perm[torch.arange(batch_size) % n]
+    b = (k * streams + stream if streams > 1 else k) * batch_size
+    return perm[b:b + batch_size]
+
+
+@lru_cache(maxsize=4)
+def _pool(sizes: tuple[int, ...], seed: int, split: bool) -> torch.Tensor:
+    """Flat indices of the factor combinations a run trains on: all, or a fixed seeded 80%."""
+    n = int(np.prod(sizes))
+    if not split:
+        return torch.arange(n)
+    return torch.randperm(n, generator=generator(seed, 2))[: int(SPLIT_FRACTION * n)]

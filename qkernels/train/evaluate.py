@@ -1,8 +1,10 @@
 """Evaluation of a model / a saved run, and the cross-run comparison table.
 
-Image datasets: ``qkernels.metrics.evaluate`` on ``num_samples`` factor samples (discrete methods are scored on
-their integer codes, others on ``encode``), plus reconstruction MSE / PSNR on 256 samples. ``quantized_grid2d``:
-MCC between the encoded and the true continuous latents.
+Image datasets: ``qkernels.metrics.evaluate`` with the run's protocol (``cfg.protocol``; "auto": the method's
+authors' (:mod:`qkernels.metrics.protocols`), recorded as ``"protocol"`` in metrics.json); discrete methods are
+scored on their integer codes, or on their latent values where the protocol says so (Tripod's); continuous ones
+on ``encode``; plus reconstruction MSE / PSNR on 256 samples. ``quantized_grid2d``: MCC between the encoded and
+the true continuous latents.
 """
 
 from __future__ import annotations
@@ -33,16 +35,19 @@ def _jsonable(v):
     return v
 
 
-def encode_fn(model):
+def encode_fn(model, discrete_latents: str = "codes"):
+    """The representation the metrics score: a discrete model's integer codes (or its latent values, with
+    ``discrete_latents="values"``), a continuous model's ``encode``."""
     def fn(x):
         c = model.codes(x)
-        return model.encode(x) if c is None else c
+        return model.encode(x) if c is None or discrete_latents == "values" else c
     return fn
 
 
 @torch.no_grad()
-def evaluate_model(model, ds, cfg, *, num_samples: int) -> dict:
-    """Metrics of ``model`` on ``ds`` -> flat dict (matrices as nested lists)."""
+def evaluate_model(model, ds, cfg, *, num_samples: int | None = None) -> dict:
+    """Metrics of ``model`` on ``ds`` with ``cfg``'s protocol -> flat dict (matrices as nested lists).
+    ``num_samples``: every metric's sample count (default ``cfg.eval_samples``, else the protocol's)."""
     from qkernels import metrics as M
 
     was = model.training
@@ -56,9 +61,15 @@ def evaluate_model(model, ds, cfg, *, num_samples: int) -> dict:
             xh = model.decode(model.encode(x.to(dev))).cpu()
             res["recon.mse"] = float(M.mse(xh, x))
             return _jsonable(res)
-        enc = encode_fn(model)
-        res = M.evaluate(lambda x: enc(x.to(dev)).cpu(), ds, metrics=tuple(cfg.metrics), num_samples=num_samples,
-                         seed=cfg.seed + 1, batch_size=256)
+        proto = cfg.eval_protocol()
+        enc = encode_fn(model, proto.discrete_latents)
+        kw = {}
+        if proto.discrete_latents == "values":  # a discrete model's values, scored as discrete (float dtype)
+            one = ds.observations_from_factors(ds.sample_factors(1, generator(cfg.seed, 3)))
+            kw["discrete_latents"] = model.codes(one.to(dev)) is not None
+        res = M.evaluate(lambda x: enc(x.to(dev)).cpu(), ds, protocol=proto,
+                         metrics=None if cfg.metrics is None else tuple(cfg.metrics),
+                         num_samples=num_samples or cfg.eval_samples, seed=cfg.seed + 1, batch_size=256, **kw)
         f = ds.sample_factors(RECON_SAMPLES, generator(cfg.seed, 2))
         x = ds.observations_from_factors(f)
         xh = model.decode(model.encode(x.to(dev))).cpu()
@@ -75,7 +86,7 @@ def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: i
     from qkernels.train import figures
     from qkernels.train.checkpoint import write_text_atomic
 
-    res = evaluate_model(model, ds, cfg, num_samples=num_samples or cfg.eval_samples)
+    res = evaluate_model(model, ds, cfg, num_samples=num_samples)
     res = {"step": step, "model": cfg.model, "dataset": cfg.dataset, **res}
     write_text_atomic(json.dumps(res, indent=1) + "\n", Path(out) / METRICS_FILE)
     if log is not None:
@@ -100,9 +111,12 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     return model, ds, cfg, int(s["step"])
 
 
-def eval_run(run_dir: str | Path, *, num_samples: int | None = None, device: str = "cpu") -> dict:
-    """Re-evaluate a saved run: rewrites its metrics.json and figures."""
+def eval_run(run_dir: str | Path, *, num_samples: int | None = None, device: str = "cpu",
+             protocol: str | None = None) -> dict:
+    """Re-evaluate a saved run: rewrites its metrics.json and figures (``protocol``: instead of the run's)."""
     model, ds, cfg, step = load_run(run_dir, device)
+    if protocol is not None:
+        cfg.protocol = protocol
     return finish_run(model, ds, cfg, Path(run_dir), step=step, num_samples=num_samples)
 
 

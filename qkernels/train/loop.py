@@ -185,7 +185,9 @@ class Trainer:
         cfg, dev = self.cfg, self.cfg.device
         torch.manual_seed(derive_seed(cfg.seed, s, 3))
         shard = (self.rank, self.world)
-        x = get_batch(self.ds, self.batch_size, cfg.seed, s, shard=shard).to(dev)
+        order = self.spec.data_order if cfg.data_order == "auto" else cfg.data_order
+        streams = 1 if self.disc is None else 2
+        x = get_batch(self.ds, self.batch_size, cfg.seed, s, shard=shard, order=order, streams=streams).to(dev)
         lr = lr_at(self.spec.optim, self.lr, s, cfg.steps)
         for g in self.opt.param_groups:
             g["lr"] = lr
@@ -198,7 +200,8 @@ class Trainer:
         self.opt.step()
         out = {k: float(v.detach()) for k, v in terms.items()}
         if self.disc is not None:
-            x2 = get_batch(self.ds, self.batch_size, cfg.seed, s, stream=1, shard=shard).to(dev)
+            x2 = get_batch(self.ds, self.batch_size, cfg.seed, s, stream=1, shard=shard, order=order,
+                           streams=streams).to(dev)
             dspec = self.spec.disc_optim
             for g in self.disc_opt.param_groups:
                 g["lr"] = lr_at(dspec, dspec.lr, s, cfg.steps)
@@ -250,7 +253,7 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 self.log({"type": "train", "step": self.step, **terms})
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps and self.rank == 0:
-                res = evaluate_model(self.model, self.ds, cfg, num_samples=cfg.eval_samples)
+                res = evaluate_model(self.model, self.ds, cfg)
                 self.log({"type": "eval", "step": self.step, **scalars(res)})
                 self.model.train()
             if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
@@ -260,7 +263,10 @@ class Trainer:
             dist.barrier()
         if not final_eval or self.rank != 0:
             return None
-        bar.note(f"evaluating on {cfg.eval_samples} samples ({', '.join(cfg.metrics)}) and drawing figures ...")
+        proto = cfg.eval_protocol()
+        metrics = ", ".join(cfg.metrics or proto.metrics)
+        bar.note(f"evaluating ({proto.name} protocol: {metrics} on {cfg.eval_samples or proto.num_samples()} "
+                 "samples) and drawing figures ...")
         return finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log)
 
 

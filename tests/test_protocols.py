@@ -1,0 +1,104 @@
+"""Evaluation protocols (qkernels/metrics/protocols.py): each paper's settings, pinned to the authors' files,
+the IQR pruning rule of Tripod's InfoMEC, the QLAE DCI preset and ``evaluate(protocol=...)``."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from test_metrics import TinyDataset, encode_pixels, random_sources
+
+from qkernels.metrics import METHOD_PROTOCOL, PROTOCOLS, Protocol, dci, evaluate, infomec
+from qkernels.metrics.evaluate import encode_dataset
+from qkernels.models.registry import METHODS
+
+
+def test_protocols_pin_the_authors_settings():
+    # tripod configs/train_autoencoder.yaml (num_val: 10000); disentangle/metrics/infomec.py (n_neighbors=10,
+    # class_weight='balanced', max_iter=100, IQR pruning); disentangle/metrics/dci.py (random forest, 90/10)
+    t = PROTOCOLS["tripod"]
+    assert t.samples == {"infomec": 10_000, "dci": 10_000} and t.discrete_latents == "values"
+    assert t.options["infomec"] == {"k": 10, "prune": "iqr", "class_weight": "balanced", "max_iter": 100}
+    assert t.options["dci"] == {"preset": "tripod"}
+    # latent_quantization configs/train_ae.yaml (num_val_data: 10000), disentangle/metrics/infomec.py
+    # (range pruning with max / 20); QLAE paper App. C.5 (random forest, depth tuned, 90/10)
+    q = PROTOCOLS["qlae"]
+    assert q.samples["infomec"] == 10_000 and q.options["infomec"]["prune"] == "range"
+    assert q.options["infomec"]["prune_threshold"] == pytest.approx(1 / 20) and q.options["dci"]["preset"] == "qlae"
+    # FactorQVAE metrics/infomec.py (mutual_info_classif without n_neighbors: 3; LogisticRegression
+    # max_iter=500), metrics/dci.py (GradientBoostingClassifier, num_train 10000, num_test 5000),
+    # metrics/utils.py (discrete models scored on indices)
+    f = PROTOCOLS["factorqvae"]
+    assert f.options["infomec"]["k"] == 3 and f.options["infomec"]["max_iter"] == 500
+    assert f.options["dci"] == {"preset": "dlib"} and f.samples == {"infomec": 10_000, "dci": 15_000}
+    assert f.discrete_latents == "codes"
+    # disentanglement_lib: DCI on 10000 + 5000, MIG with 20 bins
+    assert PROTOCOLS["dlib"].samples["dci"] == 15_000 and PROTOCOLS["dlib"].options["mig"] == {"num_bins": 20}
+    assert set(METHOD_PROTOCOL) == set(METHODS) and set(METHOD_PROTOCOL.values()) <= set(PROTOCOLS)
+    assert METHOD_PROTOCOL["tripod"] == "tripod" and METHOD_PROTOCOL["factorqvae"] == "factorqvae"
+
+
+def _iqr(z):
+    q = np.percentile(z, [25, 75], axis=0)
+    return q[1] - q[0]
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_infomec_iqr_pruning_follows_tripod(discrete):
+    rng = np.random.default_rng(0)
+    n = 2000
+    s = random_sources(n, [4, 5], seed=1)
+    grid = np.linspace(-1, 1, 12)
+    wide = grid[s[:, 0] * 3]  # informative, spread over the grid
+    rare = np.where(rng.random(n) < 0.1, grid[s[:, 1] * 2], 0.0)  # mostly one value: IQR 0, range > 0
+    narrow = grid[5] + (grid[6] - grid[5]) * (s[:, 1] > 2)  # two adjacent values
+    z = np.stack([wide, rare, narrow], 1)
+    if not discrete:
+        z = z + 1e-3 * rng.standard_normal(z.shape)
+    by_range = infomec(s, z, discrete_latents=discrete, prune="range")
+    by_iqr = infomec(s, z, discrete_latents=discrete, prune="iqr")
+    iqr = _iqr(z)
+    want = iqr > (0.1 if discrete else iqr.max() / 10)
+    np.testing.assert_array_equal(by_iqr["active"], want)
+    assert not want[1] and by_range["active"][1]  # the rule that changes InfoC's normalization
+    np.testing.assert_array_equal(by_iqr["nmi"], by_range["nmi"])  # pruning changes InfoM/InfoC only
+    assert by_iqr["infoe"] == by_range["infoe"]
+    with pytest.raises(ValueError, match="prune"):
+        infomec(s, z, prune="quantile")
+
+
+def test_dci_qlae_preset_tunes_the_depth_on_a_90_10_split(monkeypatch):
+    D = importlib.import_module("qkernels.metrics.dci")  # the module (the package exports the function dci)
+    splits = []
+    real = D.split_test_fraction
+    monkeypatch.setattr(D, "split_test_fraction", lambda n, f, seed: splits.append((n, f)) or real(n, f, seed))
+    s = random_sources(400, [3, 4], seed=2)
+    z = np.concatenate([s + 0.1 * np.random.default_rng(3).standard_normal(s.shape),
+                        np.random.default_rng(4).standard_normal((400, 2))], 1)
+    out = dci(s, z, preset="qlae", max_depths=(1, 4, None))
+    assert splits == [(400, 0.1)]  # QLAE App. C.5: 0.9 / 0.1
+    assert out["preset"] == "qlae" and out["disentanglement"] > 0.7 and out["informativeness"] > 0.9
+    with pytest.raises(ValueError, match="max_depths"):
+        dci(s, z, preset="tripod", max_depths=(1,))
+
+
+def test_evaluate_with_a_protocol_uses_its_counts_options_and_records_it():
+    proto = Protocol("tiny", ("infomec", "mig"), {"infomec": 300, "mig": 120},
+                     {"infomec": {"prune": "iqr"}, "mig": {"num_bins": 5}})
+    out = evaluate(encode_pixels, TinyDataset(), protocol=proto, seed=3, batch_size=64)
+    assert out["protocol"] == "tiny" and out["infomec.num_samples"] == 300 and out["mig.num_samples"] == 120
+    # independent: the metrics called directly on the first rows of the same draw
+    s, z = encode_dataset(encode_pixels, TinyDataset(), num_samples=300, seed=3, batch_size=64)
+    want = infomec(s, z, prune="iqr", seed=3)
+    assert out["infomec.infom"] == want["infom"] and out["infomec.infoc"] == want["infoc"]
+    from qkernels.metrics import mig
+
+    assert out["mig.mig"] == mig(s[:120], z[:120], num_bins=5)["mig"]
+    # explicit arguments override the protocol
+    small = evaluate(encode_pixels, TinyDataset(), protocol=proto, metrics=("mig",), num_samples=50,
+                     options={"mig": {"num_bins": 3}}, seed=3)
+    s, z = encode_dataset(encode_pixels, TinyDataset(), num_samples=50, seed=3, batch_size=64)  # a 50-row draw
+    assert small["mig.num_samples"] == 50 and small["mig.mig"] == mig(s, z, num_bins=3)["mig"]
+    with pytest.raises(ValueError, match="protocol"):
+        evaluate(encode_pixels, TinyDataset(), protocol="nope")
