@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from qkernels import bench
-from qkernels.bench import Case, report
+from qkernels.bench import Case, _status_bytes, report
 from qkernels.compat import vector_quantize_pytorch as ours
 
 HOTPATH = "compat"
@@ -128,14 +128,6 @@ def cases() -> list[Case]:
 
 
 # ----------------------------------------------------------------------------- peak memory
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _probe(name: str, variant: str) -> int:

@@ -306,8 +306,17 @@ class _DalleBlock(nn.Module):
         return self.id(x) + self.post_gain * self.res(x)
 
 
-def _dalle_widths(channel: int, groups: int) -> list[int]:
-    return [channel * 2**g for g in range(groups)]
+def _dalle_stack(c: int, widths: list[int], blocks: int, decoder: bool, between) -> tuple[list[nn.Module], int]:
+    """``len(widths)`` groups of ``blocks`` residual blocks, ``between()`` after every group but the last;
+    returns the layers and the output width."""
+    n_layers, layers = len(widths) * blocks, []
+    for g, w in enumerate(widths):
+        for _ in range(blocks):
+            layers.append(_DalleBlock(c, w, n_layers, decoder=decoder))
+            c = w
+        if g < len(widths) - 1:
+            layers.append(between())
+    return layers, c
 
 
 class DalleEncoder(nn.Module):
@@ -321,18 +330,12 @@ class DalleEncoder(nn.Module):
         super().__init__()
         if groups < 2 or image_size % 2 ** (groups - 1):
             raise ValueError(f"image_size {image_size} must be divisible by 2**(groups - 1) = {2 ** (groups - 1)}")
-        widths, n_layers = _dalle_widths(channel, groups), groups * blocks
-        layers: list[nn.Module] = [nn.Conv2d(in_channels, channel, 3, padding=1)]
-        c = channel
-        for g, w in enumerate(widths):
-            for _ in range(blocks):
-                layers.append(_DalleBlock(c, w, n_layers, decoder=False))
-                c = w
-            if g < groups - 1:
-                layers.append(nn.MaxPool2d(2))
+        widths = [channel * 2**g for g in range(groups)]
+        layers, c = _dalle_stack(channel, widths, blocks, False, lambda: nn.MaxPool2d(2))
         side = image_size // 2 ** (groups - 1)
-        self.net = nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), nn.Linear(c * side * side, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))
+        head = [nn.Flatten(), nn.ReLU(), nn.Linear(c * side * side, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                nn.ReLU(), nn.Linear(hidden, out_dim)]
+        self.net = nn.Sequential(nn.Conv2d(in_channels, channel, 3, padding=1), *layers, *head)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -349,17 +352,11 @@ class DalleDecoder(nn.Module):
         super().__init__()
         if groups < 2 or image_size % 2 ** (groups - 1):
             raise ValueError(f"image_size {image_size} must be divisible by 2**(groups - 1) = {2 ** (groups - 1)}")
-        widths, n_layers = _dalle_widths(channel, groups)[::-1], groups * blocks
+        widths = [channel * 2**g for g in range(groups)][::-1]
         self.side, self.c0 = image_size // 2 ** (groups - 1), input_channel
         self.fc = nn.Linear(latent_dim, input_channel * self.side**2)
-        layers: list[nn.Module] = []
-        c = input_channel
-        for g, w in enumerate(widths):
-            for _ in range(blocks):
-                layers.append(_DalleBlock(c, w, n_layers, decoder=True))
-                c = w
-            if g < groups - 1:
-                layers.append(nn.Upsample(scale_factor=2, mode="nearest"))
+        layers, c = _dalle_stack(input_channel, widths, blocks, True, lambda: nn.Upsample(scale_factor=2,
+                                                                                            mode="nearest"))
         self.net = nn.Sequential(*layers, nn.ReLU(), nn.Conv2d(c, out_channels, 1))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
