@@ -21,7 +21,12 @@ from setuptools import setup
 if os.environ.get("QKERNELS_NO_EXT", "0") == "1":
     setup()
 else:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        sys.exit("qkernels setup.py: torch is not importable here. The extension compiles against the torch that "
+                 "will run it: install torch first, then `pip install --no-build-isolation .` (pip's isolated build "
+                 "would compile against another torch), or set QKERNELS_NO_EXT=1 for the reference backend only")
     from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
     here = os.path.dirname(os.path.abspath(__file__))
