@@ -53,8 +53,25 @@ def _bench(args: argparse.Namespace) -> int:
     bad = [h for h in args.hotpath or () if h not in bench.HOTPATHS]
     if bad:
         raise UsageError(f"--hotpath {bad[0]}: unknown hot path; choose from {', '.join(bench.HOTPATHS)}")
-    bench.run(tuple(args.hotpath) if args.hotpath else bench.HOTPATHS, memory=not args.no_memory,
-              include_slow=args.all, min_time=args.min_time, threads=args.threads)
+    if args.plot:
+        from qkernels.bench import plot
+
+        plot._matplotlib()  # no matplotlib: fail before minutes of benchmarks
+    info = None
+    if args.save or args.plot:
+        from qkernels.bench import results
+
+        info = results.machine_info()  # the load average before the benchmarks ran
+    hotpaths = tuple(dict.fromkeys(args.hotpath)) if args.hotpath else bench.DEFAULT_HOTPATHS
+    rows = bench.run(hotpaths, memory=not args.no_memory, include_slow=args.all, min_time=args.min_time,
+                     threads=args.threads)
+    if args.save:
+        path = results.save(rows, args.save, info)
+        print(f"saved {path} and {path.with_suffix('.json').name}")
+    if args.plot:
+        recs = results.records(rows, info)
+        for png in plot.plot(recs, args.plot):
+            print(f"plotted {png}")
     return 0
 
 
@@ -87,6 +104,7 @@ def _train_config(args: argparse.Namespace):
         raise UsageError("--resume continues the run in --out and --force deletes it: give one of them")
     if args.resume and (Path(out) / CONFIG).is_file():
         cfg = TrainConfig.load(Path(out) / CONFIG)  # the run's own settings; only --steps/--device/--threads change
+        cfg.out = str(out)  # where it is now (a copied or moved run continues there, not in its old place)
         if args.steps is not None:
             cfg.steps = args.steps
         if args.device is not None:
@@ -307,7 +325,13 @@ def parser() -> argparse.ArgumentParser:
     b = _debug_flag(sub.add_parser("bench", help="time and peak memory of every available backend of every op vs "
                                    "the reference"))
     b.add_argument("--hotpath", action="append", help="only this hot path (repeatable): quantize, kde, hessian, "
-                   "overhead")
+                   "overhead, step (the end-to-end training step of tripod, cliff_vae, qlae, factorqvae; not in the "
+                   "default run)")
+    b.add_argument("--save", metavar="DIR", help="write the results as CSV and JSON to DIR/<machine>/<date>.csv/.json "
+                   "(machine, versions, load average, per case and variant: times, IQR, peak memory, launches, "
+                   "ratios)")
+    b.add_argument("--plot", metavar="DIR", help="draw the results as DIR/<machine>.png (needs matplotlib: "
+                   "pip install 'qkernels[plot]')")
     b.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     b.add_argument("--all", action="store_true", help="include the slow cases (minutes each)")
     b.add_argument("--min-time", type=_positive_float, default=0.5, metavar="SECONDS",

@@ -135,7 +135,7 @@ if want bench; then
         step "bench $HP"
         Q0=$(date +%s)
         timeout "${BENCH_TIMEOUT:-150}" "$PYTHON" -m qkernels bench --all --hotpath "$HP" \
-            --min-time "${BENCH_MIN_TIME:-0.5}" > "$OUT/bench_$HP.md" 2>&1
+            --min-time "${BENCH_MIN_TIME:-0.5}" --save "$OUT/results" > "$OUT/bench_$HP.md" 2>&1
         BENCH_RC=$?
         {
             echo

@@ -22,6 +22,9 @@ Variant names (the legend under each table of ``qkernels bench`` says the same):
   regularized layers on the 4k n stacked rows: the unavoidable work of any batched penalty),
   ``fused`` (the step plus qkernels' penalty, backend ``auto``) and ``sequential`` (the step plus
   the authors' penalty);
+- end-to-end training step (``step``, :mod:`qkernels.bench.step`; not in the default run): ``auto``, the
+  ``reference`` backend eager (the baseline), ``reference_compiled`` (torch.compile of the model's loss) and,
+  on CUDA, ``reference_compiled_ro`` (mode "reduce-overhead") of one ``Trainer.train_step``;
 - per-call overhead (``overhead``): ``<backend>`` is the public function on that backend,
   ``<backend> raw`` the backend's implementation called directly with prepared arguments, ``add``
   one ``torch.add`` forward + backward (the baseline: the cost of a single PyTorch op).
@@ -37,6 +40,10 @@ compares runs seconds apart), in words ("2.00x faster", "2.78x slower"; see
 gives each variant warm-up rounds and a number of rounds chosen from its run time
 (:func:`plan_rounds`), and benchmarks/conftest.py prints the same table from pytest-benchmark's
 statistics. Both warn when other processes load the machine (:mod:`qkernels.bench.report`).
+
+Results: ``qkernels bench --save DIR`` writes them as CSV and JSON (:mod:`qkernels.bench.results`),
+``--plot DIR`` as one PNG per machine (:mod:`qkernels.bench.plot`); ``python benchmarks/summarize.py`` reads
+saved CSVs back into plots and the summary table of benchmarks/RESULTS.md.
 
 Peak memory: on a GPU, ``torch.cuda.max_memory_allocated`` growth during one run, in this process;
 on the CPU, the growth of the peak resident set size (VmHWM, reset just before the run) while the
@@ -62,6 +69,7 @@ from collections.abc import Callable
 import torch
 
 from qkernels.bench.report import (  # noqa: F401 - re-exported
+    DEFAULT_HOTPATHS,
     HOTPATHS,
     case_lines,
     cpu_clock,
@@ -87,6 +95,9 @@ class Case:
     variants: dict[str, Callable[..., None]]
     baseline: str = "reference"
     slow: bool = False  # minutes per variant: ``qkernels bench`` runs it only with ``--all``
+    # the inputs hold state that a run changes and that must be warm before a run is measured (the training
+    # step's trainers: optimizer state, compiled code); ``make`` returns the same objects on every call
+    stateful: bool = False
 
 
 def variant(loss: Callable[..., torch.Tensor], backend: str = "reference", *, compiled: bool = False):
@@ -269,7 +280,7 @@ def summarize(case: Case, times: dict[str, list[float] | BaseException]) -> list
         return statistics.median(ratios), not (q1 <= 1 <= q3)
 
     for name, t in times.items():
-        row = {"hotpath": case.hotpath, "case": case.name, "variant": name}
+        row = {"hotpath": case.hotpath, "case": case.name, "variant": name, "baseline": case.baseline}
         if isinstance(t, BaseException) or not t:
             msg = f"{type(t).__name__}: {t}" if isinstance(t, BaseException) else "no timed run"
             rows.append({**row, "error": " ".join(msg.split())})
@@ -345,7 +356,7 @@ def _probe(hotpath: str, name: str, variant: str) -> int:
     fn = case.variants[variant]
     # warm-up: loads code paths, thread pools, lazy initialisation (compiled variants: on the real
     # shapes, so that compilation is not measured)
-    fn(*case.make(1 if "compiled" in variant else 0))
+    fn(*case.make(1 if "compiled" in variant or case.stateful else 0))
     inputs = case.make(1)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -417,8 +428,8 @@ def machine() -> str:
 
 
 def run(
-    hotpaths=HOTPATHS, *, memory: bool = True, include_slow: bool = False, out=sys.stdout, min_time: float = 0.5,
-    threads: int | None = None,
+    hotpaths=DEFAULT_HOTPATHS, *, memory: bool = True, include_slow: bool = False, out=sys.stdout,
+    min_time: float = 0.5, threads: int | None = None,
 ) -> list[dict]:
     """Benchmark every case of every hot path; print one fixed-width table per hot path (every
     line <= 100 columns: the case on a line of its own, a line per variant below it) with a
@@ -453,7 +464,8 @@ def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float) -> li
     if warning:
         say(*wrap(warning))
     for hotpath in hotpaths:
-        say("", f"== {hotpath}: one forward + backward per run ==")
+        title = getattr(importlib.import_module(f"qkernels.bench.{hotpath}"), "TITLE", "one forward + backward per run")
+        say(*wrap(f"== {hotpath}: {title} =="))
         say(header())
         clock, t0 = cpu_clock(), time.perf_counter()
         names: list[str] = []

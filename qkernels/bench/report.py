@@ -18,7 +18,8 @@ import os
 import statistics
 import textwrap
 
-HOTPATHS = ("quantize", "kde", "hessian", "overhead")  # the modules qkernels.bench.<hotpath>
+HOTPATHS = ("quantize", "kde", "hessian", "overhead", "step")  # the modules qkernels.bench.<hotpath>
+DEFAULT_HOTPATHS = HOTPATHS[:4]  # what ``qkernels bench`` runs without --hotpath (step: minutes of torch.compile)
 
 WIDTH = 100  # every line of a table, its legend and its warnings fits a 100-column terminal
 
@@ -46,8 +47,9 @@ VARIANTS = {
 
 #: the columns, for the legend
 COLUMNS = (
-    "times of one forward + backward, ms; IQR %: interquartile range of the runs, % of the median. "
-    "vs baseline, vs compiled: baseline (reference_compiled) time / variant time, median over "
+    "times of one run, ms; IQR %: interquartile range of the runs, % of the median. "
+    "vs baseline, vs compiled: time of the case's baseline (named on its line) / variant time, and "
+    "reference_compiled time / variant time, median over "
     "interleaved rounds: 'Nx faster' = N times less time, 'Nx slower' = N times more, '?' = no "
     "clear winner (each won in 25-75% of the rounds). lnch: GPU kernel launches of one run (on a GPU: "
     "the kernels torch.profiler records; on a CPU: Triton launches + aten ops that would run a kernel, "
@@ -59,7 +61,8 @@ COLUMNS = (
 #: the columns of the summary of ``pytest benchmarks/`` (variants timed one after another)
 PYTEST_COLUMNS = (
     "times of one run, ms; IQR %: interquartile range of the rounds, % of the median. vs baseline, "
-    "vs compiled: median time of the baseline (reference_compiled) / the variant's, each timed in "
+    "vs compiled: median time of the case's baseline (named on its line), and of reference_compiled, "
+    "/ the variant's, each timed in "
     "its own test (not interleaved): 'Nx faster' = N times less time, 'Nx slower' = N times more, "
     "'?' = their IQRs overlap. peak MiB: peak memory growth of one run; mem vs base: 'Nx less' / "
     "'Nx more' memory than the baseline ('-': not measured, or 0)."

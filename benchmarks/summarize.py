@@ -1,0 +1,111 @@
+"""Summarize saved benchmark results (``qkernels bench --save benchmarks/results``): plots and the summary table.
+
+    python benchmarks/summarize.py                     # PNGs into benchmarks/results/plots/, table on stdout
+    python benchmarks/summarize.py --markdown          # only the markdown table (the top of RESULTS.md)
+    python benchmarks/summarize.py RUN.csv DIR ... --plot OUT_DIR
+
+Reads every CSV under the given files / directories (default: benchmarks/results). For each machine and hot
+path the latest run that measured it counts (:func:`qkernels.bench.plot.latest`).
+
+The table: one row per op x device. Op: the first word of a case's name (``latent_quantize``, ``cliff``,
+``klm``, ...; the step hot path: ``<method> step``), over all its shapes; bf16 cases and the per-call
+overhead are left out. Best backend: among qkernels' variants (everything but the baseline, the reference, its
+torch.compile and the materialized formulations) the one with the highest geometric-mean speed-up over
+``reference_compiled`` across the op's shapes (over the baseline where there is no compiled reference).
+Speed-ups are geometric means over shapes, with the range in brackets ("?": in no shape did one side win
+over 3/4 of the interleaved rounds); "vs eager" is over the case's baseline
+(the eager reference; the Hessian penalty's: ``sequential``, the authors' formulation); memory: the variant's
+peak / the baseline's (geometric mean).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from qkernels.bench import plot, results
+from qkernels.bench.report import memory_text, ratio_text
+
+DEFAULT = Path(__file__).resolve().parent / "results"
+NOT_KERNELS = ("reference", "reference_compiled", "materialized", "materialized compiled", "sequential", "none",
+               "stacked", "add", "float32", "bf16", "plain autocast")
+
+
+def _op(rec: dict) -> str:
+    head = rec["case"].split()[0]
+    return f"{head} step" if rec["hotpath"] == "step" else head
+
+
+def _span(xs: list[float], clear: bool = True) -> str:
+    g = plot.geomean(xs)
+    if g is None:
+        return "-"
+    text = ratio_text(g, clear=clear)
+    lo, hi = min(xs), max(xs)
+    if len(xs) > 1 and ratio_text(lo) != ratio_text(hi):
+        text += f" ({lo:.2g}-{hi:.2g}x)"
+    return text
+
+
+def table(records: list[dict]) -> list[str]:
+    """The markdown summary table (lines) of ``records`` (:func:`qkernels.bench.results.load`'s)."""
+    lines = ["| op | device | best backend | vs eager | vs torch.compile | memory vs eager | shapes | date |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    found: list[tuple] = []  # (hot path's place, op's place, device, line): rows grouped by op, then device
+    ops: dict[str, int] = {}
+    for _, hotpaths in sorted(plot.latest(records).items()):
+        for hotpath in hotpaths:
+            if hotpath == "overhead":
+                continue
+            recs = [r for r in hotpaths[hotpath] if not r.get("error") and r.get("median_s") is not None
+                    and r.get("baseline") != "float32"]
+            for op in dict.fromkeys(map(_op, recs)):
+                mine = [r for r in recs if _op(r) == op]
+                kernels = [v for v in dict.fromkeys(r["variant"] for r in mine)
+                           if v not in NOT_KERNELS and not any(v == r.get("baseline") for r in mine)]
+                if not kernels:
+                    continue
+
+                def score(v, mine=mine):
+                    rs = [r for r in mine if r["variant"] == v]
+                    return (plot.geomean(r["vs_compiled"] for r in rs) or 0,
+                            plot.geomean(r["vs_baseline"] for r in rs) or 0)
+
+                best = max(kernels, key=score)
+                rs = [r for r in mine if r["variant"] == best]
+                vb = [r["vs_baseline"] for r in rs if r.get("vs_baseline")]
+                vc = [r["vs_compiled"] for r in rs if r.get("vs_compiled")]
+                mem = plot.geomean(r.get("memory_ratio") for r in rs)
+                # '?': no shape where the variant won or lost in over 3/4 of the interleaved rounds
+                cb, cc = (any(r.get(f"{k}_clear") for r in rs) for k in ("vs_baseline", "vs_compiled"))
+                first = rs[0]
+                device = first["gpu"] or f"{first['cpu']} ({int(first['cores'])} cores)"
+                place = plot.ORDER.index(hotpath) if hotpath in plot.ORDER else len(plot.ORDER)
+                found.append((place, ops.setdefault(op, len(ops)), device,
+                              f"| {op} | {device} | {best} | {_span(vb, cb)} | {_span(vc, cc)} | {memory_text(mem)} | "
+                              f"{len(rs)} | {first['date'][:10]} |"))
+    return lines + [f[-1] for f in sorted(found)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="*", default=[str(DEFAULT)], help="CSV files or directories (default: %(default)s)")
+    p.add_argument("--plot", metavar="DIR", help="where the PNGs go (default: <first directory>/plots)")
+    p.add_argument("--markdown", action="store_true", help="print only the markdown summary table")
+    args = p.parse_args(argv)
+    records = results.load(args.paths)
+    if not records:
+        print(f"no qkernels bench results (CSV) under {', '.join(args.paths)}", file=sys.stderr)
+        return 1
+    print("\n".join(table(records)))
+    if not args.markdown:
+        first = Path(args.paths[0])
+        out = Path(args.plot) if args.plot else (first if first.is_dir() else first.parent) / "plots"
+        for png in plot.plot(records, out):
+            print(f"plotted {png}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
