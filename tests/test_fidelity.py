@@ -148,3 +148,25 @@ def test_data_orders_follow_the_authors():
     assert len(set(r for k in range(10) for r in _rows("iid", k))) < 60
     with pytest.raises(ValueError, match="order"):
         _rows("sorted", 0)
+
+
+def test_tripod_protocol_scores_the_fsq_values_as_discrete(monkeypatch):
+    # tripod scripts/train_autoencoder.py: compute_infomec(latents=z values, discrete_latents=True); the qlae
+    # protocol (and FactorQVAE's metrics/utils.py) score a discrete model's integer codes
+    from qkernels import metrics as M
+    from qkernels.data import load_dataset
+    from qkernels.train import TrainConfig
+    from qkernels.train.evaluate import evaluate_model
+
+    calls = []
+    monkeypatch.setattr(M, "evaluate", lambda enc, ds, **kw: calls.append((enc, kw)) or {})
+    ds = load_dataset("shapes3d_procedural", image_size=16)
+    model = build_model("tripod", (3, 16, 16), 4, lambda_klm=0.0, lambda_nhp=0.0).eval()
+    x = ds.observations_from_factors(ds.sample_factors(5, torch.Generator().manual_seed(0)))
+    evaluate_model(model, ds, TrainConfig(model="tripod", image_size=16), num_samples=50)
+    enc, kw = calls[-1]
+    assert kw["protocol"].name == "tripod" and kw["discrete_latents"] is True
+    torch.testing.assert_close(enc(x), model.encode(x))  # the values in [-1, 1], float
+    evaluate_model(model, ds, TrainConfig(model="tripod", image_size=16, protocol="qlae"), num_samples=50)
+    enc, kw = calls[-1]
+    assert "discrete_latents" not in kw and torch.equal(enc(x), model.codes(x))  # integer codes

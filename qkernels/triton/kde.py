@@ -2,9 +2,10 @@
 ``qkernels::klm_triton``, ``kde_grid_triton``, ``cliff_loss_triton`` and their ``*_backward_triton``
 by :mod:`qkernels.ops.kde`, which also checks their arguments).
 
-Launches per forward + backward (issue 25): klm 4, kde_grid 3, cliff_loss 4 on the fused path
-(tiles up to 128 x 128 conditioning values x grid points at the papers' batch sizes,
-:func:`fused_fits`), ~25 on the GEMM path (larger).
+Launches per forward + backward: klm 6 (issue 26: symmetric tiles, 3 each way), kde_grid 3,
+cliff_loss 4 on the fused path (tiles up to 128 x 128 conditioning values x grid points at the
+papers' batch sizes, :func:`fused_fits`), 65 on the GEMM path with one chunk (larger; ~40 of them
+torch ops of the set-up), + 6 per further chunk.
 
 Same math as csrc/include/qkernels/kde.h and csrc/cpu/kde.cpp; semantics:
 :mod:`qkernels.reference.kde`. No (n, n, d) or (n, n) tensor is written to memory: KLM streams
@@ -420,20 +421,21 @@ def kde_grid_backward(
 # whose tables and products live in memory (for larger tiles; its standardization, grids and
 # lambdas run as torch ops around it).
 #
-# GEMM path (issue 12). For every ordered pair (i, j) the bivariate grid is a matrix product,
+# GEMM path (issues 12, 26). For every ordered pair (i, j) the bivariate grid is a matrix product,
 # J[i, j] = Kz[j] (M x n) @ Dt[i] (n x K) with Dt[i][s, k] = D(t_k - x_si), Kz[j][m, s] =
-# N(zeta_jm - x_sj); for a chunk of CI differentiated latents at once it is ONE product
-# Kz (d M x n) @ Dt[chunk] (n x CI K) on the tensor cores (torch.matmul: cuBLAS, precision per
-# torch.get_float32_matmul_precision()). The tables are built once per latent (d n (K + M) exps,
-# not d^2 n K M), and a fused epilogue (one program per pair of the chunk) normalizes each column
-# over k and reduces to the pair's JSD (forward) or writes dLoss/dJ (backward). The backward is
-# the two transposed products gDt = Kz^T @ dJ and gKz += dJ @ Dt^T plus one fused pass each that
-# multiplies by dD/dx (with the uni term's gradient added to gDt) and dN/dx and reduces. Memory:
-# Kz and its gradient (d M n each) plus one chunk of Dt, J, dJ, gDt (n CI K and d M CI K each):
-# CI is chosen so that a chunk of J holds <= CHUNK_ELEMS values. Normalizing constants cancel in
-# the normalized grids (also p_j(zeta_m), constant over k), so D(u) = -u e^{-u^2/2} and
-# N(w) = e^{-w^2/2} are used unnormalized. Uni and KL-uni: one program per latent (n (K + K_u)
-# exps each, a small share of the work).
+# N(zeta_jm - x_sj); for a chunk of CI differentiated latents at once it is one block-sparse
+# product on the tensor cores (_biv_fwd, tl.dot at the precision of _dot_precision): KzT (n, d M)
+# is a table built once (d M n exps), Dt is never stored (its tiles are computed in registers), and
+# with each latent's samples sorted (torch.sort, once per call) a k tile sums only the contiguous
+# run of samples within WINDOW sigma of its grid points. A fused epilogue (one program per pair of
+# the chunk) normalizes each column over k and reduces to the pair's JSD (forward) or writes
+# dLoss/dJ (backward). The backward: _biv_dkz (gKz += dJ @ Dt^T, k tiles outside a sample block's
+# window skipped), _biv_dx (gDt = KzT @ dJ fused with the chain through dD/dx and the uni term's
+# dLoss/dG, per block of sorted samples, gDt never stored), then _kz_grad through dN/dx. Memory:
+# KzT and gKz (d M n each) plus one chunk of J / dJ (d M CI K): CI is chosen so that a chunk of J
+# holds <= CHUNK_ELEMS values. Normalizing constants cancel in the normalized grids (also p_j(zeta_m),
+# constant over k), so D(u) = -u e^{-u^2/2} and N(w) = e^{-w^2/2} are used unnormalized. Uni and
+# KL-uni: one program per latent (n (K + K_u) exps each, a small share of the work).
 
 CHUNK_ELEMS = 1 << 22  # values of J per chunk of differentiated latents (16 MiB in fp32)
 BLOCK_T = 32  # (rows, columns) tile of the table kernel
