@@ -8,25 +8,34 @@ The torch the extension is compiled against is recorded in the generated module 
 ``qkernels._ext`` compares it with the torch present at import and, on a mismatch, leaves ``_C`` unloaded with a
 one-line warning (how to rebuild) instead of an undefined-symbol traceback. Without a GPU to read the arch from
 and without ``TORCH_CUDA_ARCH_LIST``, the CUDA kernels are skipped with a message (set the variable to build them,
-e.g. ``TORCH_CUDA_ARCH_LIST="8.0;9.0"``).
+e.g. ``TORCH_CUDA_ARCH_LIST="8.0;9.0"``). The package metadata requires that torch release (``torch==2.13.0`` for a
+build against 2.13.0+cpu), so ``pip install`` of a wheel brings the torch it works with; without the extension any
+torch >= 2.5.
 """
 
 import glob
 import os
 import shutil
 import sys
+import sysconfig
 
 from setuptools import setup
 
+# the runtime dependencies; torch's requirement depends on the build (below)
+REQUIRES = ["numpy>=1.24", "scipy>=1.10", "scikit-learn>=1.4", "h5py>=3.8", "pillow>=10"]
+
 if os.environ.get("QKERNELS_NO_EXT", "0") == "1":
-    setup()
+    setup(install_requires=["torch>=2.5", *REQUIRES])  # pure Python: any recent torch
 else:
     try:
         import torch
     except ImportError:
-        sys.exit("qkernels setup.py: torch is not importable here. The extension compiles against the torch that "
-                 "will run it: install torch first, then `pip install --no-build-isolation .` (pip's isolated build "
-                 "would compile against another torch), or set QKERNELS_NO_EXT=1 for the reference backend only")
+        # pip's and build's isolated environments live in /tmp/pip-build-env-*, /tmp/build-env-*
+        where = ("in an isolated build environment (pip's default; `python -m build` without --no-isolation), which "
+                 "cannot see the installed torch" if any("build-env-" in p for p in sys.path) else "here")
+        sys.exit(f"qkernels setup.py: torch is not importable {where}. The extension compiles against the torch "
+                 "that will run it: install torch first, then `pip install --no-build-isolation .` or "
+                 "`python -m build --no-isolation`, or set QKERNELS_NO_EXT=1 for the reference backend only")
     from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -75,4 +84,18 @@ else:
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
         extra_link_args=link_flags,
     )
-    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension})
+
+    class BuildExt(BuildExtension):
+        """Objects go to build/temp.* of the source tree also in an editable install (setuptools would use a fresh
+        temporary directory there), so ninja recompiles only what changed and a wheel built after
+        `scripts/bootstrap.sh` reuses its objects (ninja rebuilds any whose compile command differs)."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+            self.build_temp = os.path.join(here, "build", f"temp.{tag}")
+
+    # _C loads only into the torch release it was compiled against (qkernels._ext): the wheel requires that release
+    # (its CPU or CUDA build: "==2.13.0" admits "2.13.0+cpu")
+    release = torch.__version__.split("+")[0]
+    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt}, install_requires=[f"torch=={release}", *REQUIRES])

@@ -3,12 +3,16 @@
 pytest-benchmark times one test (one variant) at a time; it cannot interleave the variants of a
 case as ``qkernels bench`` does. To keep its numbers steady all the same, every comparison test
 goes through :func:`qkernels.bench.benchmark_case` / :func:`qkernels.bench.pedantic`: one untimed
-first run (lazy initialisation, ``torch.compile``), warm-up rounds, and a number of rounds chosen
-from the variant's time per run (:func:`qkernels.bench.plan_rounds`: ~0.8 s of rounds, at least 5;
-3 from 1 s per run, 2 from 5 s). pytest-benchmark's own table shows min, median, IQR, max and
-rounds (unless ``--benchmark-columns`` says otherwise); after it, this file prints each case as
-``qkernels bench`` does (<= 100 columns, ratios as "Nx faster" / "Nx slower", a legend of the
-variant names), and warns when the machine was loaded.
+first run (lazy initialisation, ``torch.compile``), warm-up runs as ``qkernels bench`` has them, and a
+number of rounds chosen from the variant's time per warm run (:func:`qkernels.bench.plan_rounds`: ~0.8 s
+of rounds, at least 5; 3 from 1 s per run, 2 from 5 s). pytest-benchmark's own table shows median, IQR
+and rounds (unless ``--benchmark-columns`` says otherwise; <= 120 columns); after it, this file prints
+each case as ``qkernels bench`` does (<= 100 columns, ratios as "Nx faster" / "Nx slower", one legend of the
+variant names and baselines), and warns when the machine was loaded.
+
+The default run leaves out the slow cases (``Case.slow``) and the tests marked ``bench_all`` (the
+training-step benchmarks, the slow metrics): ``--bench-all`` includes them. Before the tests run, a
+plan line says what will run, what is left out and roughly how long it takes.
 """
 
 import os
@@ -23,15 +27,64 @@ if not torch.cuda.is_available():
 from qkernels import bench  # noqa: E402 - after TRITON_INTERPRET
 from qkernels.bench import report  # noqa: E402
 
-COLUMNS = ["min", "median", "iqr", "max", "rounds"]
+COLUMNS = ["median", "iqr", "rounds"]  # with the test ids of qkernels.bench.short_id: <= 120 columns
+OTHER_S = 5.0  # rough seconds of a test that is not a benchmark case (data, metrics, training steps)
 _CLOCK: dict = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--bench-all", action="store_true",
+                     help="qkernels: also run the slow benchmark cases and tests marked bench_all (tens of minutes)")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    config.addinivalue_line("markers", "bench_all: a slow benchmark, run only with --bench-all")
     # before pytest-benchmark reads its options (its pytest_configure is trylast)
     if getattr(config.option, "benchmark_columns", False) is None:
         config.option.benchmark_columns = COLUMNS
+
+
+def _case(item):
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("case") if isinstance(params.get("case"), bench.Case) else None
+
+
+def is_slow(item) -> bool:
+    """Left out of the default run: a slow case's test, or a test marked ``bench_all``."""
+    case = _case(item)
+    return bool(case and case.slow) or item.get_closest_marker("bench_all") is not None
+
+
+def plan(items, skipped) -> list[str]:
+    """The plan lines (:func:`qkernels.bench.report.plan_lines`) of the tests ``items`` that will run and
+    the ``skipped`` ones: per hot path (others: per file) the tests and cases, a rough duration."""
+    groups: dict = {}
+    seconds = 0.0
+    for item in items:
+        case = _case(item)
+        key = case.hotpath if case else item.path.stem.removeprefix("test_")
+        tests, names = groups.setdefault(key, (0, set()))
+        groups[key] = (tests + 1, names | {case.name if case else item.name})
+        seconds += bench.estimate_seconds([(case, item.callspec.params["variant"])], min_time=0.8) if case else OTHER_S
+    slow = sorted({_case(i).name if _case(i) else i.path.name for i in skipped})
+    return report.plan_lines({k: (t, len(n)) for k, (t, n) in groups.items()}, slow, seconds, "--bench-all",
+                             runs="tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--bench-all"):
+        skipped = []
+    else:
+        skipped = [i for i in items if is_slow(i)]
+        if skipped:
+            config.hook.pytest_deselected(items=skipped)
+            items[:] = [i for i in items if not is_slow(i)]
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not getattr(config.option, "benchmark_disable", False) and items:
+        reporter.write_line("")
+        for line in plan(items, skipped):
+            reporter.write_line(line)
 
 
 def pytest_report_header(config):
@@ -66,25 +119,27 @@ def _row(meta, base, compiled) -> dict:
 def summary_lines(benchmarks) -> list[str]:
     """The tables of the comparison tests among pytest-benchmark's results (``extra_info`` from
     :func:`qkernels.bench.benchmark_case`), one per hot path, each case as ``qkernels bench``
-    prints it, with a legend."""
+    prints it, then one legend."""
     tables: dict = {}
     for meta in benchmarks:
         info = getattr(meta, "extra_info", None) or {}
         if meta and "variant" in info and "case" in info:
             tables.setdefault(info.get("hotpath"), {}).setdefault(info["case"], {})[info["variant"]] = meta
-    lines = []
+    lines, names, baselines = [], {}, {}
     for hotpath, group in tables.items():
         lines += ["", f"== {hotpath}: median of each variant's own rounds (not interleaved) ==", report.header()]
-        names = []
         for case, metas in group.items():
-            base = metas.get(next(iter(metas.values())).extra_info.get("baseline"))
+            baseline = next(iter(metas.values())).extra_info.get("baseline")
+            base = metas.get(baseline)
             rows = [_row(m, base, metas.get("reference_compiled")) for m in metas.values()]
-            names += list(metas)
+            names.setdefault(hotpath, []).extend(metas)
+            baselines.setdefault(hotpath, []).append(baseline)
             rounds = sorted(r["rounds"] for r in rows)
             span = f"{rounds[0]}-{rounds[-1]}" if rounds[0] != rounds[-1] else f"{rounds[0]}"
-            lines += report.case_lines(case, rows, baseline=base and base.extra_info["variant"],
-                                       note=f"{span} rounds")
-        lines += report.legend_lines(names, hotpath, report.PYTEST_COLUMNS)
+            note = f"{span} rounds" + ("" if base else "; baseline not run")
+            lines += report.case_lines(case, rows, baseline=baseline, note=note)
+    if tables:
+        lines += ["", *report.legend_lines(names, report.PYTEST_COLUMNS, baselines)]
     return lines
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/summarize.py                     # PNGs into benchmarks/results/plots/, table on stdout
     python benchmarks/summarize.py --markdown          # only the markdown table (the top of RESULTS.md)
+    python benchmarks/summarize.py --details           # every case of the latest runs (RESULTS.md's "Latest run")
     python benchmarks/summarize.py RUN.csv DIR ... --plot OUT_DIR
 
 Reads every CSV under the given files / directories (default: benchmarks/results). For each machine and hot
@@ -88,18 +89,57 @@ def table(records: list[dict]) -> list[str]:
     return lines + [f[-1] for f in sorted(found)]
 
 
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
+def details(records: list[dict]) -> list[str]:
+    """Markdown tables (lines) of every case of the latest run per machine and hot path: one row per variant with
+    min / median / IQR time, ratios against the case's baseline and ``reference_compiled``, and peak memory."""
+    lines: list[str] = []
+    for _, hotpaths in sorted(plot.latest(records).items()):
+        for hotpath in sorted(hotpaths, key=lambda h: plot.ORDER.index(h) if h in plot.ORDER else len(plot.ORDER)):
+            recs = hotpaths[hotpath]
+            first = recs[0]
+            device = first["gpu"] or f"{first['cpu']}, {int(first['cores'])} cores"
+            when = first["date"][:16].replace("T", " ")
+            lines += ["", f"#### {hotpath} ({device}, {when} UTC, torch {first['torch']}, "
+                      f"commit {first['qkernels_commit']}, load {first['load_avg']})", "",
+                      "| case | variant | min ms | median ms | IQR % | vs baseline | vs torch.compile | peak MiB |",
+                      "| --- | --- | ---: | ---: | ---: | --- | --- | ---: |"]
+            for case in dict.fromkeys(r["case"] for r in recs):
+                label = case
+                for r in [r for r in recs if r["case"] == case]:
+                    name = f"**{r['variant']}** (baseline)" if r["variant"] == r.get("baseline") else r["variant"]
+                    if r.get("error"):
+                        lines.append(f"| {label} | {name} | {r['error']} | | | | | |")
+                        continue
+                    peak = r.get("peak_bytes")
+                    vb = ratio_text(r.get("vs_baseline"), clear=bool(r.get("vs_baseline_clear")))
+                    vc = ratio_text(r.get("vs_compiled"), clear=bool(r.get("vs_compiled_clear")))
+                    lines.append(
+                        f"| {label} | {name} | {_ms(r.get('min_s'))} | {_ms(r.get('median_s'))} | "
+                        f"{r['iqr_pct']:.0f} | {vb} | {vc} | {'-' if peak is None else f'{peak / 2**20:.1f}'} |")
+                    label = ""  # the case's name once
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="*", default=[str(DEFAULT)], help="CSV files or directories (default: %(default)s)")
     p.add_argument("--plot", metavar="DIR", help="where the PNGs go (default: <first directory>/plots)")
     p.add_argument("--markdown", action="store_true", help="print only the markdown summary table")
+    p.add_argument("--details", action="store_true", help="print only the per-case markdown tables")
     args = p.parse_args(argv)
     records = results.load(args.paths)
     if not records:
         print(f"no qkernels bench results (CSV) under {', '.join(args.paths)}", file=sys.stderr)
         return 1
-    print("\n".join(table(records)))
-    if not args.markdown:
+    print("\n".join(details(records) if args.details else table(records)))
+    if not (args.markdown or args.details):
         first = Path(args.paths[0])
         out = Path(args.plot) if args.plot else (first if first.is_dir() else first.parent) / "plots"
         for png in plot.plot(records, out):

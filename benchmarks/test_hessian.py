@@ -14,14 +14,14 @@ import pytest
 import torch
 from torch import nn
 
-from qkernels.bench import benchmark_case, cases, pedantic
+from qkernels.bench import benchmark_case, cases, pedantic, short_id
 from qkernels.bench.hessian import DECODERS, IMG, D, K, N, batched_nhp, sequential_nhp
 
 PARAMS = [(c, v) for c in cases("hessian") for v in c.variants]
 
 
-@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
-def test_penalty_forward_backward(benchmark, case, variant):
+@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[short_id(c, v) for c, v in PARAMS])
+def test_nhp(benchmark, case, variant):
     benchmark_case(benchmark, case, variant)
 
 

@@ -10,11 +10,11 @@ Peak memory (growth of peak RSS in a fresh subprocess) goes to extra_info["peak_
 
 import pytest
 
-from qkernels.bench import benchmark_case, cases
+from qkernels.bench import benchmark_case, cases, short_id
 
 PARAMS = [(c, v) for c in cases("kde") for v in c.variants]
 
 
-@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
+@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[short_id(c, v) for c, v in PARAMS])
 def test_kde(benchmark, case, variant):
     benchmark_case(benchmark, case, variant)

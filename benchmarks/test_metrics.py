@@ -1,8 +1,9 @@
 """Speed of the disentanglement metrics at evaluation size: N = 10000 samples, n_s = 9 sources
 (Isaac3D's factor sizes), n_z = 18 latents, discrete and continuous.
 
-Targets on the 2-core CPU dev machine: InfoMEC discrete < 2 s, continuous < 30 s, DCI < 60 s.
-Run: ``pytest benchmarks/test_metrics.py --benchmark-only``.
+Targets on the 2-core CPU dev machine: InfoMEC discrete < 2 s, continuous < 30 s, DCI < 60 s. The
+continuous InfoMEC and DCI (tens of seconds each) run only with ``--bench-all``.
+Run: ``pytest benchmarks/test_metrics.py --benchmark-only [--bench-all]``.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ def test_infomec_discrete(benchmark, data):
     assert 0 <= r["infom"] <= 1
 
 
+@pytest.mark.bench_all
 def test_infomec_continuous(benchmark, data):
     s, _, continuous = data
     r = benchmark.pedantic(infomec, args=(s, continuous), rounds=1, iterations=1)
     assert 0 <= r["infom"] <= 1
 
 
+@pytest.mark.bench_all
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])
 def test_dci_tripod_preset(benchmark, data, kind):
     """The default preset (Tripod's random forest, 100 trees, depth 10, 90/10 split); the "dlib" preset

@@ -8,11 +8,11 @@ selection and autograd wiring add per call. ``add``: one bare torch.add forward 
 
 import pytest
 
-from qkernels.bench import benchmark_case, cases
+from qkernels.bench import benchmark_case, cases, short_id
 
 PARAMS = [(c, v) for c in cases("overhead") for v in c.variants]
 
 
-@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
+@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[short_id(c, v) for c, v in PARAMS])
 def test_overhead(benchmark, case, variant):
-    benchmark_case(benchmark, case, variant, memory=False)
+    benchmark_case(benchmark, case, variant)

@@ -8,11 +8,11 @@ Peak memory (growth of peak RSS in a fresh subprocess) goes to extra_info.
 
 import pytest
 
-from qkernels.bench import benchmark_case, cases
+from qkernels.bench import benchmark_case, cases, short_id
 
 PARAMS = [(c, v) for c in cases("quantize") for v in c.variants]
 
 
-@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
+@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[short_id(c, v) for c, v in PARAMS])
 def test_quantize(benchmark, case, variant):
     benchmark_case(benchmark, case, variant)

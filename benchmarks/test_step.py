@@ -8,11 +8,13 @@ too on CUDA). Peak memory (growth of peak RSS in a fresh subprocess, after a war
 
 import pytest
 
-from qkernels.bench import benchmark_case, cases
+from qkernels.bench import benchmark_case, cases, short_id
+
+pytestmark = pytest.mark.bench_all  # minutes of torch.compile per method: only with --bench-all
 
 PARAMS = [(c, v) for c in cases("step") for v in c.variants]
 
 
-@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
+@pytest.mark.parametrize(("case", "variant"), PARAMS, ids=[short_id(c, v) for c, v in PARAMS])
 def test_step(benchmark, case, variant):
     benchmark_case(benchmark, case, variant)

@@ -1,12 +1,26 @@
 """MkDocs hooks: pages generated from the code so they cannot drift from it.
 
 - ``<!-- cli-reference -->``: the ``qkernels`` command's argparse parser, every subcommand and flag;
-- ``<!-- api-reference -->``: one mkdocstrings block per name in ``qkernels.__all__`` and ``qkernels.nn.__all__``.
+- ``<!-- api-reference -->``: one section per public module (:data:`API_MODULES`): its docstring, then one
+  mkdocstrings block per name in its ``__all__``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+
+# the public modules, in the order of the API page; tests/test_docs.py and tests/test_docstrings.py check them
+API_MODULES = (
+    "qkernels",
+    "qkernels.nn",
+    "qkernels.metrics",
+    "qkernels.train",
+    "qkernels.models",
+    "qkernels.data",
+    "qkernels.compat.vector_quantize_pytorch",
+)
 
 
 def _cli_markdown() -> str:
@@ -21,14 +35,26 @@ def _cli_markdown() -> str:
     return "\n".join(out)
 
 
-def _api_markdown() -> str:
-    import qkernels
-    import qkernels.nn
+def _api_block(module: str, name: str) -> str:
+    """The mkdocstrings block of ``module.name``. Where a submodule of the same name shadows that path for griffe
+    (``qkernels.metrics.dci`` the function vs the module ``qkernels/metrics/dci.py``), the object is documented
+    at its defining path under the public name, with an anchor of the public path."""
+    public = f"{module}.{name}"
+    obj = getattr(importlib.import_module(module), name)
+    mod = importlib.import_module(module)
+    if not callable(obj) or not hasattr(mod, "__path__") or importlib.util.find_spec(public) is None:
+        return f"::: {public}\n"
+    return (f'<a id="{public}"></a>\n\n::: {obj.__module__}.{obj.__qualname__}\n    options:\n'
+            f"      heading: {public}\n      toc_label: {public}\n")
 
-    out = ["## qkernels", ""]
-    out += [f"::: qkernels.{name}\n" for name in qkernels.__all__]
-    out += ["## qkernels.nn", ""]
-    out += [f"::: qkernels.nn.{name}\n" for name in qkernels.nn.__all__]
+
+def _api_markdown() -> str:
+    out = []
+    for module in API_MODULES:
+        names = importlib.import_module(module).__all__
+        out += [f"## {module}", "", f"::: {module}", "    options:", "      members: false",
+                "      show_root_heading: false", ""]
+        out += [_api_block(module, name) for name in names]
     return "\n".join(out)
 
 

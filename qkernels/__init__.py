@@ -19,7 +19,7 @@ from qkernels.ops.quantize import (
     latent_quantize,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (statically) for the package metadata
 
 _backend.warm()  # backend selection becomes a table lookup (torch.compile traces through it)
 

@@ -13,10 +13,14 @@ import contextlib
 import importlib.util
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from qkernels import _ext
+
+# an op's implementation on one backend (the reference's signature)
+Kernel = Callable[..., Any]
 
 BACKENDS = ("reference", "cpu", "triton", "cuda")
 
@@ -60,7 +64,18 @@ AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
 
 
 class BackendUnavailableError(RuntimeError):
-    """A forced backend cannot run the requested op on the given tensors."""
+    """A forced backend cannot run the requested op on the given tensors (a RuntimeError saying why).
+
+    Examples:
+        The cuda backend never runs on CPU tensors:
+
+        >>> import qkernels
+        >>> with qkernels.use_backend("cuda"):
+        ...     qkernels.latent_quantize(torch.zeros(2, 3), torch.zeros(4))
+        Traceback (most recent call last):
+            ...
+        qkernels._backend.BackendUnavailableError: backend 'cuda' unavailable for latent_quantize: ...
+    """
 
 
 def _check_name(name: str) -> str:
@@ -70,7 +85,7 @@ def _check_name(name: str) -> str:
 
 
 _forced: str = _check_name(os.environ.get("QKERNELS_BACKEND", "auto") or "auto")
-_REGISTRY: dict[str, dict[str, Callable]] = {}
+_REGISTRY: dict[str, dict[str, Kernel]] = {}
 # unavailable_reason per (backend, device type or None), filled by warm() at import: selection
 # inside torch.compile must be plain dict lookups (probing triton or the dispatcher while dynamo
 # traces breaks fullgraph compilation).
@@ -90,7 +105,7 @@ def _triton_reason() -> str | None:
     return None
 
 
-def _device_type(device) -> str | None:
+def _device_type(device: torch.device | str | None) -> str | None:
     if device is None:
         return None
     return device.type if isinstance(device, torch.device) else torch.device(device).type
@@ -136,18 +151,61 @@ def _probe(backend: str, dev: str | None) -> str | None:
 
 
 def available_backends(device: torch.device | str | None = None) -> list[str]:
-    """Backends usable on this machine (for tensors on ``device`` when given)."""
+    """Backends usable on this machine (for tensors on ``device`` when given).
+
+    Args:
+        device: a device or its name ("cpu", "cuda"); None: usable on any device.
+
+    Returns:
+        A list of names from ("reference", "cpu", "triton", "cuda"), in that order; "reference" is always there.
+
+    Examples:
+        >>> import qkernels
+        >>> backends = qkernels.available_backends("cpu")
+        >>> backends[0], "cuda" in backends
+        ('reference', False)
+    """
     return [b for b in BACKENDS if unavailable_reason(b, device) is None]
 
 
 def current_backend() -> str:
-    """The forced backend name, or ``"auto"``."""
+    """The forced backend name, or ``"auto"`` (the default, also set by ``QKERNELS_BACKEND``).
+
+    Returns:
+        One of "auto", "reference", "cpu", "triton", "cuda".
+
+    Examples:
+        >>> import qkernels
+        >>> with qkernels.use_backend("reference"):
+        ...     qkernels.current_backend()
+        'reference'
+    """
     return _forced
 
 
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
-    """Force backend ``name`` (or ``"auto"``) inside the ``with`` block."""
+    """Force backend ``name`` (or ``"auto"``) inside the ``with`` block (a context manager).
+
+    Args:
+        name: "reference", "cpu", "triton", "cuda" or "auto". A forced backend that cannot run an op
+            makes the op raise :class:`BackendUnavailableError`.
+
+    Raises:
+        ValueError: an unknown name.
+
+    Examples:
+        >>> import qkernels
+        >>> before = qkernels.current_backend()
+        >>> with qkernels.use_backend("reference"):
+        ...     q = qkernels.fsq(torch.zeros(2, 3), 5)
+        >>> qkernels.current_backend() == before
+        True
+        >>> qkernels.use_backend("gpu").__enter__()
+        Traceback (most recent call last):
+            ...
+        ValueError: backend must be one of ('reference', 'cpu', 'triton', 'cuda', 'auto'), got 'gpu'
+    """
     global _forced
     previous, _forced = _forced, _check_name(name)
     try:
@@ -156,11 +214,11 @@ def use_backend(name: str) -> Iterator[None]:
         _forced = previous
 
 
-def register(op: str, backend: str) -> Callable[[Callable], Callable]:
+def register(op: str, backend: str) -> Callable[[Kernel], Kernel]:
     """Decorator: register ``fn`` as ``backend``'s implementation of functional op ``op``."""
     _check_name(backend)
 
-    def deco(fn: Callable) -> Callable:
+    def deco(fn: Kernel) -> Kernel:
         _REGISTRY.setdefault(op, {})[backend] = fn
         _SELECTED.clear()
         return fn
@@ -168,7 +226,7 @@ def register(op: str, backend: str) -> Callable[[Callable], Callable]:
     return deco
 
 
-def implementations(op: str) -> dict[str, Callable]:
+def implementations(op: str) -> dict[str, Kernel]:
     """``{backend: implementation}`` registered for ``op`` (by its module in :mod:`qkernels.ops`)."""
     return dict(_REGISTRY.get(op, {}))
 
@@ -199,10 +257,10 @@ SELF_CHECKING = frozenset({"cpu"})
 # registry and AUTO_ORDER are fixed once the ops are registered; register() clears it). Not while
 # torch.compile traces: a global dict that grows between traces would fail dynamo's guards and
 # recompile the graph at the next batch size
-_SELECTED: dict[tuple, tuple[str, Callable]] = {}
+_SELECTED: dict[tuple[str, str, torch.dtype, str], tuple[str, Kernel]] = {}
 
 
-def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Callable]:
+def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Kernel]:
     """``(backend, implementation)`` of ``op`` for ``dtype`` tensors on ``device``."""
     if torch.compiler.is_compiling():
         return _select(op, device, dtype)
@@ -213,7 +271,7 @@ def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Call
     return hit
 
 
-def _select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Callable]:
+def _select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Kernel]:
     impls = _REGISTRY.get(op, {})
     if _forced != "auto":
         reason = unavailable_reason(_forced, device)

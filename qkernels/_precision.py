@@ -51,7 +51,7 @@ def upcast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def no_autocast(device: torch.device):
+def no_autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
     """A context that turns autocast off for ``device``'s type while a backend runs (a no-op
     context when autocast is off: nothing to pay per call)."""
     kind = device.type

@@ -83,7 +83,7 @@ def check_finite(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} contains NaN or inf")
 
 
-def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, *, dtype=True) -> None:
+def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, *, dtype: bool = True) -> None:
     """Same device (and dtype when ``dtype``) for two tensor arguments; the error says how to fix it."""
     if a.device != b.device:
         raise ValueError(
@@ -110,16 +110,16 @@ def in_range(idx: torch.Tensor, hi: int) -> bool:
     if idx.numel() == 0:
         return True
     lo, top = torch.aminmax(idx.detach())
-    return lo.item() >= 0 and top.item() < hi
+    return bool(lo.item() >= 0 and top.item() < hi)
 
 
-def is_finite_number(x) -> bool:
+def is_finite_number(x: float) -> bool:
     """Whether the number ``x`` is finite (comparisons, not math.isfinite: torch.compile traces them
     when ``x`` is a symbolic float)."""
     return -math.inf < x < math.inf
 
 
-def check_positive(name: str, value: object, *, integer: bool = False, minimum=None) -> None:
+def check_positive(name: str, value: object, *, integer: bool = False, minimum: float | None = None) -> None:
     """A positive number (``> 0``), or ``>= minimum`` when given."""
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
@@ -159,7 +159,7 @@ def check_std(std: object, z: torch.Tensor, *, values: bool = True) -> torch.Ten
     return torch.full((d,), float(std), dtype=z.dtype, device=z.device)
 
 
-def check_sigma(sigma) -> float:
+def check_sigma(sigma: float) -> float:
     """A finite bandwidth > 0, as a float."""
     check_positive("sigma", sigma)
     if not is_finite_number(sigma):
@@ -167,7 +167,7 @@ def check_sigma(sigma) -> float:
     return float(sigma)
 
 
-def check_grid(grid) -> tuple[float, float, int]:
+def check_grid(grid: object) -> tuple[float, float, int]:
     """An integration grid (a, b, K): finite a < b, integer K >= 2."""
     if not (isinstance(grid, (tuple, list)) and len(grid) == 3):
         raise TypeError(f"grid must be a tuple (a, b, K), got {grid!r}")

@@ -333,7 +333,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", metavar="DIR", help="draw the results as DIR/<machine>.png (needs matplotlib: "
                    "pip install 'qkernels[plot]')")
     b.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    b.add_argument("--all", action="store_true", help="include the slow cases (minutes each)")
+    b.add_argument("--all", action="store_true", help="include the slow cases (minutes each; the default run, a few "
+                   "minutes on 2 cores, leaves them out and names them in the plan it prints first)")
     b.add_argument("--min-time", type=_positive_float, default=0.5, metavar="SECONDS",
                    help="timed seconds per variant and case (more: steadier ratios; default 0.5)")
     b.add_argument("--threads", type=_int_at_least(1),

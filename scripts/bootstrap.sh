@@ -1,17 +1,45 @@
 #!/usr/bin/env bash
 # Set up .venv with qkernels (native extension included) and its dev tools. Idempotent: a second run with
 # nothing changed (same native sources, build files, torch and environment switches) installs and builds
-# nothing and takes seconds.
-# Picks the CPU PyTorch wheel (torch==2.13.0) when no torch is installed in the venv;
-# set QKERNELS_TORCH (e.g. "torch==2.13.0 --index-url ...") to choose another build.
+# nothing and takes seconds. Each step prints one line (what it does, roughly how long it takes).
+# Installs the CPU build of torch 2.13.0 when the venv has none; set QKERNELS_TORCH (pip arguments, e.g.
+# "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128") to choose another build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TORCH_RELEASE=2.13.0
+say() { echo "bootstrap [${SECONDS}s]: $*"; }
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv with $PY"
+    "$PY" -m venv .venv
+fi
+# shellcheck source=/dev/null  # created above
 . .venv/bin/activate
+pip_install() { python -m pip install -q "$@"; }
+# PyPI's torch==2.13.0 on Linux x86_64 is the CUDA build (GBs of nvidia-* wheels). The CPU build is 2.13.0+cpu: from a
+# local wheel or index that has it, else from PyTorch's CPU index (PyPI holds no local versions: the first command
+# fails there in seconds; an unreachable index fails after pip's retries, about 10 s).
+install_cpu_torch() {
+    pip_install "torch==$TORCH_RELEASE+cpu" 2>/dev/null && return
+    say "torch==$TORCH_RELEASE+cpu not found: trying https://download.pytorch.org/whl/cpu"
+    pip_install "torch==$TORCH_RELEASE" --index-url https://download.pytorch.org/whl/cpu && return
+    say "no torch installed: set QKERNELS_TORCH to pip arguments that reach a build of torch $TORCH_RELEASE"
+    exit 1
+}
 if ! python -c "import torch" >/dev/null 2>&1; then
-    # shellcheck disable=SC2086
-    python -m pip install -q ${QKERNELS_TORCH:-torch==2.13.0}
+    if [ -n "${QKERNELS_TORCH:-}" ]; then
+        say "installing $QKERNELS_TORCH (QKERNELS_TORCH; 1-3 min)"
+        # shellcheck disable=SC2086  # QKERNELS_TORCH holds several pip arguments
+        pip_install $QKERNELS_TORCH
+    else
+        say "installing torch $TORCH_RELEASE, CPU build (1-3 min)"
+        install_cpu_torch
+    fi
+fi
+# torch warns "Failed to initialize NumPy" at every import without numpy: install it before torch is imported
+if ! python -c "import numpy" >/dev/null 2>&1; then
+    say "installing numpy (seconds)"
+    pip_install "numpy>=1.24"
 fi
 # what the build depends on: native sources, build files, torch, python, the build switches
 stamp_file=.venv/.qkernels-build-stamp
@@ -23,10 +51,14 @@ ext_ok() {
 }
 if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && ext_ok \
         && python -c "import qkernels, pytest, ruff" >/dev/null 2>&1; then
-    echo "bootstrap: .venv is up to date (nothing to install or build)"
+    say ".venv is up to date (nothing to install or build)"
 else
-    python -m pip install -q "setuptools>=77" wheel ninja
-    python -m pip install -q --no-build-isolation -e ".[dev]"
+    say "installing the build tools (seconds)"
+    pip_install "setuptools>=77" wheel ninja
+    say "pip install --no-build-isolation -e \".[dev]\": compiles qkernels._C (about 3 min on 2 cores from" \
+        "scratch, only changed sources after that) and installs the dev tools (1-2 min the first time)"
+    pip_install --no-build-isolation -e ".[dev]"
     echo "$stamp" > "$stamp_file"
+    say "done"
 fi
 python -c "import qkernels; print('qkernels', qkernels.__version__, 'backends:', qkernels.available_backends())"

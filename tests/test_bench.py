@@ -143,12 +143,10 @@ def test_ratios_are_per_round_medians_with_a_noise_mark():
 
 
 def test_round_plan_for_pytest_benchmark():
-    assert bench.plan_rounds(1e-5) == (100, 1000)  # short runs: capped
-    warm, rounds = bench.plan_rounds(0.01)
-    assert warm >= 1 and rounds == 80  # 0.8 s of rounds
-    assert bench.plan_rounds(0.3) == (1, 5)  # at least 5 rounds below 1 s per run
-    assert bench.plan_rounds(0.6) == (0, 5)  # no warm-up rounds from 0.5 s: the first runs warmed it
-    assert bench.plan_rounds(2.0) == (0, 3) and bench.plan_rounds(30.0) == (0, 2)
+    assert bench.plan_rounds(1e-5) == 1000  # short runs: capped
+    assert bench.plan_rounds(0.01) == 80  # 0.8 s of rounds
+    assert bench.plan_rounds(0.3) == bench.plan_rounds(0.6) == 5  # at least 5 rounds below 1 s per run
+    assert bench.plan_rounds(2.0) == 3 and bench.plan_rounds(30.0) == 2
 
 
 def test_load_warnings():
@@ -221,13 +219,13 @@ def test_default_cases_and_legends_fit_100_columns():
                                             baseline=case.baseline, rounds=1000, note="slow case: run with --all")
             lines += bench.report.case_lines(case.name, [{"variant": v, "error": "E" * 300} for v in case.variants])
             assert all(len(line) <= 100 for line in lines), max(lines, key=len)
-        legend = bench.report.legend_lines(names, hotpath)
+        legend = bench.report.legend_lines({hotpath: names})
         assert all(len(line) <= 100 for line in legend + [bench.report.header()])
         for name in dict.fromkeys(names):  # every variant of the default cases is explained
             assert any(line.startswith(f"  {name}: ") for line in legend), (hotpath, name)
     for hotpath in ("kde", "quantize"):
         assert any("materialized" in v for c in bench.cases(hotpath) for v in c.variants)
-    train = bench.report.legend_lines(["none", "stacked", "fused", "sequential"], "hessian")
+    train = bench.report.legend_lines({"hessian": ["none", "stacked", "fused", "sequential"]})
     assert all(any(line.startswith(f"  {n}: ") for line in train) for n in ("none", "stacked", "fused", "sequential"))
 
 

@@ -4,7 +4,7 @@ A hot path contributes a module (``qkernels.bench.<hotpath>``) with ``cases()``:
 :class:`Case`, each a named input shape with one forward+backward callable per variant, and an
 optional ``LEGEND`` (variant name -> what it means in that hot path).
 
-Variant names (the legend under each table of ``qkernels bench`` says the same):
+Variant names (the legend after the tables of ``qkernels bench`` says the same):
 
 - ``reference``: qkernels' reference backend, the op in plain PyTorch ops, eager (the tests' oracle);
 - ``reference_compiled``: ``torch.compile`` (inductor, default mode) of the reference: what a user
@@ -37,9 +37,12 @@ rounds take more than ``max_seconds``. Reported: min and median, the interquarti
 % of the median, and ratios "baseline / variant" as the median of the per-round ratios (each
 compares runs seconds apart), in words ("2.00x faster", "2.78x slower"; see
 :mod:`qkernels.bench.report`). ``pytest benchmarks/`` cannot interleave: :func:`benchmark_case`
-gives each variant warm-up rounds and a number of rounds chosen from its run time
-(:func:`plan_rounds`), and benchmarks/conftest.py prints the same table from pytest-benchmark's
-statistics. Both warn when other processes load the machine (:mod:`qkernels.bench.report`).
+gives each variant the same first run and :data:`WARMUP_S` of warm-up runs, then a number of rounds
+chosen from the warm runs' time (:func:`plan_rounds`; never from the first run, which may compile),
+and benchmarks/conftest.py prints the same table from pytest-benchmark's statistics. Both warn when
+other processes load the machine (:mod:`qkernels.bench.report`), say before a run what it will run and
+roughly how long it takes (:func:`estimate_seconds`), and leave the slow cases (``Case.slow``) to
+``qkernels bench --all`` / ``pytest benchmarks/ --bench-all``.
 
 Results: ``qkernels bench --save DIR`` writes them as CSV and JSON (:mod:`qkernels.bench.results`),
 ``--plot DIR`` as one PNG per machine (:mod:`qkernels.bench.plot`); ``python benchmarks/summarize.py`` reads
@@ -53,6 +56,7 @@ tracemalloc, and the resident set sees every page the process touches.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 import importlib
@@ -78,10 +82,13 @@ from qkernels.bench.report import (  # noqa: F401 - re-exported
     load_warning,
     memory_text,
     others_warning,
+    plan_lines,
     quartiles,
     ratio_text,
     wrap,
 )
+
+WARMUP_S = 0.2  # seconds of warm-up runs per variant after its first run (both tools)
 
 
 @dataclasses.dataclass
@@ -98,6 +105,12 @@ class Case:
     # the inputs hold state that a run changes and that must be warm before a run is measured (the training
     # step's trainers: optimizer state, compiled code); ``make`` returns the same objects on every call
     stateful: bool = False
+    memory: bool = True  # measure peak memory (False: tiny shapes, where it is ~0)
+
+
+# rough wall seconds on a 2-core CPU, for the estimate printed before a run (:func:`estimate_seconds`)
+COMPILE_S = 6.0  # torch.compile of one variant (forward + backward)
+PROBE_S = 4.0  # one peak-memory subprocess per case (start, import torch, warm-up)
 
 
 def variant(loss: Callable[..., torch.Tensor], backend: str = "reference", *, compiled: bool = False):
@@ -176,8 +189,38 @@ def half_precision_case(case: Case, loss: Callable, plain: Callable, dtype=torch
     return Case(case.hotpath, name, make, variants, baseline="float32", slow=case.slow)
 
 
+def estimate_seconds(runs: list[tuple[Case, str]], *, memory: bool = True, min_time: float = 0.5) -> float:
+    """Rough wall seconds to benchmark ``runs`` ((case, variant) pairs): per variant its timed rounds
+    (``min_time``), warm-up and first runs and :data:`COMPILE_S` for a torch.compile variant; with
+    ``memory`` (and ``case.memory``), per case a peak-memory subprocess (:data:`PROBE_S`, and half of
+    :data:`COMPILE_S` per compiled variant: it compiles again, from the on-disk cache)."""
+    total, probed = 0.0, set()
+    for case, name in runs:
+        compiles = "compiled" in name
+        total += min_time + WARMUP_S + 0.3 + compiles * COMPILE_S
+        if memory and case.memory:
+            total += compiles * COMPILE_S / 2 + (PROBE_S if case.name not in probed else 0.0)
+            probed.add(case.name)
+    return total
+
+
 def cases(hotpath: str) -> list[Case]:
     return importlib.import_module(f"qkernels.bench.{hotpath}").cases()
+
+
+_SHORT = (("latent_quantize", "lq"), ("categorical_latent", "cat"), ("finite_difference_curvature", "fdc"),
+          ("per-dim", "pd"), ("materialized", "mat"), ("plain autocast", "autocast"), (",", ""))
+
+
+def short_id(case: Case, variant: str) -> str:
+    """A pytest id for ``variant`` of ``case``: "<case>-<variant>" with long words shortened (latent_quantize:
+    lq, categorical_latent: cat, finite_difference_curvature: fdc, per-dim: pd, materialized: mat, plain
+    autocast: autocast), so that pytest-benchmark's table (name column: test name + id; group: the full case
+    name) fits 120 columns."""
+    text = f"{case.name}-{variant}"
+    for long, short in _SHORT:
+        text = text.replace(long, short)
+    return text
 
 
 def find_case(hotpath: str, name: str) -> Case:
@@ -198,7 +241,7 @@ def _on_cuda(inputs: tuple) -> bool:
 
 def time_variants(
     case: Case, names: list[str], *, min_time: float = 0.5, min_rounds: int = 5, max_rounds: int = 1000,
-    max_seconds: float = 20.0, warmup: float = 0.2,
+    max_seconds: float = 20.0, warmup: float = WARMUP_S,
 ) -> dict[str, list[float] | BaseException]:
     """Wall seconds of forward + backward runs of each variant, interleaved: round r runs every
     live variant once, in order, so drift in machine load hits all alike and ``times[v][r]`` of
@@ -295,45 +338,47 @@ def summarize(case: Case, times: dict[str, list[float] | BaseException]) -> list
     return rows
 
 
-def plan_rounds(seconds: float, *, budget: float = 0.8, max_rounds: int = 1000) -> tuple[int, int]:
-    """(warm-up rounds, timed rounds) for pytest-benchmark's ``pedantic`` of a callable taking
-    ``seconds`` per run (already run twice, or once when that took >= 0.5 s): timed rounds to fill
-    ``budget`` seconds, at least 5 (3 from 1 s per run, 2 from 5 s), at most ``max_rounds``;
-    warm-up rounds for a tenth of that (1 to 100), none from 0.5 s per run."""
+def plan_rounds(seconds: float, *, budget: float = 0.8, max_rounds: int = 1000) -> int:
+    """Timed rounds for pytest-benchmark's ``pedantic`` of a callable taking ``seconds`` per warm run:
+    enough to fill ``budget`` seconds, at least 5 (3 from 1 s per run, 2 from 5 s), at most ``max_rounds``."""
     seconds = max(seconds, 1e-6)
     least = 5 if seconds < 1 else 3 if seconds < 5 else 2
-    rounds = min(max(math.ceil(budget / seconds), least), max_rounds)
-    warm = 0 if seconds >= 0.5 else min(max(math.ceil(0.1 * budget / seconds), 1), 100)
-    return warm, rounds
+    return min(max(math.ceil(budget / seconds), least), max_rounds)
+
+
+def warm_up(fn: Callable, args: tuple = (), seconds: float = WARMUP_S) -> list[float]:
+    """Warm-up runs of ``fn(*args)`` (after its first run): at least one, more while under ``seconds`` in
+    all; returns their times."""
+    times: list[float] = []
+    while not times or sum(times) < seconds:
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def pedantic(benchmark, fn: Callable, args: tuple = (), *, budget: float = 0.8):
-    """``benchmark.pedantic(fn, args)`` (pytest-benchmark) with warm-up and rounds from
-    :func:`plan_rounds`: one untimed first run (lazy initialisation, compilation) and, when that
-    took under 0.5 s, one more to estimate the time per run. The extra_info gets ``iqr_pct``
-    (interquartile range, % of the median). Returns ``fn``'s result."""
+    """``benchmark.pedantic(fn, args)`` (pytest-benchmark) warmed up as :func:`time_variants` does: one
+    first run (lazy initialisation, ``torch.compile``: neither timed nor used to plan), warm-up runs for
+    :data:`WARMUP_S` (at least one), then the rounds of :func:`plan_rounds` for the warm runs' median time.
+    The extra_info gets ``iqr_pct`` (interquartile range, % of the median). Returns ``fn``'s result."""
     if getattr(benchmark, "disabled", False):
         return benchmark.pedantic(fn, args=args)
-    t0 = time.perf_counter()
     fn(*args)
-    seconds = time.perf_counter() - t0
-    if seconds < 0.5:
-        t0 = time.perf_counter()
-        fn(*args)
-        seconds = time.perf_counter() - t0
-    warm, rounds = plan_rounds(seconds, budget=budget)
-    result = benchmark.pedantic(fn, args=args, rounds=rounds, warmup_rounds=warm, iterations=1)
+    rounds = plan_rounds(statistics.median(warm_up(fn, args)), budget=budget)
+    result = benchmark.pedantic(fn, args=args, rounds=rounds, iterations=1)
     stats = getattr(getattr(benchmark, "stats", None), "stats", None)
     if stats is not None and stats.median:
         benchmark.extra_info["iqr_pct"] = round(100 * stats.iqr / stats.median, 2)
     return result
 
 
-def benchmark_case(benchmark, case: Case, name: str, *, memory: bool = True, budget: float = 0.8):
+def benchmark_case(benchmark, case: Case, name: str, *, memory: bool | None = None, budget: float = 0.8):
     """One pytest-benchmark test of variant ``name`` of ``case``: group = the case, extra_info
     ``hotpath``, ``case``, ``variant``, ``baseline`` (for the summary table of
-    benchmarks/conftest.py) and ``peak_mib`` (None when ``memory`` is False, benchmarks are
-    disabled, or it could not be measured), then :func:`pedantic`."""
+    benchmarks/conftest.py) and ``peak_mib`` (None when ``memory`` (default: ``case.memory``) is
+    False, benchmarks are disabled, or it could not be measured), then :func:`pedantic`."""
+    memory = case.memory if memory is None else memory
     benchmark.group = case.name
     benchmark.extra_info.update(hotpath=case.hotpath, case=case.name, variant=name, baseline=case.baseline)
     peak = peak_memory(case, name) if memory and not getattr(benchmark, "disabled", False) else None
@@ -349,20 +394,44 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def _probe(hotpath: str, name: str, variant: str) -> int:
-    """Peak-RSS growth (bytes) of one run, measured in this (fresh) process: the peak (VmHWM) is
-    reset to the current RSS just before the run (Linux ``/proc/self/clear_refs``)."""
+def _trim() -> None:
+    """Give the C heap's free pages back to the OS (glibc ``malloc_trim``): what an earlier run freed
+    is not reused unseen by the next one."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _probe(hotpath: str, name: str, variants: list[str]) -> dict[str, int | None]:
+    """Peak-RSS growth (bytes) of one run of each of ``variants`` of a case, in this fresh process:
+    every variant warmed up first (code paths, thread pools, lazy initialisation; compiled variants on
+    the real shapes, so that compilation is not measured), then per variant: garbage collected, heap
+    trimmed, the peak (VmHWM) reset to the current RSS (Linux ``/proc/self/clear_refs``), one run.
+    None for a variant that raises."""
     case = find_case(hotpath, name)
-    fn = case.variants[variant]
-    # warm-up: loads code paths, thread pools, lazy initialisation (compiled variants: on the real
-    # shapes, so that compilation is not measured)
-    fn(*case.make(1 if "compiled" in variant or case.stateful else 0))
-    inputs = case.make(1)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = _status_bytes("VmRSS")
-    fn(*inputs)
-    return max(_status_bytes("VmHWM") - before, 0)
+    out: dict[str, int | None] = {}
+    for v in variants:
+        try:
+            case.variants[v](*case.make(1 if "compiled" in v or case.stateful else 0))
+        except Exception:  # noqa: BLE001 - reported as not measured
+            out[v] = None
+    for v in variants:
+        if v in out:
+            continue
+        inputs = case.make(1)
+        gc.collect()
+        _trim()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _status_bytes("VmRSS")
+        try:
+            case.variants[v](*inputs)
+            out[v] = max(_status_bytes("VmHWM") - before, 0)
+        except Exception:  # noqa: BLE001
+            out[v] = None
+        del inputs
+    return out
 
 
 def _cuda_peak(case: Case, variant: str, warm: bool) -> int:
@@ -380,21 +449,27 @@ def _cuda_peak(case: Case, variant: str, warm: bool) -> int:
     return max(torch.cuda.max_memory_allocated() - before, 0)
 
 
+_PEAKS: dict[tuple, dict[str, int | None]] = {}  # (hotpath, case, variants) -> peak per variant
+
+
 def peak_memory(case: Case, variant: str, *, warm: bool = True) -> int | None:
     """Peak memory (bytes) of one forward + backward of ``variant``: GPU memory for CUDA cases
-    (``warm=False``: the variant already ran in this process), else peak-RSS growth in a
-    subprocess."""
+    (``warm=False``: the variant already ran in this process), else peak-RSS growth measured by
+    :func:`_probe` in a subprocess, one per case (its variants one after another; the first call
+    for a case measures them all)."""
     if _on_cuda(case.make(0)):
         return _cuda_peak(case, variant, warm)
-    code = (
-        "import json, sys; from qkernels.bench import _probe; "
-        f"print(json.dumps(_probe({case.hotpath!r}, {case.name!r}, {variant!r})))"
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as many threads as the timing
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    if res.returncode != 0:
-        return None
-    return int(json.loads(res.stdout.strip().splitlines()[-1]))
+    key = (case.hotpath, case.name, tuple(case.variants))
+    if key not in _PEAKS:
+        code = (
+            "import json, sys; from qkernels.bench import _probe; "
+            f"print(json.dumps(_probe({case.hotpath!r}, {case.name!r}, {list(case.variants)!r})))"
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as many threads as the timing
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        ok = res.returncode == 0
+        _PEAKS[key] = json.loads(res.stdout.strip().splitlines()[-1]) if ok else {}
+    return _PEAKS[key].get(variant)
 
 
 def variant_launches(case: Case, variant: str) -> int | None:
@@ -431,9 +506,10 @@ def run(
     hotpaths=DEFAULT_HOTPATHS, *, memory: bool = True, include_slow: bool = False, out=sys.stdout,
     min_time: float = 0.5, threads: int | None = None,
 ) -> list[dict]:
-    """Benchmark every case of every hot path; print one fixed-width table per hot path (every
-    line <= 100 columns: the case on a line of its own, a line per variant below it) with a
-    legend under it; return the rows (:func:`summarize`'s, plus ``peak_bytes``,
+    """Benchmark every case of every hot path (slow ones only with ``include_slow``); print the plan
+    first (cases, variants, what is left out, a rough duration), then one fixed-width table per hot
+    path (every line <= 100 columns: the case on a line of its own, a line per variant below it),
+    then one legend; return the rows (:func:`summarize`'s, plus ``peak_bytes``,
     ``memory_ratio`` = variant peak / baseline peak and ``launches``: :func:`variant_launches`).
 
     Ratios are per-round medians measured in the same run: "vs baseline" = baseline / variant and
@@ -463,20 +539,28 @@ def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float) -> li
     warning = load_warning()
     if warning:
         say(*wrap(warning))
+    every = {h: cases(h) for h in hotpaths}
+    chosen = {h: [c for c in cs if include_slow or not c.slow] for h, cs in every.items()}
+    left = [h for h in HOTPATHS if h not in hotpaths]
+    say(*plan_lines({h: (sum(len(c.variants) for c in cs), len(cs)) for h, cs in chosen.items()},
+                    [c.name for cs in every.values() for c in cs if c.slow and not include_slow],
+                    estimate_seconds([(c, v) for cs in chosen.values() for c in cs for v in c.variants],
+                                     memory=memory, min_time=min_time),
+                    "--all", left and f"not run: hot path {', '.join(left)} (--hotpath NAME)"))
+    names: dict[str, list[str]] = {}
     for hotpath in hotpaths:
         title = getattr(importlib.import_module(f"qkernels.bench.{hotpath}"), "TITLE", "one forward + backward per run")
-        say(*wrap(f"== {hotpath}: {title} =="))
+        say("", *wrap(f"== {hotpath}: {title} =="))
         say(header())
         clock, t0 = cpu_clock(), time.perf_counter()
-        names: list[str] = []
-        for case in cases(hotpath):
-            names += list(case.variants)
+        for case in every[hotpath]:
+            names.setdefault(hotpath, []).extend(case.variants)
             if case.slow and not include_slow:
                 say(*case_lines(case.name, [], note="slow case: run with --all"))
                 continue
             times = time_variants(case, list(case.variants), min_time=min_time)
             case_rows = summarize(case, times)
-            peaks = {r["variant"]: peak_memory(case, r["variant"], warm=False) if memory else None
+            peaks = {r["variant"]: peak_memory(case, r["variant"], warm=False) if memory and case.memory else None
                      for r in case_rows if "error" not in r}
             base = peaks.get(case.baseline)
             for r in case_rows:
@@ -491,5 +575,5 @@ def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float) -> li
         warning = others_warning(clock, cpu_clock(), time.perf_counter() - t0)
         if warning:
             say(*wrap(warning))
-        say(*legend_lines(names, hotpath))
+    say("", *legend_lines(names, baselines={h: [c.baseline for c in cs] for h, cs in chosen.items() if cs}))
     return rows

@@ -87,5 +87,6 @@ def cases(device: str | None = None) -> list[Case]:
             if b in implementations(_RAW_OF.get(op, op)):
                 variants = {"add": variant(lambda z, v, lg: torch.add(z, z).sum()), b: variant(functional, b),
                             f"{b} raw": variant(raw(b), b)}
-                out.append(Case("overhead", f"{op} n={N} d={D}, {b}", _inputs(device), variants, baseline="add"))
+                out.append(Case("overhead", f"{op} n={N} d={D}, {b}", _inputs(device), variants, baseline="add",
+                                memory=False))
     return out

@@ -16,6 +16,7 @@ from qkernels.bench import Case, backend_variants, half_precision_case, variant
 from qkernels.reference import quantize as ref
 
 SHAPES = [(128, 12, 10), (4096, 64, 64), (65536, 64, 64)]  # (n, d, n_v)
+SLOW_N = 65536  # seconds per run and GBs of memory (materialized): ``slow`` (behind ``--all`` / ``--bench-all``)
 CATEGORICAL_SHAPES = [(64, 10, 64), (4096, 10, 64)]  # (n, d, K): D-VAE uses d = 10, K = 64
 
 
@@ -77,7 +78,7 @@ def cases(device: str | None = None) -> list[Case]:
             variants["materialized compiled"] = variant(materialized_loss, compiled=True)
             kind = "global" if global_codebook else "per-dim"
             out.append(Case("quantize", f"latent_quantize n={n} d={d} n_v={nv} {kind}",
-                            _make(n, d, nv, global_codebook, device), variants))
+                            _make(n, d, nv, global_codebook, device), variants, slow=n >= SLOW_N and device == "cpu"))
     for n, d, k in CATEGORICAL_SHAPES:
         out.append(Case("quantize", f"categorical_latent n={n} d={d} K={k}", _make_categorical(n, d, k, device),
                         backend_variants(_categorical_loss, device)))

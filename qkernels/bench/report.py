@@ -21,7 +21,7 @@ import textwrap
 HOTPATHS = ("quantize", "kde", "hessian", "overhead", "step")  # the modules qkernels.bench.<hotpath>
 DEFAULT_HOTPATHS = HOTPATHS[:4]  # what ``qkernels bench`` runs without --hotpath (step: minutes of torch.compile)
 
-WIDTH = 100  # every line of a table, its legend and its warnings fits a 100-column terminal
+WIDTH = 100  # every line of a table, its legend, plan and warnings fits a 100-column terminal
 
 #: what each variant name means (a hot path module's ``LEGEND`` overrides these for its table)
 VARIANTS = {
@@ -48,8 +48,8 @@ VARIANTS = {
 #: the columns, for the legend
 COLUMNS = (
     "times of one run, ms; IQR %: interquartile range of the runs, % of the median. "
-    "vs baseline, vs compiled: time of the case's baseline (named on its line) / variant time, and "
-    "reference_compiled time / variant time, median over "
+    "vs baseline: time of the case's baseline (named on the case's line) / variant time; vs compiled: "
+    "reference_compiled time / variant time ('-' where the case has none); both the median over "
     "interleaved rounds: 'Nx faster' = N times less time, 'Nx slower' = N times more, '?' = no "
     "clear winner (each won in 25-75% of the rounds). lnch: GPU kernel launches of one run (on a GPU: "
     "the kernels torch.profiler records; on a CPU: Triton launches + aten ops that would run a kernel, "
@@ -60,10 +60,10 @@ COLUMNS = (
 
 #: the columns of the summary of ``pytest benchmarks/`` (variants timed one after another)
 PYTEST_COLUMNS = (
-    "times of one run, ms; IQR %: interquartile range of the rounds, % of the median. vs baseline, "
-    "vs compiled: median time of the case's baseline (named on its line), and of reference_compiled, "
-    "/ the variant's, each timed in "
-    "its own test (not interleaved): 'Nx faster' = N times less time, 'Nx slower' = N times more, "
+    "times of one run, ms; IQR %: interquartile range of the rounds, % of the median. vs baseline: "
+    "median time of the case's baseline (named on the case's line) / the variant's; vs compiled: the same "
+    "with reference_compiled ('-' where the case has none); each variant timed in its own test (not "
+    "interleaved): 'Nx faster' = N times less time, 'Nx slower' = N times more, "
     "'?' = their IQRs overlap. peak MiB: peak memory growth of one run; mem vs base: 'Nx less' / "
     "'Nx more' memory than the baseline ('-': not measured, or 0)."
 )
@@ -191,14 +191,50 @@ def describe(variant: str, hotpath: str | None = None) -> str | None:
     return None
 
 
-def legend_lines(variants: list[str], hotpath: str | None = None, columns: str = COLUMNS) -> list[str]:
-    """The legend printed under a table: ``columns``, then each of ``variants`` (first seen order)."""
+def legend_lines(variants: dict[str, list[str]], columns: str = COLUMNS,
+                 baselines: dict[str, list[str]] | None = None) -> list[str]:
+    """The legend, printed once after the last table: ``columns``, the baselines of each hot path
+    (``baselines``: hot path -> its cases' baselines), then what each variant of ``variants`` (hot path ->
+    variant names) means, once; a name that means different things in different hot paths (a module's
+    ``LEGEND``) gets a line per meaning, "name (hot paths): ..."."""
     lines = wrap("legend: " + columns)
-    for name in dict.fromkeys(variants):
-        text = describe(name, hotpath)
-        if text:
-            lines += wrap(f"{name}: {text}", "  ")
+    if baselines:
+        lines += wrap("baselines: " + "; ".join(f"{h}: {', '.join(dict.fromkeys(b))}" for h, b in baselines.items()))
+    meanings: dict[str, dict[str, list[str]]] = {}  # name -> text -> hot paths
+    for hotpath, names in variants.items():
+        for name in dict.fromkeys(names):
+            text = describe(name, hotpath)
+            if text:
+                meanings.setdefault(name, {}).setdefault(text, []).append(hotpath)
+    for name, texts in meanings.items():
+        for text, hotpaths in texts.items():
+            key = name if len(texts) == 1 else f"{name} ({', '.join(hotpaths)})"
+            lines += wrap(f"{key}: {text}", "  ")
     return lines
+
+
+def plan_lines(selected: dict[str, tuple[int, int]], skipped: list[str], seconds: float, include: str,
+               others: str | None = None, runs: str = "variants") -> list[str]:
+    """What a run will do, printed before it starts: ``selected`` (hot path -> (``runs``, cases)), a
+    rough duration (``seconds``), the ``skipped`` slow cases with the option that includes them
+    (``include``), and ``others`` (what else is left out, and how to run it)."""
+    count, cases = (sum(x) for x in zip(*selected.values(), strict=True)) if selected else (0, 0)
+    parts = ", ".join(f"{h} {n}/{c}" for h, (n, c) in selected.items())
+    lines = wrap(f"plan: {count} {runs} of {cases} cases ({parts}), roughly {duration(seconds)} here")
+    if skipped:
+        lines += wrap(f"left out: {len(skipped)} slow cases (minutes each; {include} runs them): "
+                      + "; ".join(skipped))
+    if others:
+        lines += wrap(others)
+    return lines
+
+
+def duration(seconds: float) -> str:
+    """A rough duration: "40 s", "3 min", "1 h 05 min"."""
+    if seconds < 90:
+        return f"{max(round(seconds, -1), 10):.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 DISTORTION = (

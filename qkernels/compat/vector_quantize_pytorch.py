@@ -299,6 +299,23 @@ class FSQ(nn.Module):
     dims; quantized shaped like z (codes in [-1, 1] unless projected), straight-through gradient;
     indices (B, N) / (B, ...) int32 (a trailing num_codebooks axis when ``keep_num_codebooks_dim``),
     or None when ``return_indices`` is False.
+
+    Raises:
+        RuntimeError: a bad constructor argument (where the package raised one).
+
+    Examples:
+        Levels (3, 5): latent 0 on (-1, 0, 1), latent 1 on (-1, -0.5, 0, 0.5, 1); index = i_0 + 3 i_1.
+
+        >>> from qkernels.compat.vector_quantize_pytorch import FSQ
+        >>> fsq = FSQ([3, 5])
+        >>> quantized, indices = fsq(torch.tensor([[[10.0, 0.0], [-10.0, 10.0]]]))  # (B, N, D) = (1, 2, 2)
+        >>> quantized
+        tensor([[[ 1.,  0.],
+                 [-1.,  1.]]])
+        >>> indices  # 2 + 3 * 2, 0 + 3 * 4
+        tensor([[ 8, 12]], dtype=torch.int32)
+        >>> torch.equal(fsq.indices_to_codes(indices), quantized)
+        True
     """
 
     def __init__(
@@ -579,6 +596,17 @@ class LatentQuantize(nn.Module):
     (``(B, ..., num_codebooks)`` with ``keep_num_codebooks_dim``) or None, loss ()): loss =
     commitment_loss_weight * mean((z - sg(z_q))^2) + quantization_loss_weight * mean((sg(z) - z_q)^2)
     over the projected-in latents z and their codes z_q, in training mode; 0 in eval mode.
+
+    Examples:
+        Values start at linspace(-0.5, 0.5, 3) per latent; z = (0.9, -0.2) lands on (0.5, 0) = levels (2, 1),
+        index 2 + 3 * 1; the loss is 0.1 * 0.1 + 0.1 * 0.1 with mean((0.4^2, 0.2^2)) = 0.1.
+
+        >>> from qkernels.compat.vector_quantize_pytorch import LatentQuantize
+        >>> lq = LatentQuantize(levels=[3, 3], dim=2, commitment_loss_weight=0.1, quantization_loss_weight=0.1)
+        >>> quantized, indices, loss = lq(torch.tensor([[[0.9], [-0.2]]]))  # channel-first (B, D, N)
+        >>> quantized.detach(), indices, round(loss.item(), 6)
+        (tensor([[[0.5000],
+                  [0.0000]]]), tensor([[5]], dtype=torch.int32), 0.02)
     """
 
     def __init__(

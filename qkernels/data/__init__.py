@@ -18,6 +18,15 @@ shapes3d_procedural  procedural                                    :class:`Shape
 ==================== ============================================= ===========================
 
 File datasets take ``root`` or ``$QKERNELS_DATA``; other keywords go to the class.
+
+Constants (plain data, no docstrings of their own):
+
+- ``FILE_DATASETS``: the names of the datasets read from files ("shapes3d", "dsprites", "mpi3d", "falcor3d",
+  "isaac3d");
+- ``PROCEDURAL_DATASETS``: the names of the procedural ones ("quantized_grid2d", "balls", "sprites",
+  "shapes3d_procedural");
+- ``DATASETS``: both, every name :func:`load_dataset` takes;
+- ``ENV_VAR``: ``"QKERNELS_DATA"``, the environment variable naming the data folder when ``root`` is None.
 """
 
 from __future__ import annotations
@@ -95,7 +104,18 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **kw):
     Missing data (no data folder, or no file in it) raises FileNotFoundError saying which file
     or folder is expected, the path looked at, how to give the data folder, where the data is
     published and the procedural stand-in if there is one; a malformed file raises
-    :class:`DatasetFormatError` naming file and mismatch.
+    :class:`DatasetFormatError` naming file and mismatch. An unknown name, or ``root`` for a procedural
+    dataset, raises ValueError.
+
+    Examples:
+        >>> from qkernels.data import Balls, load_dataset
+        >>> ds = load_dataset("balls", n=8, image_size=16)  # procedural: no files
+        >>> isinstance(ds, Balls), len(ds), ds[0][0].shape
+        (True, 8, torch.Size([3, 16, 16]))
+        >>> load_dataset("cifar10")
+        Traceback (most recent call last):
+            ...
+        ValueError: unknown dataset 'cifar10'; known: shapes3d, dsprites, mpi3d, ...
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")

@@ -17,7 +17,19 @@ ENV_VAR = "QKERNELS_DATA"
 
 
 class DatasetFormatError(ValueError):
-    """A dataset file exists but is not in the expected format (names the file and the mismatch)."""
+    """A dataset file exists but is not in the expected format (names the file and the mismatch); a ValueError.
+
+    Examples:
+        >>> import tempfile, numpy as np
+        >>> from qkernels.data import DatasetFormatError, DSprites
+        >>> path = tempfile.mkdtemp() + "/not_dsprites.npz"
+        >>> np.savez(path, x=np.zeros(2))
+        >>> try:
+        ...     DSprites(path)
+        ... except DatasetFormatError as err:
+        ...     print("missing array(s) ['imgs'" in str(err))
+        True
+    """
 
 
 @dataclass(frozen=True)
@@ -151,6 +163,15 @@ def convert_npz_to_npy(
     Streams the (possibly compressed) member in chunks, so memory stays ~``chunk_bytes`` even for
     the 12.7 GB MPI3D arrays. Default output: ``<stem>.<key>.npy`` beside the npz, where the
     loaders look for it. Returns the output path.
+
+    Examples:
+        >>> import tempfile, numpy as np
+        >>> from qkernels.data import convert_npz_to_npy
+        >>> npz = tempfile.mkdtemp() + "/images.npz"
+        >>> np.savez_compressed(npz, images=np.arange(24, dtype=np.uint8).reshape(2, 3, 4))
+        >>> out = convert_npz_to_npy(npz)
+        >>> out.name, np.load(out, mmap_mode="r")[1, 2].tolist()
+        ('images.images.npy', [20, 21, 22, 23])
     """
     npz_path = Path(npz_path)
     out = converted_path(npz_path, key) if out is None else Path(out)

@@ -38,8 +38,18 @@ class Balls(GroundTruthDataset):
     """Fixed dataset of ``n`` latents drawn with ``sampler`` from ``seed``.
 
     ``dataset[i] -> (image float32 (3, S, S), factors int64 (2 n_balls,))``; the continuous
-    latents are ``dataset.latents`` (n, 2 n_balls) float32. Fresh draws: :meth:`sample` ->
-    ``(images, latents)``. Any latents render with :meth:`render`.
+    latents are ``dataset.latents`` (n, 2 n_balls) float32 in [0.1, 0.9]; the factors are their bins
+    (``n_bins`` per coordinate). Fresh draws: :meth:`sample` -> ``(images, latents)``. Any latents render
+    with :meth:`render`.
+
+    Examples:
+        >>> from qkernels.data import Balls
+        >>> ds = Balls(n=8, n_balls=2, image_size=16)
+        >>> x, factors = ds[0]
+        >>> x.shape, x.dtype, factors.shape, ds.factor_sizes
+        (torch.Size([3, 16, 16]), torch.float32, torch.Size([4]), (8, 8, 8, 8))
+        >>> torch.equal(ds.discretize(ds.latents), ds.factors)
+        True
     """
 
     def __init__(self, n: int = 20000, sampler: str = "iid", *, n_balls: int = 2, n_bins: int = 8,

@@ -53,6 +53,22 @@ class GroundTruthDataset(Dataset, abc.ABC):
     ``dataset[i]`` -> ``(x, factors)``: x float32 ``observation_shape`` in [0, 1], factors int64
     ``(n_factors,)``. ``__getitems__`` renders/reads a whole DataLoader batch at once.
     ``seed`` seeds the default generator used by :meth:`sample_factors` when none is given.
+
+    Examples:
+        A one-factor dataset: a bright pixel at one of 4 positions.
+
+        >>> from qkernels.data import GroundTruthDataset
+        >>> class Bars(GroundTruthDataset):
+        ...     observation_shape = (1, 1, 4)
+        ...     def __init__(self):
+        ...         self._set_factors(("position",), (4,))
+        ...     def _observations(self, factors):
+        ...         return torch.nn.functional.one_hot(factors[:, 0], 4).float().reshape(-1, 1, 1, 4)
+        >>> ds = Bars()
+        >>> len(ds), ds[2]
+        (4, (tensor([[[0., 0., 1., 0.]]]), tensor([2])))
+        >>> ds.sample_factors(5).shape, ds.index_of([[3]])
+        (torch.Size([5, 1]), tensor([3]))
     """
 
     factor_names: tuple[str, ...]

@@ -19,6 +19,15 @@ def contact_sheet(dataset, path: str | os.PathLike, *, rows: int = 8, cols: int 
     each row is one random factor combination with factor ``k`` swept over up to ``cols``
     evenly spaced classes, which shows what that factor does. Datasets without factors but with
     :meth:`sample` (``quantized_grid2d``) are drawn as a scatter of x coloured by cell.
+
+    Examples:
+        >>> import tempfile
+        >>> from PIL import Image
+        >>> from qkernels.data import Sprites, contact_sheet
+        >>> ds = Sprites(n_shapes=2, n_scales=2, n_orientations=2, n_x=2, n_y=2, image_size=16)
+        >>> path = contact_sheet(ds, tempfile.mkdtemp() + "/sheet.png", rows=2, cols=2, vary=0)
+        >>> path.suffix, Image.open(path).format
+        ('.png', 'PNG')
     """
     for name, v in (("rows", rows), ("cols", cols), ("scale", scale)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -27,6 +27,22 @@ class DSprites(GroundTruthDataset):
     when ``trust_pickle=True`` (then ``self.metadata`` holds it; otherwise it is None): unpickling
     a file can run arbitrary code. ``imgs`` is memory-mapped if converted with
     :func:`qkernels.data.convert_npz_to_npy` (``key="imgs"``), else held in memory (3 GB full).
+
+    Raises:
+        DatasetFormatError: missing arrays, or classes that do not form a complete row-major grid.
+
+    Examples:
+        A 2-image sub-grid (two x positions) in a temporary folder:
+
+        >>> import tempfile, numpy as np
+        >>> from qkernels.data import DSprites
+        >>> path = tempfile.mkdtemp() + "/dsprites.npz"
+        >>> classes = np.array([[0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0]])  # color shape scale orient. x y
+        >>> np.savez(path, imgs=np.ones((2, 4, 4), np.uint8), latents_classes=classes,
+        ...          latents_values=classes.astype(float))
+        >>> ds = DSprites(path)  # drops the constant color factor
+        >>> ds.factor_sizes, ds[1][0].shape, ds[1][1]
+        ((1, 1, 1, 2, 1), torch.Size([1, 4, 4]), tensor([0, 0, 0, 1, 0]))
     """
 
     def __init__(self, path: str | os.PathLike, *, keep_color: bool = False,

@@ -80,6 +80,15 @@ class QuantizedGrid2D(Dataset):
     Attributes: ``x``, ``z`` (n, 2) float32; ``cells`` (n, 2) int64 cell coordinates in 0..3
     (the discrete ground truth); ``thresholds`` (2, 5), ``priors`` (16,), ``A``, ``B``,
     ``center`` (2,) float64. :meth:`sample` draws fresh pairs, :meth:`mix` maps z -> x.
+
+    Examples:
+        >>> from qkernels.data import QuantizedGrid2D
+        >>> ds = QuantizedGrid2D(n=10, seed=0)
+        >>> x, z = ds[0]
+        >>> len(ds), x.shape, z.dtype
+        (10, torch.Size([2]), torch.float32)
+        >>> torch.equal(ds.quantize(ds.z), ds.cells), torch.allclose(ds.mix(ds.z), ds.x)
+        (True, True)
     """
 
     factor_names = ("z1", "z2")

@@ -43,6 +43,18 @@ class MPI3D(GroundTruthDataset):
     pass ``factor_sizes`` (7 ints) for a sub-grid file, which must then match N exactly.
     If ``<stem>.images.npy`` exists beside the npz (see :func:`qkernels.data.convert_npz_to_npy`)
     it is memory-mapped; otherwise the npz member is read into memory (12.7 GB for a full file).
+    ``dataset[i]`` -> (image float32 (3, 64, 64) in [0, 1], factors int64 (7,)).
+
+    Examples:
+        A 2-image sub-grid file in a temporary folder:
+
+        >>> import tempfile, numpy as np
+        >>> from qkernels.data import MPI3D
+        >>> path = tempfile.mkdtemp() + "/mpi3d_toy.npz"
+        >>> np.savez(path, images=np.full((2, 4, 4, 3), 255, np.uint8))
+        >>> ds = MPI3D(path, factor_sizes=(1, 1, 1, 1, 1, 1, 2))
+        >>> len(ds), ds[1][0].shape, float(ds[1][0].max()), ds[1][1]
+        (2, torch.Size([3, 4, 4]), 1.0, tensor([0, 0, 0, 0, 0, 0, 1]))
     """
 
     def __init__(self, path: str | os.PathLike, *, factor_sizes: Sequence[int] | None = None,

@@ -30,6 +30,21 @@ class NVLabs3D(GroundTruthDataset):
     Images are decoded per batch and resized to ``image_size`` (default 64; None keeps the stored
     size) with PIL's bicubic filter, which antialiases when downscaling; the uint8 result is
     already clipped to [0, 255], hence [0, 1] after scaling. ``factor_values[k]``: sorted values.
+
+    Examples:
+        Two 8x8 images with one two-valued factor, in a temporary folder:
+
+        >>> import os, tempfile, numpy as np
+        >>> from PIL import Image
+        >>> from qkernels.data import NVLabs3D
+        >>> root = tempfile.mkdtemp()
+        >>> os.mkdir(root + "/images")
+        >>> for i in range(2):
+        ...     Image.fromarray(np.full((8, 8, 3), 255 * i, np.uint8)).save(f"{root}/images/{i:06d}.png")
+        >>> np.save(root + "/labels.npy", np.array([[0.0], [1.0]]))
+        >>> ds = NVLabs3D(root, "labels.npy", ("brightness",), image_size=4)
+        >>> len(ds), ds[1][0].shape, float(ds[1][0].min()), ds[1][1]
+        (2, torch.Size([3, 4, 4]), 1.0, tensor([1]))
     """
 
     def __init__(self, folder: str | os.PathLike, labels_file: str, factor_names: Sequence[str],
@@ -85,11 +100,48 @@ class NVLabs3D(GroundTruthDataset):
 
 
 def falcor3d(root: str | os.PathLike, **kw) -> NVLabs3D:
-    """Falcor3D: ``<root>/images/*.png`` + ``<root>/train-rec.labels``; sizes (5, 6, ..., 6)."""
+    """Falcor3D: ``<root>/images/*.png`` + ``<root>/train-rec.labels``; sizes (5, 6, ..., 6).
+
+    ``kw`` go to :class:`NVLabs3D`; the 7 factors are lighting intensity, lighting x / y / z and camera x / y / z.
+
+    Examples:
+        A 2-image sub-grid (two lighting intensities) in a temporary folder:
+
+        >>> import os, tempfile, numpy as np
+        >>> from PIL import Image
+        >>> from qkernels.data import falcor3d
+        >>> root = tempfile.mkdtemp()
+        >>> os.mkdir(root + "/images")
+        >>> for i in range(2):
+        ...     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(f"{root}/images/{i:06d}.png")
+        >>> with open(root + "/train-rec.labels", "wb") as f:  # an .npy under another name
+        ...     np.save(f, np.array([[0.0] * 7, [1.0] + [0.0] * 6]))
+        >>> ds = falcor3d(root, image_size=4)
+        >>> ds.factor_names[0], ds.factor_sizes, ds[0][0].shape
+        ('lighting_intensity', (2, 1, 1, 1, 1, 1, 1), torch.Size([3, 4, 4]))
+    """
     return NVLabs3D(root, FALCOR3D_LABELS, FALCOR3D_FACTORS, **kw)
 
 
 def isaac3d(root: str | os.PathLike, **kw) -> NVLabs3D:
     """Isaac3D: ``<root>/images/*.png`` + ``<root>/labels.npy``; sizes (3, 8, 5, 4, 4, 4, 6, 4, 4).
+
+    ``kw`` go to :class:`NVLabs3D`; the 9 factors are object shape, robot x / y, camera height, object scale,
+    lighting intensity and direction, object and wall color.
+
+    Examples:
+        A 2-image sub-grid (two wall colors) in a temporary folder:
+
+        >>> import os, tempfile, numpy as np
+        >>> from PIL import Image
+        >>> from qkernels.data import isaac3d
+        >>> root = tempfile.mkdtemp()
+        >>> os.mkdir(root + "/images")
+        >>> for i in range(2):
+        ...     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(f"{root}/images/{i:06d}.png")
+        >>> np.save(root + "/labels.npy", np.array([[0.0] * 9, [0.0] * 8 + [1.0]]))
+        >>> ds = isaac3d(root, image_size=None)  # keep the stored 8x8
+        >>> ds.factor_names[-1], ds.factor_sizes[-1], ds[1][0].shape
+        ('wall_color', 2, torch.Size([3, 8, 8]))
     """
     return NVLabs3D(root, ISAAC3D_LABELS, ISAAC3D_FACTORS, **kw)

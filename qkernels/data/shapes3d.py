@@ -33,6 +33,20 @@ class Shapes3D(GroundTruthDataset):
     Only ``labels`` is read at construction (to derive and verify the grid); images are read per
     batch. The h5py handle is opened on first read and reopened after pickling or in a forked
     DataLoader worker. ``factor_values[k]``: the sorted label values of factor k.
+    ``dataset[i]`` -> (image float32 (3, H, W) in [0, 1], factors int64 (6,)).
+
+    Examples:
+        A 2-image sub-grid file (two floor hues) in a temporary folder:
+
+        >>> import tempfile, h5py, numpy as np
+        >>> from qkernels.data import Shapes3D
+        >>> path = tempfile.mkdtemp() + "/3dshapes.h5"
+        >>> with h5py.File(path, "w") as f:
+        ...     _ = f.create_dataset("images", data=np.zeros((2, 4, 4, 3), np.uint8))
+        ...     _ = f.create_dataset("labels", data=[[0.0, 0, 0, 1, 0, 0], [0.5, 0, 0, 1, 0, 0]])
+        >>> ds = Shapes3D(path)
+        >>> ds.factor_sizes, ds.factor_values[0].tolist(), ds[1][1]
+        ((2, 1, 1, 1, 1, 1), [0.0, 0.5], tensor([1, 0, 0, 0, 0, 0]))
     """
 
     def __init__(self, path: str | os.PathLike, *, seed: int = 0):

@@ -52,6 +52,15 @@ class Shapes3DProcedural(GroundTruthDataset):
 
     Rendering is deterministic; ``seed`` only seeds the default generator of
     :meth:`sample_factors`. ``factor_values[k]``: the Shapes3D value of each class.
+
+    Examples:
+        >>> from qkernels.data import Shapes3DProcedural
+        >>> ds = Shapes3DProcedural(image_size=16)
+        >>> len(ds), ds.factor_sizes
+        (480000, (10, 10, 10, 8, 4, 15))
+        >>> factors = ds.sample_factors(3, torch.Generator().manual_seed(0))
+        >>> ds.observations_from_factors(factors).shape
+        torch.Size([3, 3, 16, 16])
     """
 
     def __init__(self, *, image_size: int = 64, seed: int = 0):

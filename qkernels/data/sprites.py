@@ -53,6 +53,15 @@ class Sprites(GroundTruthDataset):
     """dSprites-like dataset of all ``n_shapes * n_scales * n_orientations * n_x * n_y`` images,
     each float32 (1, S, S) in [0, 1]. Rendering is deterministic; ``seed`` only seeds the default
     generator of :meth:`sample_factors`. ``factor_values[k]``: the value of each class.
+
+    Examples:
+        >>> from qkernels.data import Sprites
+        >>> ds = Sprites(n_shapes=2, n_scales=2, n_orientations=2, n_x=2, n_y=2, image_size=16)
+        >>> len(ds), ds.factor_names  # 2 ** 5 images
+        (32, ('shape', 'scale', 'orientation', 'pos_x', 'pos_y'))
+        >>> x, factors = ds[31]
+        >>> x.shape, factors
+        (torch.Size([1, 16, 16]), tensor([1, 1, 1, 1, 1]))
     """
 
     def __init__(self, *, n_shapes: int = 3, n_scales: int = 4, n_orientations: int = 8,

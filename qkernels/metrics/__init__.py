@@ -4,6 +4,15 @@
 (tensors or arrays); each disentanglement metric returns a plain dict, matrices oriented
 ``(n_s, n_z)``. ``evaluate`` samples a ground-truth dataset, encodes it and runs the metrics
 registered in ``METRICS``, with a paper's own settings by name (``PROTOCOLS``: ``protocol="tripod"``...).
+
+Constants (plain data, no docstrings of their own):
+
+- ``METRICS``: ``{name: function}`` of the metrics :func:`evaluate` runs by name ("infomec", "dci", "mig",
+  "sap", "modularity", "mcc").
+- ``PROTOCOLS``: ``{name: Protocol}`` of the papers' evaluations ("qlae", "tripod", "factorqvae", "dlib",
+  "fast").
+- ``METHOD_PROTOCOL``: ``{method name: protocol name}``, each method's authors' protocol (``qkernels train``'s
+  default), e.g. ``METHOD_PROTOCOL["tripod"] == "tripod"``.
 """
 
 from qkernels.metrics.dci import dci, disentanglement_completeness

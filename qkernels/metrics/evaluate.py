@@ -65,6 +65,17 @@ def evaluate(
     ``"dci.disentanglement"``, ``"infomec.nmi"``, ... Values are floats, numpy arrays, or strings
     naming the convention used (``"dci.preset"``, and ``"protocol"`` with the samples per metric in
     ``"<metric>.num_samples"``).
+
+    Raises:
+        ValueError: an unknown protocol or metric, or ``encode`` not returning (B, n_z) latents.
+
+    Examples:
+        >>> from qkernels.data import Sprites
+        >>> from qkernels.metrics import evaluate
+        >>> ds = Sprites(n_shapes=2, n_scales=2, n_orientations=2, n_x=2, n_y=2, image_size=16)
+        >>> r = evaluate(lambda x: x.flatten(1)[:, :6], ds, metrics=["mig"], num_samples=200)
+        >>> list(r), 0 <= r["mig.mig"] <= 1
+        (['mig.mig'], True)
     """
     proto = None if protocol is None else get_protocol(protocol)
     if metrics is None:

@@ -20,7 +20,14 @@ def _pair(x, x_hat) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def mse(x: torch.Tensor, x_hat: torch.Tensor) -> float:
-    """Mean squared error over all elements of ``x`` and ``x_hat`` (same shape, float)."""
+    """Mean squared error over all elements of ``x`` and ``x_hat`` (same shape, float); a Python float.
+
+    Examples:
+        >>> from qkernels.metrics import mse
+        >>> x = torch.zeros(2, 3, 4, 4)
+        >>> round(mse(x, x + 0.1), 6)  # 0.1^2
+        0.01
+    """
     x, x_hat = _pair(x, x_hat)
     return float(torch.mean((x - x_hat) ** 2))
 
@@ -30,7 +37,15 @@ def psnr(x: torch.Tensor, x_hat: torch.Tensor, *, data_range: float = 1.0) -> fl
 
     ``x``, ``x_hat`` ``(B, ...)`` float; per sample 10 log10(data_range^2 / MSE over its
     elements), then the mean over the B samples. A perfectly reconstructed sample has infinite
-    PSNR (so then does the mean).
+    PSNR (so then does the mean). Returns a Python float.
+
+    Examples:
+        >>> from qkernels.metrics import psnr
+        >>> x = torch.zeros(2, 3, 4, 4)
+        >>> round(psnr(x, x + 0.1), 4)  # 10 log10(1 / 0.01)
+        20.0
+        >>> psnr(x, x)
+        inf
     """
     x, x_hat = _pair(x, x_hat)
     if not data_range > 0:

@@ -44,7 +44,14 @@ class Protocol:
     """One paper's evaluation. ``samples[m]``: metric m runs on the first ``samples[m]`` rows of one draw
     of factors (the largest count is drawn and encoded once); ``options[m]``: its keyword arguments;
     ``discrete_latents``: a discrete model's representation, ``"codes"`` (integer indices) or ``"values"``
-    (its latent values, scored as discrete)."""
+    (its latent values, scored as discrete). ``source``: where the settings come from.
+
+    Examples:
+        >>> from qkernels.metrics import Protocol
+        >>> p = Protocol("mine", ("mig", "sap"), {"mig": 500, "sap": 300}, {"mig": {"num_bins": 10}})
+        >>> p.num_samples()  # the largest count is drawn once
+        500
+    """
 
     name: str
     metrics: tuple[str, ...]
@@ -92,7 +99,19 @@ METHOD_PROTOCOL: dict[str, str] = {
 
 
 def get_protocol(protocol: str | Protocol) -> Protocol:
-    """The protocol named ``protocol`` (or ``protocol`` itself)."""
+    """The protocol named ``protocol`` (or ``protocol`` itself).
+
+    Raises:
+        ValueError: an unknown name (known: the keys of ``PROTOCOLS``).
+
+    Examples:
+        >>> from qkernels.metrics import get_protocol
+        >>> p = get_protocol("tripod")
+        >>> p.metrics, p.options["dci"], p.discrete_latents
+        (('infomec', 'dci'), {'preset': 'tripod'}, 'values')
+        >>> get_protocol(p) is p
+        True
+    """
     if isinstance(protocol, Protocol):
         return protocol
     if not isinstance(protocol, str) or protocol not in PROTOCOLS:

@@ -1,4 +1,13 @@
-"""Models of the five papers (and baselines) on shared backbones; see :data:`METHODS` for the names."""
+"""Models of the five papers (and baselines) on shared backbones; see :data:`METHODS` for the names.
+
+Constants (plain data, no docstrings of their own):
+
+- ``METHODS``: ``{name: MethodSpec}`` of every method :func:`build_model` and ``qkernels train`` know ("ae",
+  "qlae", "tripod", "qvae", "factorqvae", "dvae", "factordvae", "beta_vae", "beta_tcvae", "factorvae",
+  "cliff_vae", "cliff_ae"): its class, optimizer, batch size, latent-count rule and the authors' run length.
+- ``TRIPOD_LAMBDAS``: ``{dataset: (lambda_KLM, lambda_NHP)}`` from the Tripod authors' runs (Shapes3D's are the
+  default for other datasets).
+"""
 
 from qkernels.models.ae import AE, QLAE
 from qkernels.models.architectures import (

@@ -9,7 +9,20 @@ from qkernels.nn.quantize import LatentQuantizer
 
 
 class AE(Method):
-    """Deterministic autoencoder: z = enc(x) (n, d); loss = BCE(dec(z), x) (mean over elements)."""
+    """Deterministic autoencoder: z = enc(x) (n, d); loss = BCE(dec(z), x) (mean over elements).
+
+    ``obs_shape``: (C, S, S) images in [0, 1] with S = 4 * 2**k (k >= 1); ``arch``: "small" or "paper";
+    ``family``: the backbone ("qlae", "tripod", "dlib").
+
+    Examples:
+        >>> from qkernels.models import AE
+        >>> model = AE((1, 16, 16), 3)
+        >>> x = torch.rand(4, 1, 16, 16)
+        >>> model.encode(x).shape, model.decode(model.encode(x)).shape
+        (torch.Size([4, 3]), torch.Size([4, 1, 16, 16]))
+        >>> sorted(model.loss(x, step=0))
+        ['recon', 'total']
+    """
 
     def __init__(self, obs_shape, num_latents: int, *, arch: str = "small", family: str = "qlae",
                  recon: str = "bce_mean") -> None:
@@ -31,7 +44,18 @@ class AE(Method):
 class QLAE(QuantizedAutoencoder):
     """Latent-quantized autoencoder: per-latent learnable codebooks of ``num_values`` (init linspace(-0.5, 0.5)),
     straight-through nearest value; loss = BCE + w_q * quantize + w_c * commit (both 0.01).
-    Weight decay (AdamW, 0.1 in the authors' runs) applies to weights only, not biases or codebook values."""
+    Weight decay (AdamW, 0.1 in the authors' runs) applies to weights only, not biases or codebook values.
+
+    Examples:
+        >>> from qkernels.models import QLAE
+        >>> model = QLAE((1, 16, 16), 3, num_values=5)
+        >>> x = torch.rand(4, 1, 16, 16)
+        >>> sorted(model.loss(x, step=0))
+        ['commit', 'quantize', 'recon', 'total']
+        >>> z = model.encode(x)  # (n, d) codebook values
+        >>> bool(torch.isin(z, model.quantizer.values).all())
+        True
+    """
 
     def __init__(self, obs_shape, num_latents: int, *, num_values: int = 10, arch: str = "small",
                  weight_quantize: float = 0.01, weight_commit: float = 0.01, recon: str = "bce_mean") -> None:

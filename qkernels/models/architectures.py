@@ -41,6 +41,20 @@ def preset(family: str, size: str, image_size: int) -> dict:
     paper at 64x64: QLAE widths 32-64-128-256 (+ dense 256); Tripod encoder 32-64-128-256 (decoder 512-256-128-64,
     cond 256); disentanglement_lib 32-32-64-64 (+ dense 256). Smaller images drop the first stages' widths.
     small: a quarter of the QLAE / Tripod widths, half the dlib widths, dense 64, for CPU runs.
+
+    Returns:
+        A dict of keyword arguments (``widths``, and ``dense`` where the family has one) for the family's
+        encoder / decoder.
+
+    Raises:
+        ValueError: an unknown family or size, or an image size that is not 4 * 2**k (k >= 1).
+
+    Examples:
+        >>> from qkernels.models import preset
+        >>> preset("dlib", "paper", 64)
+        {'widths': (32, 32, 64, 64), 'dense': 256}
+        >>> preset("qlae", "small", 32)  # 32 -> 4 in three stages: three widths
+        {'widths': (8, 16, 32), 'dense': 64}
     """
     n = num_blocks(image_size)
     if size not in ("paper", "small"):
@@ -58,7 +72,14 @@ def preset(family: str, size: str, image_size: int) -> dict:
 class QLAEEncoder(nn.Module):
     """(n, C, S, S) -> (n, out_dim). Per block of width w: 2 x conv3 s1 then conv4 s2, each conv (no bias) ->
     InstanceNorm (affine, eps 1e-6) -> LeakyReLU(0.2); flatten; 2 dense ReLU layers; affine output
-    (latent_quantization ``configs/encoder_partial/image.yaml``, ``blocks/conv.py``, ``blocks/utils.py``)."""
+    (latent_quantization ``configs/encoder_partial/image.yaml``, ``blocks/conv.py``, ``blocks/utils.py``).
+
+    Examples:
+        >>> from qkernels.models import QLAEEncoder
+        >>> encoder = QLAEEncoder(3, 16, 6, widths=(8, 16), dense=32)  # (C, S, out_dim)
+        >>> encoder(torch.rand(2, 3, 16, 16)).shape
+        torch.Size([2, 6])
+    """
 
     def __init__(self, in_channels: int, image_size: int, out_dim: int, *, widths: Sequence[int] = (32, 64, 128, 256),
                  dense: int = 256) -> None:
@@ -99,7 +120,14 @@ class AdaINDecoder(nn.Module):
     """QLAE's decoder (latent_quantization ``decoders/style_image.py``, ``configs/decoder_partial/style_image.yaml``):
     (n, d) -> logits (n, C, S, S). w = 2 dense ReLU layers of z; a learned (widths[0], 4, 4) input map (init 0.1);
     per block: 2 resolution-preserving style layers (k3 s1) + 1 upsampling style layer (k4 s2); a 3x3 output conv
-    without bias."""
+    without bias.
+
+    Examples:
+        >>> from qkernels.models import AdaINDecoder
+        >>> decoder = AdaINDecoder(6, 3, 16, widths=(16, 8), dense=32)  # (d, C, S)
+        >>> decoder(torch.randn(2, 6)).shape
+        torch.Size([2, 3, 16, 16])
+    """
 
     def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
                  widths: Sequence[int] = (256, 128, 64, 32), dense: int = 256) -> None:
@@ -180,7 +208,14 @@ class _ResCondBlock(nn.Module):
 class ResidualEncoder(nn.Module):
     """Tripod's encoder (``nn/encoder.py``): (n, C, S, S) -> (n, out_dim). Per width w: 2 residual blocks (the
     first projects its input to w), then space-to-depth x2 + 1x1 conv to 2w channels; global mean pool;
-    Linear-LayerNorm-GELU; affine output. GELU is the tanh approximation (jax's default)."""
+    Linear-LayerNorm-GELU; affine output. GELU is the tanh approximation (jax's default).
+
+    Examples:
+        >>> from qkernels.models import ResidualEncoder
+        >>> encoder = ResidualEncoder(3, 16, 6, widths=(8, 16))  # (C, S, out_dim)
+        >>> encoder(torch.rand(2, 3, 16, 16)).shape
+        torch.Size([2, 6])
+    """
 
     def __init__(self, in_channels: int, image_size: int, out_dim: int, *,
                  widths: Sequence[int] = (32, 64, 128, 256)) -> None:
@@ -206,6 +241,15 @@ class ResidualDecoder(nn.Module):
     block: to C, the logits). ``forward(z, return_activations=True)`` also returns the activations the authors'
     NHP regularizes (``configs/train_autoencoder.yaml``): ``{"cond", "block0", ..., "block{n-2}"}`` -- every block
     output except the last (the logits).
+
+    Examples:
+        >>> from qkernels.models import ResidualDecoder
+        >>> decoder = ResidualDecoder(6, 3, 16, widths=(16, 8), dense=32)  # (d, C, S)
+        >>> decoder(torch.randn(2, 6)).shape
+        torch.Size([2, 3, 16, 16])
+        >>> logits, acts = decoder(torch.randn(2, 6), return_activations=True)
+        >>> sorted(acts)
+        ['block0', 'cond']
     """
 
     def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
@@ -232,7 +276,15 @@ class ResidualDecoder(nn.Module):
 
 
 class DLibEncoder(nn.Module):
-    """(n, C, S, S) -> (n, out_dim): conv4 s2 + ReLU per width, flatten, FC dense + ReLU, affine output."""
+    """disentanglement_lib's encoder, (n, C, S, S) -> (n, out_dim): conv4 s2 + ReLU per width, flatten, FC dense +
+    ReLU, affine output.
+
+    Examples:
+        >>> from qkernels.models import DLibEncoder
+        >>> encoder = DLibEncoder(1, 16, 6, widths=(8, 8), dense=32)  # (C, S, out_dim)
+        >>> encoder(torch.rand(2, 1, 16, 16)).shape
+        torch.Size([2, 6])
+    """
 
     def __init__(self, in_channels: int, image_size: int, out_dim: int, *, widths: Sequence[int] = (32, 32, 64, 64),
                  dense: int = 256) -> None:
@@ -250,8 +302,15 @@ class DLibEncoder(nn.Module):
 
 
 class DLibDecoder(nn.Module):
-    """(n, d) -> logits (n, C, S, S): FC dense + ReLU, FC (widths[-1], 4, 4) + ReLU, upconv4 s2 + ReLU per width
-    (reversed), last upconv to C channels without activation."""
+    """disentanglement_lib's decoder, (n, d) -> logits (n, C, S, S): FC dense + ReLU, FC (widths[-1], 4, 4) + ReLU,
+    upconv4 s2 + ReLU per width (reversed), last upconv to C channels without activation.
+
+    Examples:
+        >>> from qkernels.models import DLibDecoder
+        >>> decoder = DLibDecoder(6, 1, 16, widths=(8, 8), dense=32)  # (d, C, S)
+        >>> decoder(torch.randn(2, 6)).shape
+        torch.Size([2, 1, 16, 16])
+    """
 
     def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
                  widths: Sequence[int] = (32, 32, 64, 64), dense: int = 256) -> None:
@@ -365,7 +424,14 @@ class DalleDecoder(nn.Module):
 
 class MLP(nn.Module):
     """Fully connected net, tanh between layers (Cliff App. G.1: sizes (2, 50, 100, 50, 2)). (n, sizes[0]) ->
-    (n, sizes[-1])."""
+    (n, sizes[-1]).
+
+    Examples:
+        >>> from qkernels.models import MLP
+        >>> net = MLP((2, 8, 3))
+        >>> net(torch.randn(5, 2)).shape
+        torch.Size([5, 3])
+    """
 
     def __init__(self, sizes: Sequence[int] = (2, 50, 100, 50, 2), activation: type[nn.Module] = nn.Tanh) -> None:
         super().__init__()

@@ -37,6 +37,22 @@ def recon_loss(out: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
 
     bce_mean: mean over all elements (QLAE/Tripod code); bce_sum: summed per sample, mean over the batch
     (disentanglement_lib, D-VAE); mse_mean: mean squared error over all elements (FactorQVAE code).
+
+    Returns:
+        A scalar tensor. Raises ValueError for another ``kind``.
+
+    Examples:
+        Zero logits predict 0.5 everywhere: BCE log 2 per element.
+
+        >>> import math
+        >>> from qkernels.models import recon_loss
+        >>> out, x = torch.zeros(2, 4), torch.rand(2, 4).round()  # logits, binary targets
+        >>> math.isclose(recon_loss(out, x, "bce_mean"), math.log(2), rel_tol=1e-6)
+        True
+        >>> math.isclose(recon_loss(out, x, "bce_sum"), 4 * math.log(2), rel_tol=1e-6)  # 4 elements per sample
+        True
+        >>> recon_loss(out, torch.full((2, 4), 0.5), "mse_mean")
+        tensor(0.2500)
     """
     if kind == "bce_mean":
         return F.binary_cross_entropy_with_logits(out, x)
@@ -59,7 +75,18 @@ def cosine(step: int, total: int, start: float, end: float) -> float:
 
 
 def permute_dims(z: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Permute each latent independently across the batch (FactorVAE): z (n, d, ...) -> same shape."""
+    """Permute each latent independently across the batch (FactorVAE): z (n, d, ...) -> same shape.
+
+    Samples of the product of the marginals prod_j q(z_j) from samples of q(z); ``generator`` draws the
+    permutations.
+
+    Examples:
+        >>> from qkernels.models import permute_dims
+        >>> z = torch.arange(12.0).reshape(4, 3)
+        >>> p = permute_dims(z, torch.Generator().manual_seed(0))
+        >>> p.shape, torch.equal(p.sort(0).values, z)  # each column keeps its values
+        (torch.Size([4, 3]), True)
+    """
     n, d = z.shape[:2]
     idx = torch.argsort(torch.rand(n, d, generator=generator, device="cpu"), dim=0).to(z.device)
     idx = idx.view(n, d, *([1] * (z.dim() - 2))).expand_as(z)
@@ -87,6 +114,25 @@ class Method(nn.Module):
     ``input_map`` (:data:`INPUT_MAPS`): the authors' input convention; images arrive in [0, 1] and
     ``inputs(x)`` is what the encoder sees; ``reconstruction(out, x)`` compares BCE logits with x and an
     MSE output with ``inputs(x)``; ``image(out)`` maps a decoder output back to [0, 1].
+
+    Examples:
+        A minimal method: a linear autoencoder of 2-D points.
+
+        >>> from qkernels.models import Method
+        >>> class Linear(Method):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.num_latents, self.enc, self.dec = 1, torch.nn.Linear(2, 1), torch.nn.Linear(1, 2)
+        ...     def encode(self, x):
+        ...         return self.enc(x)
+        ...     def decode(self, z):
+        ...         return self.dec(z)
+        ...     def loss(self, x, step):
+        ...         recon = ((self.decode(self.encode(x)) - x) ** 2).mean()
+        ...         return {"recon": recon, "total": recon}
+        >>> model = Linear()
+        >>> sorted(model(torch.rand(8, 2), step=0))  # forward is the loss
+        ['recon', 'total']
     """
 
     recon: str = "bce_mean"

@@ -16,7 +16,18 @@ from qkernels.ops.kde import cliff_loss
 
 
 class CliffAE(Method):
-    """encode: MLP(2-50-100-50-2, tanh); loss = Cliff(z) [+ decoder MSE on sg(z), not reaching the encoder]."""
+    """Cliff's unmixing network (App. G.1): encode = MLP(2-50-100-50-2, tanh); loss = Cliff(z) [+ decoder MSE on
+    sg(z), not reaching the encoder]. Observations (n, 2) float32 (:class:`qkernels.data.QuantizedGrid2D`).
+
+    Examples:
+        >>> from qkernels.models import CliffAE
+        >>> model = CliffAE()
+        >>> x = torch.randn(32, 2)
+        >>> model.encode(x).shape
+        torch.Size([32, 2])
+        >>> sorted(model.loss(x, step=0))
+        ['cliff', 'decoder_mse', 'total']
+    """
 
     recon = "mse_mean"
 

@@ -13,7 +13,14 @@ from qkernels.models.base import permute_dims
 class Discriminator(nn.Module):
     """MLP (n, in_dim) -> 2 logits: ``layers`` hidden layers of ``width`` units, LeakyReLU(``slope``).
     Logit 0: "sample of q(z)", logit 1: "sample of prod_j q(z_j)" (permuted). ``init_std``: N(0, init_std) weights
-    and zero biases (FactorQVAE's ``weights_init``, 0.02); None keeps PyTorch's default initialisation."""
+    and zero biases (FactorQVAE's ``weights_init``, 0.02); None keeps PyTorch's default initialisation.
+
+    Examples:
+        >>> from qkernels.models import Discriminator
+        >>> disc = Discriminator(4, width=16, layers=2, init_std=0.02)
+        >>> disc(torch.randn(8, 4)).shape  # (n, 2) logits
+        torch.Size([8, 2])
+    """
 
     def __init__(self, in_dim: int, *, width: int = 1000, layers: int = 6, slope: float = 0.2,
                  init_std: float | None = None) -> None:

@@ -23,7 +23,18 @@ from qkernels.nn.quantize import CategoricalLatent
 
 
 class DVAE(Method):
-    """Categorical VAE with ordered scalar categories (disentanglement_lib conv backbone)."""
+    """Categorical VAE with ordered scalar categories (disentanglement_lib conv backbone).
+
+    Each latent is a :class:`qkernels.nn.CategoricalLatent` over ``num_values`` values linspace(-1, 1); loss =
+    recon + beta * KL(softmax(logits) || U(K)); the Gumbel noise scale anneals from ``noise_start`` to ``noise_end``.
+
+    Examples:
+        >>> from qkernels.models import DVAE
+        >>> model = DVAE((1, 16, 16), 3, num_values=8)
+        >>> x = torch.rand(4, 1, 16, 16)
+        >>> sorted(model.loss(x, step=0)), model.encode(x).shape
+        (['kl', 'recon', 'total'], torch.Size([4, 3]))
+    """
 
     def __init__(self, obs_shape, num_latents: int = 10, *, num_values: int = 64, beta: float = 1.0,
                  noise_start: float = 0.5, noise_end: float = 2.0, arch: str = "small", recon: str = "bce_sum") -> None:
@@ -64,7 +75,15 @@ class DVAE(Method):
 
 
 class FactorDVAE(DVAE):
-    """D-VAE + gamma * TC (discriminator on the soft z (n, N); 6 x 1000, LeakyReLU 0.01 as lddr's)."""
+    """D-VAE + gamma * TC (discriminator on the soft z (n, N); 6 x 1000, LeakyReLU 0.01 as lddr's).
+
+    Examples:
+        >>> from qkernels.models import FactorDVAE
+        >>> model = FactorDVAE((1, 16, 16), 3, num_values=8, disc_width=16, disc_layers=2)
+        >>> x = torch.rand(4, 1, 16, 16)
+        >>> sorted(model.loss(x, step=0)), sorted(model.discriminator_loss(x, x, step=0))
+        (['kl', 'recon', 'tc', 'total'], ['disc', 'total'])
+    """
 
     def __init__(self, obs_shape, num_latents: int = 10, *, gamma: float = 10.0, disc_width: int = 1000,
                  disc_layers: int = 6, **kw) -> None:
@@ -89,7 +108,16 @@ class FactorDVAE(DVAE):
 @torch.no_grad()
 def straight_through_gap(model: DVAE, loader: Iterable) -> float:
     """D-VAE's unsupervised model-selection score |E[recon with hard one-hots] - E[recon with soft y]|, noise 0,
-    averaged over the batches of ``loader`` (tensors x, or tuples whose first item is x). Smaller ~ better."""
+    averaged over the batches of ``loader`` (tensors x, or tuples whose first item is x). Smaller ~ better.
+
+    Returns a float >= 0; raises ValueError when ``loader`` yields no samples.
+
+    Examples:
+        >>> from qkernels.models import DVAE, straight_through_gap
+        >>> model = DVAE((1, 16, 16), 3, num_values=8)
+        >>> straight_through_gap(model, [torch.rand(4, 1, 16, 16)]) >= 0
+        True
+    """
     was = model.training
     model.eval()
     hard_sum = soft_sum = 0.0

@@ -32,7 +32,18 @@ TAU_RATE = {"qvae": 1e-5, "factorqvae": 2e-5}
 
 
 class QVAE(Method):
-    """Scalar-quantized VAE with a global Gumbel codebook. loss = MSE + beta * KL(softmax(logits) || U(K))."""
+    """Scalar-quantized VAE with a global Gumbel codebook. loss = MSE + beta * KL(softmax(logits) || U(K)).
+
+    The quantizer is a :class:`qkernels.nn.GumbelQuantizer` of ``num_values`` scalars; its temperature decays
+    at ``tau_rate`` per step.
+
+    Examples:
+        >>> from qkernels.models import QVAE
+        >>> model = QVAE((1, 16, 16), 3, num_values=8)
+        >>> x = torch.rand(4, 1, 16, 16)
+        >>> sorted(model.loss(x, step=0)), model.encode(x).shape
+        (['kl', 'recon', 'total'], torch.Size([4, 3]))
+    """
 
     recon = "mse_mean"
     input_map = "centered"
@@ -87,7 +98,15 @@ class FactorQVAE(QVAE):
 
     The discriminator's "real" samples are the soft weights of the model step's own forward (before the model
     update, with its Gumbel noise), as the authors' ``training_step`` reuses ``D_z``; its permuted samples come
-    from a fresh forward of the second batch after the update (``models/factor_qvae.py``)."""
+    from a fresh forward of the second batch after the update (``models/factor_qvae.py``).
+
+    Examples:
+        >>> from qkernels.models import FactorQVAE
+        >>> model = FactorQVAE((1, 16, 16), 3, num_values=8, disc_width=16, disc_layers=2)
+        >>> x = torch.rand(4, 1, 16, 16)
+        >>> sorted(model.loss(x, step=0)), sorted(model.discriminator_loss(x, x, step=0))
+        (['kl', 'recon', 'tc', 'total'], ['disc', 'total'])
+    """
 
     def __init__(self, obs_shape, num_latents: int, *, num_values: int = 64, beta: float = 1e-3, gamma: float = 1e-4,
                  disc_width: int = 1000, disc_layers: int = 5, tau_rate: float = TAU_RATE["factorqvae"],

@@ -18,7 +18,16 @@ class OptimSpec:
     parameter, or only to the weight-decayed ones when ``clip_undecayed`` is False (QLAE). ``lr_schedule``: None or
     "cosine": torch's ``CosineAnnealingLR`` closed form with T_max = ``lr_decay_steps`` iterations (the run length
     when 0), from ``lr`` down to ``lr_min`` and, past T_max, periodically back up (QVAE: 100k iterations, T_max
-    50k; FactorQVAE's paper run is T_max long: one half-cosine, :mod:`qkernels.models.factorqvae`)."""
+    50k; FactorQVAE's paper run is T_max long: one half-cosine, :mod:`qkernels.models.factorqvae`).
+
+    Examples:
+        >>> from qkernels.models import METHODS, OptimSpec
+        >>> OptimSpec(lr=1e-3).name, OptimSpec(lr=1e-3).clip
+        ('adam', None)
+        >>> spec = METHODS["qlae"].optim  # QLAE: AdamW, weight decay 0.1, elementwise clipping
+        >>> spec.name, spec.weight_decay, spec.clip
+        ('adamw', 0.1, 'value')
+    """
 
     name: str = "adam"
     lr: float = 1e-4
@@ -37,7 +46,17 @@ class MethodSpec:
     """``paper_steps``: the authors' run length in our iterations (one model step + one discriminator step),
     where their code says it (0: not stated). ``data_order``: how the authors read a dataset
     (:data:`qkernels.train.data.DATA_ORDERS`): "epochs" (Tripod's and QLAE's shuffled ``tf.data``), "split"
-    (FactorQVAE: shuffled epochs over an 80% split), "iid" (disentanglement_lib's fresh samples)."""
+    (FactorQVAE: shuffled epochs over an 80% split), "iid" (disentanglement_lib's fresh samples).
+
+    ``cls``: the model class; ``optim`` / ``disc_optim``: the model's and discriminator's :class:`OptimSpec`;
+    ``latents``: the latent-count rule of :func:`default_num_latents`; ``defaults``: model keyword defaults.
+
+    Examples:
+        >>> from qkernels.models import METHODS, QLAE
+        >>> spec = METHODS["qlae"]
+        >>> spec.cls is QLAE, spec.batch_size, spec.latents, spec.data_order
+        (True, 128, 'twice_sources', 'epochs')
+    """
 
     cls: type
     optim: OptimSpec
@@ -83,6 +102,16 @@ METHODS: dict[str, MethodSpec] = {
 
 
 def default_num_latents(name: str, num_factors: int) -> int:
+    """The number of latents method ``name`` uses for a dataset of ``num_factors`` factors.
+
+    Rules (``MethodSpec.latents``): "twice_sources" (QLAE, Tripod: 2 n_s), "ten" (the VAEs), "two" (Cliff's 2-D
+    unmixing). Raises KeyError for an unknown method.
+
+    Examples:
+        >>> from qkernels.models import default_num_latents
+        >>> default_num_latents("qlae", 6), default_num_latents("beta_vae", 6), default_num_latents("cliff_ae", 2)
+        (12, 10, 2)
+    """
     rule = METHODS[name].latents
     return {"twice_sources": 2 * num_factors, "ten": 10, "two": 2}[rule]
 
@@ -96,7 +125,15 @@ def method_defaults(name: str, dataset: str) -> dict:
 
 
 def build_model(name: str, obs_shape, num_latents: int, **kw):
-    """Instantiate method ``name`` for observations of shape ``obs_shape``."""
+    """Instantiate method ``name`` (a key of ``METHODS``) for observations of shape ``obs_shape`` ((C, S, S), or
+    (2,) for cliff_ae) with ``num_latents`` latents; ``kw`` overrides the model's keyword defaults.
+
+    Examples:
+        >>> from qkernels.models import Tripod, build_model
+        >>> model = build_model("tripod", (3, 16, 16), 4, levels=5)
+        >>> isinstance(model, Tripod), model.encode(torch.rand(2, 3, 16, 16)).shape
+        (True, torch.Size([2, 4]))
+    """
     if name not in METHODS:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(METHODS)}")
     return METHODS[name].cls(tuple(obs_shape), num_latents, **kw)

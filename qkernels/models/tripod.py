@@ -38,6 +38,17 @@ class Tripod(QuantizedAutoencoder):
     """FSQ (L levels) autoencoder with KLM and NHP on Tripod's residual encoder / decoder (GELU throughout).
     encode -> z_q (n, d) in [-1, 1]. Defaults are the authors' (Shapes3D lambdas; see :data:`TRIPOD_LAMBDAS`).
     The encoder sees images in [-1, 1] (the authors' datasets), the BCE target is the [0, 1] image.
+    loss = BCE + lambda_klm * KLM(z_q; std of the continuous z) + lambda_nhp * NHP(decoder activations).
+
+    Examples:
+        >>> from qkernels.models import Tripod
+        >>> model = Tripod((1, 16, 16), 3, levels=5)
+        >>> x = torch.rand(4, 1, 16, 16)
+        >>> sorted(model.loss(x, step=0))
+        ['klm', 'nhp', 'recon', 'total']
+        >>> z = model.encode(x)  # FSQ values: 2 i / (L - 1) - 1
+        >>> z.shape, bool(((z + 1) * 2 == ((z + 1) * 2).round()).all())
+        (torch.Size([4, 3]), True)
     """
 
     input_map = "signed"

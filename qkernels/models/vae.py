@@ -20,7 +20,15 @@ def gaussian_log_density(z: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor
 
 
 class BetaVAE(Method):
-    """loss = BCE + beta * KL(q(z|x) || N(0, I)); z = mu + exp(logvar / 2) * eps."""
+    """beta-VAE: loss = BCE + beta * KL(q(z|x) || N(0, I)); z = mu + exp(logvar / 2) * eps; encode gives mu.
+
+    Examples:
+        >>> from qkernels.models import BetaVAE
+        >>> model = BetaVAE((1, 16, 16), 3, beta=4.0)
+        >>> x = torch.rand(4, 1, 16, 16)
+        >>> sorted(model.loss(x, step=0)), model.encode(x).shape
+        (['kl', 'recon', 'total'], torch.Size([4, 3]))
+    """
 
     def __init__(self, obs_shape, num_latents: int = 10, *, beta: float = 16.0, arch: str = "small",
                  recon: str = "bce_sum") -> None:
@@ -53,7 +61,14 @@ class BetaVAE(Method):
 
 
 class BetaTCVAE(BetaVAE):
-    """loss = BCE + KL + (beta - 1) * TC, TC by minibatch-weighted sampling (Chen et al., 2018)."""
+    """beta-TCVAE: loss = BCE + KL + (beta - 1) * TC, TC by minibatch-weighted sampling (Chen et al., 2018).
+
+    Examples:
+        >>> from qkernels.models import BetaTCVAE
+        >>> model = BetaTCVAE((1, 16, 16), 3)
+        >>> sorted(model.loss(torch.rand(4, 1, 16, 16), step=0))
+        ['kl', 'recon', 'tc', 'total']
+    """
 
     def __init__(self, obs_shape, num_latents: int = 10, *, beta: float = 6.0, **kw) -> None:
         super().__init__(obs_shape, num_latents, beta=beta, **kw)
@@ -69,7 +84,15 @@ class BetaTCVAE(BetaVAE):
 
 
 class FactorVAE(BetaVAE):
-    """loss = BCE + KL + gamma * TC, TC from a 6 x 1000 discriminator on sampled z."""
+    """FactorVAE: loss = BCE + KL + gamma * TC, TC from a 6 x 1000 discriminator on sampled z.
+
+    Examples:
+        >>> from qkernels.models import FactorVAE
+        >>> model = FactorVAE((1, 16, 16), 3, disc_width=16, disc_layers=2)
+        >>> x = torch.rand(4, 1, 16, 16)
+        >>> sorted(model.loss(x, step=0)), sorted(model.discriminator_loss(x, x, step=0))
+        (['kl', 'recon', 'tc', 'total'], ['disc', 'total'])
+    """
 
     def __init__(self, obs_shape, num_latents: int = 10, *, gamma: float = 10.0, disc_width: int = 1000,
                  disc_layers: int = 6, **kw) -> None:
@@ -95,7 +118,14 @@ class FactorVAE(BetaVAE):
 
 class CliffVAE(BetaVAE):
     """beta-VAE (beta 10) + lambda_a * Cliff loss of the posterior means (Cliff App. F.4: lambda_uni 0.5,
-    lambda_biv 1, lambda_KL-uni 0.7, lambda_a 1, sigma 0.1)."""
+    lambda_biv 1, lambda_KL-uni 0.7, lambda_a 1, sigma 0.1). ``num_cond`` must not exceed the batch size.
+
+    Examples:
+        >>> from qkernels.models import CliffVAE
+        >>> model = CliffVAE((1, 16, 16), 3, num_cond=4)
+        >>> sorted(model.loss(torch.rand(8, 1, 16, 16), step=0))
+        ['cliff', 'kl', 'recon', 'total']
+    """
 
     def __init__(self, obs_shape, num_latents: int = 10, *, beta: float = 10.0, lambda_a: float = 1.0,
                  sigma: float = 0.1, lambda_uni: float = 0.5, lambda_biv: float = 1.0, lambda_kl: float = 0.7,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from qkernels.ops.hessian import hessian_penalty, normalized_hessian_penalty
+from qkernels.ops.hessian import Activations, PerSample, hessian_penalty, normalized_hessian_penalty
 
 
 class _Penalty(nn.Module):
@@ -18,7 +19,7 @@ class _Penalty(nn.Module):
         self.num_perturbations, self.eps = num_perturbations, eps
         self.reduction, self.chunk_size = reduction, chunk_size
 
-    def _settings(self, generator: torch.Generator | None) -> dict:
+    def _settings(self, generator: torch.Generator | None) -> dict[str, Any]:
         return dict(num_perturbations=self.num_perturbations, eps=self.eps, generator=generator,
                     reduction=self.reduction, chunk_size=self.chunk_size)
 
@@ -39,7 +40,17 @@ class NormalizedHessianPenalty(_Penalty):
     activations (N, ...) (a tensor, list or dict; e.g. the decoder's hidden layers, not its output
     logits) and must be deterministic across rows. ``std``: per-latent scales (d,) or one number,
     default the population std of z + 1e-6, as in the functional (Tripod computes it on the
-    continuous latents before quantization: pass it when ``z`` is quantized).
+    continuous latents before quantization: pass it when ``z`` is quantized). z: (n, d) float.
+
+    Examples:
+        >>> from qkernels.nn import NormalizedHessianPenalty
+        >>> _ = torch.manual_seed(0)
+        >>> decoder = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.GELU())
+        >>> penalty = NormalizedHessianPenalty()(decoder, torch.randn(16, 3))
+        >>> penalty.shape, bool(penalty >= 0)
+        (torch.Size([]), True)
+        >>> NormalizedHessianPenalty(reduction="none")(decoder, torch.randn(16, 3)).shape
+        torch.Size([16])
     """
 
     def __init__(
@@ -53,18 +64,33 @@ class NormalizedHessianPenalty(_Penalty):
 
     def forward(
         self,
-        fn: Callable,
+        fn: Callable[[torch.Tensor], Activations],
         z: torch.Tensor,
         std: torch.Tensor | float | None = None,
         generator: torch.Generator | None = None,
-    ):
+    ) -> PerSample:
         return normalized_hessian_penalty(fn, z, std, **self._settings(generator))
 
 
 class HessianPenalty(_Penalty):
     """Peebles et al.'s Hessian penalty as a module: ``penalty(fn, z)`` -> scalar.
 
-    Args: num_perturbations (k >= 2), eps (0.1), reduction ("max", "mean" or "none"), chunk_size.
+    Args:
+        num_perturbations: k >= 2 Rademacher directions per sample.
+        eps: finite-difference step (0.1).
+        reduction: "max", "mean" or "none" (see :func:`qkernels.hessian_penalty`).
+        chunk_size: at most this many stacked rows per ``fn`` call (None: one call).
+
+    ``forward(fn, z, generator=None)``: z (n, d) float.
+
+    Examples:
+        >>> from qkernels.nn import HessianPenalty
+        >>> _ = torch.manual_seed(0)
+        >>> z = torch.randn(8, 2)
+        >>> HessianPenalty()(lambda x: x**2, z)  # elementwise: no cross terms
+        tensor(0.)
+        >>> bool(HessianPenalty()(lambda x: x[:, :1] * x[:, 1:], z) >= 0)
+        True
     """
 
     def __init__(
@@ -76,5 +102,7 @@ class HessianPenalty(_Penalty):
     ) -> None:
         super().__init__(num_perturbations, eps, reduction, chunk_size)
 
-    def forward(self, fn: Callable, z: torch.Tensor, generator: torch.Generator | None = None):
+    def forward(
+        self, fn: Callable[[torch.Tensor], Activations], z: torch.Tensor, generator: torch.Generator | None = None
+    ) -> PerSample:
         return hessian_penalty(fn, z, **self._settings(generator))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -100,8 +100,26 @@ class LatentQuantizer(nn.Module):
         dim: the axis of z that holds the d latents (default -1: z is (..., d); 1 for a channel-first
             (B, d, H, W) feature map). An input whose axis ``dim`` is not of size d is an error (never
             quantized along another axis).
-    forward(z) -> :class:`~qkernels.Quantized` (z_q and indices shaped like z). Weight decay should
-    not apply to ``values`` (QLAE decays weights only).
+    forward(z) -> :class:`~qkernels.Quantized` (z_q and indices shaped like z, z float; indices int64).
+    Weight decay should not apply to ``values`` (QLAE decays weights only).
+
+    Raises:
+        ValueError: num_latents < 1, num_values < 2, low >= high; in forward, z on another device than
+            ``values`` or whose axis ``dim`` is not of size d.
+        TypeError: float64 z with float32 values.
+
+    Examples:
+        Values start at linspace(-0.5, 0.5, 3) = (-0.5, 0, 0.5) for each of the 2 latents:
+
+        >>> from qkernels.nn import LatentQuantizer
+        >>> quantizer = LatentQuantizer(2, 3)
+        >>> quantizer.values.shape
+        torch.Size([2, 3])
+        >>> q = quantizer(torch.tensor([[0.4, -0.1]]))
+        >>> q.z_q, q.indices
+        (tensor([[0.5000, 0.0000]], grad_fn=<...>), tensor([[2, 1]]))
+        >>> quantizer.indices_to_values(q.indices)
+        tensor([[0.5000, 0.0000]])
     """
 
     def __init__(
@@ -173,14 +191,29 @@ class FSQ(nn.Module):
     dim: the axis of z that holds the latents (default -1: z is (..., d); 1 for a channel-first
     (B, d, H, W) feature map); with one int per latent, that axis must have their number of entries.
     forward(z) -> :class:`~qkernels.Quantized` with values in [-1, 1] and zero losses (shaped like z).
+
+    Raises:
+        TypeError: levels neither an int nor a sequence of ints.
+        ValueError: a level < 2.
+
+    Examples:
+        >>> from qkernels.nn import FSQ
+        >>> fsq = FSQ([3, 5])  # latent 0 on (-1, 0, 1), latent 1 on (-1, -0.5, 0, 0.5, 1)
+        >>> q = fsq(torch.tensor([[10.0, 0.0]]))
+        >>> q.z_q, q.indices
+        (tensor([[1., 0.]]), tensor([[2, 2]]))
+        >>> fsq.indices_to_values(torch.tensor([[0, 1]]))
+        tensor([[-1.0000, -0.5000]])
     """
+
+    levels: torch.Tensor  # (d,) or (1,) int64 buffer
 
     def __init__(self, levels: int | Sequence[int], *, dim: int = -1) -> None:
         super().__init__()
-        levels = _fsq_levels(levels)
-        n = levels.numel() if isinstance(levels, torch.Tensor) else 1 if isinstance(levels, int) else len(levels)
+        checked = _fsq_levels(levels)
+        n = checked.numel() if isinstance(checked, torch.Tensor) else 1 if isinstance(checked, int) else len(checked)
         self.dim = _check_dim(dim)
-        self.register_buffer("levels", _levels(levels, n, "cpu"), persistent=False)
+        self.register_buffer("levels", _levels(checked, n, torch.device("cpu")), persistent=False)
 
     def forward(self, z: torch.Tensor) -> Quantized:
         if not isinstance(z, torch.Tensor) or self.levels.numel() == 1:
@@ -194,7 +227,7 @@ class FSQ(nn.Module):
     def _top(self, like: torch.Tensor) -> torch.Tensor:
         return (self.levels.to(like.device) - 1).to(torch.float32 if not like.is_floating_point() else like.dtype)
 
-    def _along(self, x: torch.Tensor, fn) -> torch.Tensor:
+    def _along(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         if self.levels.numel() == 1:
             return fn(x)
         axis = _latent_axis("input", x, self, self.levels.numel(), self.dim)
@@ -202,7 +235,7 @@ class FSQ(nn.Module):
 
     def indices_to_values(self, indices: torch.Tensor) -> torch.Tensor:
         """indices (latents along ``dim``) in [0, L-1] -> values 2 i / (L - 1) - 1 (float32)."""
-        def f(i):
+        def f(i: torch.Tensor) -> torch.Tensor:
             top = self._top(i)
             return 2 * i.to(top.dtype) / top - 1
         return self._along(indices, f)
@@ -218,6 +251,20 @@ class GumbelQuantizer(nn.Module):
     forward(z (..., d), tau) -> :class:`~qkernels.GumbelQuantized`. In training mode the
     relaxed Gumbel-softmax sample (``hard`` for straight-through one-hots); in eval mode the hard
     nearest value (FactorQVAE's evaluation), with one-hot weights.
+
+    Raises:
+        ValueError: num_values < 2.
+
+    Examples:
+        >>> from qkernels.nn import GumbelQuantizer
+        >>> _ = torch.manual_seed(0)
+        >>> quantizer = GumbelQuantizer(4)
+        >>> out = quantizer(torch.randn(5, 3), tau=0.5)  # training mode: relaxed
+        >>> out.z_q.shape, out.weights.shape
+        (torch.Size([5, 3]), torch.Size([5, 3, 4]))
+        >>> out = quantizer.eval()(torch.randn(5, 3))  # eval mode: the nearest value
+        >>> bool(torch.isin(out.z_q, quantizer.values).all())
+        True
     """
 
     def __init__(self, num_values: int, *, hard: bool = False) -> None:
@@ -253,6 +300,18 @@ class CategoricalLatent(nn.Module):
     :class:`~qkernels.CategoricalSample`; ``noise_scale`` defaults to 1 in training and 0 in eval
     mode (the evaluation representation softmax(logits) @ values). Logits whose second-to-last axis
     is not of size d (num_latents) are an error.
+
+    Raises:
+        ValueError: num_latents < 1, num_values < 2, tau <= 0, or ``values`` neither (K,) nor (d, K).
+
+    Examples:
+        >>> from qkernels.nn import CategoricalLatent
+        >>> latent = CategoricalLatent(3, 5).eval()  # values linspace(-1, 1, 5)
+        >>> s = latent(torch.zeros(2, 3, 5))  # equal logits: z = mean of the values
+        >>> s.z.shape, s.y.shape, s.z.abs().max()
+        (torch.Size([2, 3]), torch.Size([2, 3, 5]), tensor(0.))
+        >>> latent.indices_to_values(torch.tensor([[0, 2, 4]]))
+        tensor([[-1.,  0.,  1.]])
     """
 
     def __init__(
@@ -266,6 +325,7 @@ class CategoricalLatent(nn.Module):
         vals = torch.linspace(-1, 1, num_values) if values is None else torch.as_tensor(values)
         if vals.shape not in ((num_values,), (num_latents, num_values)):
             raise ValueError(f"values must be (K,) or (d, K), got {tuple(vals.shape)}")
+        self.values: torch.Tensor
         self.register_buffer("values", vals.clone())
 
     def forward(

@@ -26,11 +26,12 @@ import functools
 import importlib
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from qkernels import _ext
-from qkernels._backend import register, unavailable_reason
+from qkernels._backend import Kernel, register, unavailable_reason
 
 
 def zeros_if_none(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -46,9 +47,9 @@ def triton_kernels(hotpath: str) -> ModuleType | None:
     return importlib.import_module(f"qkernels.triton.{hotpath}")
 
 
-def _checked(check: Callable[..., None], launch: Callable) -> Callable:
+def _checked(check: Callable[..., None], launch: Kernel) -> Kernel:
     @functools.wraps(launch)  # keeps the annotations the custom op's schema is inferred from
-    def run(*args):
+    def run(*args: Any) -> Any:
         check(*args)
         return launch(*args)
 
@@ -58,7 +59,7 @@ def _checked(check: Callable[..., None], launch: Callable) -> Callable:
 def define_backends(
     op: str,
     *,
-    reference: Callable,
+    reference: Kernel,
     wire: Callable[[str, str], None],
     checks: tuple[Callable[..., None], Callable[..., None]],
     triton: ModuleType | None,

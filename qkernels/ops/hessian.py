@@ -35,16 +35,24 @@ NHP at k = 2) and one subtraction whose rounding matches the variance's own mean
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
-from qkernels._backend import implementations, select
+from qkernels._backend import Kernel, implementations, select
 from qkernels._precision import HALF, compute_dtype, no_autocast, upcast
 from qkernels._validation import check_positive, check_same, check_std, check_tensor, is_finite_number
 from qkernels.distributed import rank_and_size, rank_rows
 from qkernels.ops import _library as lib
 from qkernels.reference import hessian as ref
+
+if TYPE_CHECKING or torch.distributed.is_available():  # typing.get_type_hints resolves it at run time
+    from torch.distributed import ProcessGroup
+
+# what ``fn`` of the penalties returns: one activation tensor, a list/tuple or a dict of them
+Activations: TypeAlias = torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+# ``reduction="none"``: per-sample values (n,) in fn's structure
+PerSample: TypeAlias = torch.Tensor | list[torch.Tensor] | dict[str, torch.Tensor]
 
 NHP_DENOM_EPS = ref.NHP_DENOM_EPS  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
 
@@ -235,7 +243,7 @@ lib.define_backends(
 # ----------------------------------------------------------------------------- validation helpers
 
 
-def _check_k(num_perturbations: object) -> int:
+def _check_k(num_perturbations: int) -> int:
     check_positive("num_perturbations", num_perturbations, integer=True)
     if num_perturbations < 2:
         raise ValueError(
@@ -244,7 +252,7 @@ def _check_k(num_perturbations: object) -> int:
     return int(num_perturbations)
 
 
-def _check_eps(eps: object) -> float:
+def _check_eps(eps: float) -> float:
     check_positive("eps", eps)
     if not is_finite_number(eps):
         raise ValueError(f"eps must be finite, got {eps}")
@@ -261,10 +269,10 @@ def _check_fd_dtype(name: str, a: torch.Tensor) -> None:
         )
 
 
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _backend(t: torch.Tensor) -> str:
@@ -272,7 +280,7 @@ def _backend(t: torch.Tensor) -> str:
     return select("finite_difference_curvature", t.device, t.dtype)[0]
 
 
-def _op(op: str, backend: str) -> Callable:
+def _op(op: str, backend: str) -> Kernel:
     """``op``'s implementation on ``backend``, its reference where it has none (cpu, cuda)."""
     impls = implementations(op)
     return impls.get(backend, impls["reference"])
@@ -280,13 +288,15 @@ def _op(op: str, backend: str) -> Callable:
 
 def _curvature(
     a: torch.Tensor, n: int, k: int, eps: float, groups: int, unbiased: bool, reduce: str
-):
+) -> torch.Tensor:
     _, impl = select("finite_difference_curvature", a.device, a.dtype)
-    return impl(a, n, k, eps, groups, unbiased, reduce)[0]
+    values: torch.Tensor = impl(a, n, k, eps, groups, unbiased, reduce)[0]
+    return values
 
 
 def _penalty(values: torch.Tensor, ratio: bool, reduction: str) -> torch.Tensor:
-    return _op("curvature_penalty", _backend(values))(values, ratio, reduction)
+    penalty: torch.Tensor = _op("curvature_penalty", _backend(values))(values, ratio, reduction)
+    return penalty
 
 
 def _total(per: list[torch.Tensor]) -> torch.Tensor:
@@ -318,9 +328,25 @@ def finite_difference_curvature(
         groups: 2 for NHP (Rademacher group = numerator, Gaussian group = denominator), 1 for HP.
         unbiased: variance over directions with divisor k - 1 (HP) instead of k (NHP).
         reduce: "mean" or "max" over the M columns of each sample.
+
     Returns:
-        (groups, n): per group and sample, reduce_c var_l((f(z+h_l) - 2 f(z) + f(z-h_l)) / eps^2).
-        float16 / bfloat16 ``stacked`` is a TypeError: its rounding is as large as the curvature.
+        (groups, n) in ``stacked``'s dtype (float32 / float64): per group and sample,
+        reduce_c var_l((f(z+h_l) - 2 f(z) + f(z-h_l)) / eps^2).
+
+    Raises:
+        TypeError: float16 / bfloat16 ``stacked``: its rounding is as large as the curvature.
+        ValueError: R not n * 2k * groups (or n * (1 + 2k * groups)), k < 2, eps <= 0, or another ``reduce``.
+
+    Examples:
+        One sample, k = 2 directions, f(z +- h_1) = 1 and f(z +- h_2) = 3 (f(z) cancels): second
+        differences 2 and 6 (times 1 / eps^2 = 1), population variance 4, unbiased 8.
+
+        >>> import qkernels
+        >>> stacked = torch.tensor([[1.0], [1.0], [3.0], [3.0]])
+        >>> qkernels.finite_difference_curvature(stacked, 1, 2, 1.0, groups=1)
+        tensor([[4.]])
+        >>> qkernels.finite_difference_curvature(stacked, 1, 2, 1.0, groups=1, unbiased=True)
+        tensor([[8.]])
     """
     check_tensor("stacked", stacked, min_ndim=1, finite=False)
     _check_fd_dtype("stacked", stacked)
@@ -345,7 +371,7 @@ def finite_difference_curvature(
 
 
 def _call_fn(
-    fn: Callable, zs: torch.Tensor, chunk_size: int | None
+    fn: Callable[[torch.Tensor], Activations], zs: torch.Tensor, chunk_size: int | None
 ) -> tuple[Any, list[torch.Tensor]]:
     """fn on the stacked batch (in row chunks when ``chunk_size``): (structure, list of entries)."""
     with no_autocast(zs.device):  # finite differences need float32 activations (qkernels._precision)
@@ -374,7 +400,7 @@ def _flatten(out: object) -> tuple[Any, list[torch.Tensor]]:
     )
 
 
-def _unflatten(keys: Any, values: list[torch.Tensor]):
+def _unflatten(keys: Any, values: list[torch.Tensor]) -> PerSample:
     if keys is None:
         return values[0]
     if isinstance(keys, tuple):
@@ -412,7 +438,9 @@ def _check_outputs(
     return out
 
 
-def _check_common(fn, z, num_perturbations, eps, chunk_size):
+def _check_common(
+    fn: object, z: torch.Tensor, num_perturbations: int, eps: float, chunk_size: int | None
+) -> tuple[int, float]:
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     check_tensor("z", z, ndim=2)
@@ -423,7 +451,9 @@ def _check_common(fn, z, num_perturbations, eps, chunk_size):
     return k, eps
 
 
-def _draws(count: int, z: torch.Tensor, generator, group=None) -> torch.Tensor:
+def _draws(
+    count: int, z: torch.Tensor, generator: torch.Generator | None, group: ProcessGroup | None = None
+) -> torch.Tensor:
     """(count, n, d) standard normals in ONE draw (the raw numbers of the directions; Rademacher
     signs are the signs of the first ones, taken by :func:`perturbed_batch`), drawn on the
     generator's device (a CPU generator gives the same directions for CPU and CUDA latents) and
@@ -471,10 +501,13 @@ def perturbed_batch(
         if std is None:
             raise ValueError('scale "std" needs std')
         std = check_std(std, z)
-    dtype = compute_dtype(z=z, draws=draws, std=std if scale == "std" else None)
+    else:
+        std = None
+    dtype = compute_dtype(z=z, draws=draws, std=std)
     z, draws = upcast(z, dtype), upcast(draws, dtype)
-    std = upcast(std, dtype) if scale == "std" else None
-    return _op("perturbed_batch", _backend(z))(z, draws, std, eps, signs, scale)
+    std = None if std is None else upcast(std, dtype)
+    stacked: torch.Tensor = _op("perturbed_batch", _backend(z))(z, draws, std, eps, signs, scale)
+    return stacked
 
 
 def curvature_penalty(values: torch.Tensor, *, ratio: bool, reduction: str = "mean") -> torch.Tensor:
@@ -494,7 +527,7 @@ def curvature_penalty(values: torch.Tensor, *, ratio: bool, reduction: str = "me
 
 
 def normalized_hessian_penalty(
-    fn: Callable,
+    fn: Callable[[torch.Tensor], Activations],
     z: torch.Tensor,
     std: torch.Tensor | float | None = None,
     *,
@@ -503,8 +536,8 @@ def normalized_hessian_penalty(
     generator: torch.Generator | None = None,
     reduction: str = "mean",
     chunk_size: int | None = None,
-    group=None,
-):
+    group: ProcessGroup | None = None,
+) -> PerSample:
     """Tripod's normalized Hessian penalty (Section 3.3, Prop. 3.2, Algorithm 1).
 
     Directions v_l = eps * std * r_l (r Rademacher) and w_l = eps * std * g_l (g ~ N(0, 1)), k of
@@ -541,8 +574,28 @@ def normalized_hessian_penalty(
             and share their RNG state: the directions are this rank's rows of those one process
             would draw for the whole batch (the value stays this rank's mean).
 
+    Returns:
+        A scalar ("mean") or per-entry (n,) values ("none"), in fn's activations' dtype.
+
+    Raises:
+        TypeError: half-precision activations.
+        ValueError: k < 2, eps <= 0, a misshaped ``std`` or another ``reduction``.
+
     Precision: fn is called on float32 latents (half-precision z is cast) with autocast off;
     half-precision activations are a TypeError (:mod:`qkernels._precision`).
+
+    Examples:
+        A separable fn (elementwise z^2, diagonal Hessian) has penalty 0; z_1 z_2 does not.
+
+        >>> import qkernels
+        >>> _ = torch.manual_seed(0)
+        >>> z = torch.randn(8, 2, dtype=torch.float64)
+        >>> float(qkernels.normalized_hessian_penalty(lambda x: x**2, z)) < 1e-12
+        True
+        >>> float(qkernels.normalized_hessian_penalty(lambda x: x[:, :1] * x[:, 1:], z)) > 0
+        True
+        >>> qkernels.normalized_hessian_penalty(lambda x: x**2, z, reduction="none").shape
+        torch.Size([8])
     """
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
     z = upcast(z, compute_dtype(z=z))
@@ -565,7 +618,7 @@ def normalized_hessian_penalty(
 
 
 def hessian_penalty(
-    fn: Callable,
+    fn: Callable[[torch.Tensor], Activations],
     z: torch.Tensor,
     *,
     num_perturbations: int = 2,
@@ -573,7 +626,7 @@ def hessian_penalty(
     generator: torch.Generator | None = None,
     reduction: str = "max",
     chunk_size: int | None = None,
-):
+) -> PerSample:
     """Peebles et al.'s Hessian penalty (their eqs. 7-9).
 
     Directions h_l = eps * r_l (r Rademacher, k per sample); fd = (f(z + h) - 2 f(z) + f(z - h)) /
@@ -585,6 +638,30 @@ def hessian_penalty(
     rows; chunked by ``chunk_size``), never on z (the center cancels). Arguments as in
     :func:`normalized_hessian_penalty`; the generator draws (k, n, d) standard normals whose signs
     are the directions.
+
+    Args:
+        fn: maps latents (N, d) to an activation tensor (N, ...) or a list/tuple or dict of them.
+        z: (n, d) float latents. num_perturbations: k >= 2. eps: > 0.
+        reduction: "max", "mean" or "none". chunk_size: at most this many rows per fn call.
+
+    Returns:
+        A scalar ("max" / "mean") or per-entry (n,) values ("none").
+
+    Raises:
+        TypeError: half-precision activations.
+        ValueError: k < 2, eps <= 0 or another ``reduction``.
+
+    Examples:
+        fn = z_1 z_2: every second difference is 2 r_1 r_2 = +-2; the unbiased variance of two +2 and
+        two -2 is 16 / 3, the largest over the batch. A separable fn gets 0.
+
+        >>> import qkernels
+        >>> _ = torch.manual_seed(0)
+        >>> z = torch.randn(16, 2, dtype=torch.float64)
+        >>> qkernels.hessian_penalty(lambda x: x[:, :1] * x[:, 1:], z, num_perturbations=4)
+        tensor(5.3333, dtype=torch.float64)
+        >>> qkernels.hessian_penalty(lambda x: x**2, z, num_perturbations=4)
+        tensor(0., dtype=torch.float64)
     """
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
     _check_choice("reduction", reduction, ("max", "mean", "none"))

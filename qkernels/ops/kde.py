@@ -17,7 +17,7 @@ each with a ``*_backward`` op that recomputes kernel values instead of saving (d
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple, overload
 
 import torch
 
@@ -38,9 +38,24 @@ from qkernels.distributed import gather_rows
 from qkernels.ops import _library as lib
 from qkernels.reference import kde as ref
 
+if TYPE_CHECKING or torch.distributed.is_available():  # typing.get_type_hints resolves it at run time
+    from torch.distributed import ProcessGroup
+
 
 class CliffTerms(NamedTuple):
-    """total = lambda_uni * uni + lambda_biv * biv + lambda_kl * kl (Cliff eq. 8); each a scalar."""
+    """The terms of :func:`cliff_loss` (``return_terms=True``), a named tuple of scalars.
+
+    total = lambda_uni * uni + lambda_biv * biv + lambda_kl * kl (Cliff eq. 8).
+
+    Examples:
+        >>> import qkernels
+        >>> _ = torch.manual_seed(0)
+        >>> t = qkernels.cliff_loss(torch.randn(64, 3), return_terms=True)
+        >>> t._fields
+        ('total', 'uni', 'biv', 'kl')
+        >>> torch.allclose(t.total, 0.5 * t.uni + 1.0 * t.biv + 0.7 * t.kl)
+        True
+    """
 
     total: torch.Tensor
     uni: torch.Tensor
@@ -229,11 +244,27 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
     Args:
         points: (d, K) evaluation points; samples: (n, d); sigma: bandwidth > 0.
         derivative: return d/dt of the KDE instead of the density.
+
     Returns:
         (d, K): out[j, k] = 1/n sum_s N(points[j, k]; samples[s, j], sigma^2) (or its d/dt).
         Differentiable in points and samples. The fused backends drop kernel terms more than
         ``10 sigma`` from an evaluation point (relative size < 2e-22 of a term's peak). Half-precision
-        inputs: computed and returned in float32 (:mod:`qkernels._precision`).
+        inputs: computed and returned in float32 (:mod:`qkernels._precision`), otherwise points' dtype.
+
+    Raises:
+        ValueError: samples' d not points' d, sigma <= 0, devices that differ or NaN / inf values.
+
+    Examples:
+        One sample at 0, bandwidth 1: the standard normal density, 1 / sqrt(2 pi) at 0, slope 0.
+
+        >>> import math, qkernels
+        >>> qkernels.kde_grid(torch.zeros(1, 1), torch.zeros(1, 1), 1.0)
+        tensor([[0.3989]])
+        >>> out = qkernels.kde_grid(torch.tensor([[-1.0, 0.0, 1.0]]), torch.zeros(1, 1), 1.0)
+        >>> torch.allclose(out, torch.exp(-torch.tensor([1.0, 0.0, 1.0]) / 2) / math.sqrt(2 * math.pi))
+        True
+        >>> qkernels.kde_grid(torch.zeros(1, 1), torch.zeros(1, 1), 1.0, derivative=True).abs()
+        tensor([[0.]])
     """
     check_tensor("points", points, ndim=2, finite=False)
     check_tensor("samples", samples, ndim=2, finite=False)
@@ -250,10 +281,14 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
         check_finite("points", points)
         check_finite("samples", samples)
     with no_autocast(points.device):
-        return impl(upcast(points, dt), upcast(samples, dt), sigma, bool(derivative))
+        grid: torch.Tensor = impl(upcast(points, dt), upcast(samples, dt), sigma, bool(derivative))
+    return grid
 
 
-def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torch.Tensor:
+def _cond_index(
+    cond_index: torch.Tensor | None, num_cond: int, generator: torch.Generator | None, n: int, d: int,
+    device: torch.device,
+) -> torch.Tensor:
     """(d, M) conditioning rows: drawn, or the user's (metadata checked here, values by the caller)."""
     if cond_index is None:
         check_positive("num_cond", num_cond, integer=True)
@@ -277,13 +312,64 @@ def _cond_index(cond_index, num_cond, generator, n: int, d: int, device) -> torc
     return cond_index.contiguous()
 
 
-def _check_latents(z) -> None:
+def _check_latents(z: torch.Tensor) -> None:
     """z (n, d), n >= 2, d >= 1 (metadata; its values are checked once the backend is known)."""
     check_tensor("z", z, ndim=2, finite=False)
     if z.shape[0] < 2:
         raise ValueError(f"z must hold n >= 2 samples (rows), got shape {tuple(z.shape)}")
     if z.shape[1] < 1:
         raise ValueError(f"z must hold d >= 1 latents (columns), got shape {tuple(z.shape)}")
+
+
+@overload
+def cliff_loss(
+    z: torch.Tensor,
+    *,
+    sigma: float = 0.1,
+    grid: tuple[float, float, int] = (-5.0, 5.0, 100),
+    num_cond: int = 10,
+    cond_index: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    lambda_uni: float = 0.5,
+    lambda_biv: float = 1.0,
+    lambda_kl: float = 0.7,
+    return_terms: Literal[False] = False,
+    group: ProcessGroup | None = None,
+) -> torch.Tensor: ...
+
+
+@overload
+def cliff_loss(
+    z: torch.Tensor,
+    *,
+    sigma: float = 0.1,
+    grid: tuple[float, float, int] = (-5.0, 5.0, 100),
+    num_cond: int = 10,
+    cond_index: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    lambda_uni: float = 0.5,
+    lambda_biv: float = 1.0,
+    lambda_kl: float = 0.7,
+    return_terms: Literal[True],
+    group: ProcessGroup | None = None,
+) -> CliffTerms: ...
+
+
+@overload
+def cliff_loss(
+    z: torch.Tensor,
+    *,
+    sigma: float = 0.1,
+    grid: tuple[float, float, int] = (-5.0, 5.0, 100),
+    num_cond: int = 10,
+    cond_index: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    lambda_uni: float = 0.5,
+    lambda_biv: float = 1.0,
+    lambda_kl: float = 0.7,
+    return_terms: bool = False,
+    group: ProcessGroup | None = None,
+) -> torch.Tensor | CliffTerms: ...
 
 
 def cliff_loss(
@@ -298,8 +384,8 @@ def cliff_loss(
     lambda_biv: float = 1.0,
     lambda_kl: float = 0.7,
     return_terms: bool = False,
-    group=None,
-):
+    group: ProcessGroup | None = None,
+) -> torch.Tensor | CliffTerms:
     """The Cliff criterion (Barin-Pacela et al., ICML 2025, eq. 8) of a batch of latents.
 
     z (n, d) is standardized per column (population std clamped to >= 1e-6); then
@@ -322,6 +408,7 @@ def cliff_loss(
             ranks (as DistributedDataParallel does), the gradients are the single-process ones
             (:mod:`qkernels.distributed`). The conditioning rows must be drawn identically on every
             rank: pass ``cond_index`` or a ``generator`` seeded alike.
+
     Returns:
         The scalar total, or ``CliffTerms(total, uni, biv, kl)``; float32 for half-precision z
         (computed in float32 whatever autocast says: :mod:`qkernels._precision`).
@@ -339,6 +426,23 @@ def cliff_loss(
     TF32, "medium" bf16 inputs (benchmarks/RESULTS.md, issue 26). float64 stays float64 and exact.
     Launches per forward + backward on ``triton``: 2 for the draw, 4 for the loss (fused path). There
     is no CUDA C++ Cliff (the ``cuda`` backend does not implement it).
+
+    Raises:
+        ValueError: z not (n, d) with n >= 2, sigma <= 0, a bad grid, num_cond > n, a misshaped
+            ``cond_index`` or one outside [0, n).
+        TypeError: a non-int64 ``cond_index`` or a non-number lambda.
+
+    Examples:
+        >>> import qkernels
+        >>> _ = torch.manual_seed(0)
+        >>> z = torch.randn(64, 3, requires_grad=True)  # (n, d) float32
+        >>> loss = qkernels.cliff_loss(z)
+        >>> loss.shape, loss.dtype
+        (torch.Size([]), torch.float32)
+        >>> loss.backward(); z.grad.shape
+        torch.Size([64, 3])
+        >>> qkernels.cliff_loss(z[:, :1].detach(), return_terms=True).biv  # d = 1: no pairs
+        tensor(0.)
     """
     if group is not None:
         z = gather_rows(z, group)
@@ -362,7 +466,9 @@ def cliff_loss(
     return CliffTerms(total, uni, biv, kl) if return_terms else total
 
 
-def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None, group=None) -> torch.Tensor:
+def klm_loss(
+    z: torch.Tensor, *, std: torch.Tensor | float | None = None, group: ProcessGroup | None = None
+) -> torch.Tensor:
     """Tripod's kernel latent multiinformation (Hsu et al., ICML 2024, eqs. 11-14).
 
     mean_b [log q(z_b) - sum_j log q_j(z_bj)] with Gaussian KDEs over the batch (no
@@ -378,9 +484,24 @@ def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None, group=
             :func:`qkernels.distributed.gather_rows`).
         group: a ``torch.distributed`` process group: the KLM of the GLOBAL batch (every rank's z
             gathered in rank order; the default std is then the global one), as in :func:`cliff_loss`.
+
     Returns:
         Scalar loss (>= about 0 for independent latents, growing with dependence); float32 for
-        half-precision z or std (:mod:`qkernels._precision`).
+        half-precision z or std (:mod:`qkernels._precision`), otherwise z's dtype.
+
+    Raises:
+        ValueError: z not (n, d) with n >= 2, NaN / inf z, or a misshaped or non-positive ``std``.
+
+    Examples:
+        A copied latent is more dependent than an independent one:
+
+        >>> import qkernels
+        >>> _ = torch.manual_seed(0)
+        >>> a, b = torch.randn(256, 1), torch.randn(256, 1)
+        >>> qkernels.klm_loss(torch.cat([a, b], 1)).shape
+        torch.Size([])
+        >>> bool(qkernels.klm_loss(torch.cat([a, a], 1)) > qkernels.klm_loss(torch.cat([a, b], 1)))
+        True
     """
     if group is not None:
         z = gather_rows(z, group)
@@ -393,4 +514,5 @@ def klm_loss(z: torch.Tensor, *, std: torch.Tensor | float | None = None, group=
     if std is not None:
         std = check_std(std, z, values=checked)
     with no_autocast(z.device):  # std None: the op computes the default std (from z in dt)
-        return impl(upcast(z, dt), None if std is None else upcast(std, dt))[0]
+        loss: torch.Tensor = impl(upcast(z, dt), None if std is None else upcast(std, dt))[0]
+    return loss

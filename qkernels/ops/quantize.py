@@ -17,7 +17,7 @@ that recomputes instead of saving (N, d, n_v) intermediates.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -31,8 +31,21 @@ from qkernels.reference import quantize as ref
 
 
 class Quantized(NamedTuple):
-    """z_q (..., d) straight-through quantized latents; indices (..., d) int64 codebook indices;
-    loss_quantize and loss_commit: scalar codebook losses (QLAE eq. 5; zeros for FSQ)."""
+    """Output of :func:`latent_quantize` and :func:`fsq` (a named tuple).
+
+    Fields: z_q (..., d) straight-through quantized latents in z's dtype; indices (..., d) int64 codebook
+    indices; loss_quantize and loss_commit: scalar codebook losses (QLAE eq. 5; zeros for FSQ).
+
+    Examples:
+        >>> import qkernels
+        >>> q = qkernels.fsq(torch.zeros(2, 3), 5)
+        >>> q._fields
+        ('z_q', 'indices', 'loss_quantize', 'loss_commit')
+        >>> z_q, indices, *_ = q  # unpacks like a tuple
+        >>> indices
+        tensor([[2, 2, 2],
+                [2, 2, 2]])
+    """
 
     z_q: torch.Tensor
     indices: torch.Tensor
@@ -41,8 +54,19 @@ class Quantized(NamedTuple):
 
 
 class GumbelQuantized(NamedTuple):
-    """z_q (..., d) relaxed quantized latents; weights (..., d, K) relaxed one-hots; logits
-    (..., d, K) = -(z - values)^2; kl_uniform (..., d) = sum_k p log(p K), p = softmax(logits)."""
+    """Output of :func:`gumbel_quantize` (a named tuple).
+
+    Fields: z_q (..., d) relaxed quantized latents; weights (..., d, K) relaxed one-hots; logits
+    (..., d, K) = -(z - values)^2; kl_uniform (..., d) = sum_k p log(p K), p = softmax(logits).
+
+    Examples:
+        >>> import qkernels
+        >>> out = qkernels.gumbel_quantize(torch.zeros(4, 2), torch.tensor([-1.0, 1.0]), 1.0)
+        >>> out._fields
+        ('z_q', 'weights', 'logits', 'kl_uniform')
+        >>> out.weights.shape, out.kl_uniform.shape
+        (torch.Size([4, 2, 2]), torch.Size([4, 2]))
+    """
 
     z_q: torch.Tensor
     weights: torch.Tensor
@@ -51,18 +75,29 @@ class GumbelQuantized(NamedTuple):
 
 
 class CategoricalSample(NamedTuple):
-    """z (..., d) = sum_k y_k values_k; y (..., d, K) the relaxed sample; kl (..., d) =
-    KL(softmax(logits) || Uniform(K))."""
+    """Output of :func:`categorical_latent` (a named tuple).
+
+    Fields: z (..., d) = sum_k y_k values_k; y (..., d, K) the relaxed sample; kl (..., d) =
+    KL(softmax(logits) || Uniform(K)).
+
+    Examples:
+        >>> import qkernels
+        >>> s = qkernels.categorical_latent(torch.zeros(4, 2, 3))
+        >>> s._fields
+        ('z', 'y', 'kl')
+        >>> s.z.shape, s.y.shape, s.kl.shape
+        (torch.Size([4, 2]), torch.Size([4, 2, 3]), torch.Size([4, 2]))
+    """
 
     z: torch.Tensor
     y: torch.Tensor
     kl: torch.Tensor
 
 
-_CONSTANTS: dict[tuple, torch.Tensor] = {}
+_CONSTANTS: dict[tuple[object, ...], torch.Tensor] = {}
 
 
-def _constant(name: str, like: torch.Tensor, make, *key) -> torch.Tensor:
+def _constant(name: str, like: torch.Tensor, make: Callable[[], torch.Tensor], *key: object) -> torch.Tensor:
     """A read-only tensor ``make()`` in ``like``'s dtype and device, made once per (name, key,
     dtype, device): no launch per call. Made afresh while compiling (inductor fuses it), for tensor
     subclasses (fake, functional) and while a CUDA graph is captured (its kernels run only when the
@@ -317,19 +352,31 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
     """Nearest-codebook scalar quantization with straight-through gradients (QLAE, Alg. 1).
 
     Args:
-        z: (..., d) float latents.
-        values: (d, n_v), one scalar codebook per latent (QLAE), or (n_v,), a global codebook.
+        z: (..., d) float latents (float16 / bfloat16 / float32 / float64).
+        values: (d, n_v), one scalar codebook per latent (QLAE), or (n_v,), a global codebook; on z's device.
+
     Returns:
         :class:`Quantized`: z_q (..., d) holds the nearest value (ties -> lowest index) with the
         gradient passed straight through to z; indices (..., d) int64; loss_quantize =
         mean((sg(z) - z_q)^2) (gradient to ``values`` only); loss_commit = mean((z - sg(z_q))^2)
         (gradient to ``z`` only).
 
+    Raises:
+        ValueError: values not (n_v,) or (d, n_v), z and values on different devices, or NaN / inf values.
+
     Launches on the triton backend, forward + backward: 4 (a tile kernel and a fixed-order
     reduction for the losses; the same for the gradients).
 
     float16 / bfloat16 z or values: computed in float32; z_q in z's dtype, losses float32
     (:mod:`qkernels._precision`).
+
+    Examples:
+        >>> import qkernels
+        >>> q = qkernels.latent_quantize(torch.tensor([[0.2, -0.9]]), torch.tensor([-1.0, 0.0, 1.0]))
+        >>> q.z_q, q.indices
+        (tensor([[ 0., -1.]]), tensor([[1, 0]]))
+        >>> q.loss_quantize  # mean(0.2^2, 0.1^2)
+        tensor(0.0250)
     """
     check_tensor("z", z, min_ndim=1, finite=False)
     vals = _codebook("values", values, z.shape[-1], finite=False)
@@ -348,7 +395,7 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
     return Quantized(upcast(z_q, z.dtype), indices, loss_q, loss_c)
 
 
-def _levels(levels: int | Sequence[int] | torch.Tensor, d: int, device) -> torch.Tensor:
+def _levels(levels: int | Sequence[int] | torch.Tensor, d: int, device: torch.device) -> torch.Tensor:
     """(d,) int64 levels on ``device``; no host-device synchronization for ints and sequences."""
     if isinstance(levels, torch.Tensor):
         if levels.is_floating_point() or levels.dtype == torch.bool:
@@ -377,10 +424,26 @@ def fsq(z: torch.Tensor, levels: int | Sequence[int] | torch.Tensor) -> Quantize
     """Finite scalar quantization (Tripod eq. 10) with a straight-through round.
 
     z_q = 2 round((tanh(z) + 1) / 2 * (L - 1)) / (L - 1) - 1 in [-1, 1], with gradient
-    1 - tanh(z)^2. ``levels``: L, an int or one int per latent (each >= 2).
-    Returns :class:`Quantized` with indices in [0, L - 1] and zero auxiliary losses.
-    FSQ is elementwise and memory-bound; it has no fused kernel (PyTorch's elementwise ops, or
-    torch.compile, already run it at memory speed).
+    1 - tanh(z)^2. FSQ is elementwise and memory-bound; it has no fused kernel (PyTorch's
+    elementwise ops, or torch.compile, already run it at memory speed).
+
+    Args:
+        z: (..., d) float latents.
+        levels: L, an int or one int per latent (a sequence or an integer tensor of d entries), each >= 2.
+
+    Returns:
+        :class:`Quantized`: z_q (..., d) in z's dtype, indices (..., d) int64 in [0, L - 1], zero
+        auxiliary losses.
+
+    Raises:
+        TypeError: levels not integers.
+        ValueError: a level < 2, or neither 1 nor d levels.
+
+    Examples:
+        >>> import qkernels
+        >>> q = qkernels.fsq(torch.tensor([[-10.0, 0.0, 10.0]]), 3)  # tanh -> -1, 0, 1
+        >>> q.z_q, q.indices
+        (tensor([[-1.,  0.,  1.]]), tensor([[0, 1, 2]]))
     """
     check_tensor("z", z, min_ndim=1)
     lv = _levels(levels, z.shape[-1], z.device)
@@ -425,15 +488,30 @@ def gumbel_quantize(
     (straight-through one-hot of its argmax when ``hard``); z_q = weights @ values.
 
     Args:
-        z: (..., d) latents; values: (n_v,) global codebook (or (d, n_v) per latent).
+        z: (..., d) float latents; values: (n_v,) global codebook (or (d, n_v) per latent).
         tau: temperature > 0. generator: source of the Gumbel noise; ``uniform`` ((..., d, n_v) in
             [0, 1)) replaces it with explicit noise, so every backend draws the same sample.
+
     Returns:
-        :class:`GumbelQuantized` (z_q, weights, logits, kl_uniform (..., d)); half-precision z:
-        computed in float32, z_q / weights / logits in z's dtype, kl_uniform float32.
+        :class:`GumbelQuantized` (z_q (..., d), weights (..., d, n_v), logits (..., d, n_v),
+        kl_uniform (..., d)); half-precision z: computed in float32, z_q / weights / logits in z's
+        dtype, kl_uniform float32.
+
+    Raises:
+        ValueError: tau <= 0, a misshaped codebook or ``uniform``, or ``uniform`` outside [0, 1].
 
     Launches on the triton backend, forward + backward: 4 (the noise draw, one forward kernel
     computing the logits, sample and KL, one backward kernel, one codebook-gradient reduction).
+
+    Examples:
+        >>> import qkernels
+        >>> _ = torch.manual_seed(0)
+        >>> z, values = torch.randn(4, 2), torch.tensor([-1.0, 0.0, 1.0])
+        >>> out = qkernels.gumbel_quantize(z, values, 0.5, hard=True)
+        >>> bool(torch.isin(out.z_q, values).all())  # hard: z_q is a codebook value
+        True
+        >>> torch.allclose(out.logits, -(z[..., None] - values) ** 2)
+        True
     """
     check_tensor("z", z, min_ndim=1)
     vals = _codebook("values", values, z.shape[-1])
@@ -471,21 +549,33 @@ def categorical_latent(
     z = sum_k y_k values_k, kl = KL(softmax(logits) || Uniform(K)).
 
     Args:
-        logits: (..., d, K). values: (K,) or (d, K); default linspace(-1, 1, K).
+        logits: (..., d, K) float. values: (K,) or (d, K); default linspace(-1, 1, K).
         tau: temperature > 0; noise_scale >= 0 (0: no noise, the evaluation setting).
         generator / uniform: the Gumbel noise source, as in :func:`gumbel_quantize`.
+
     Returns:
         :class:`CategoricalSample` (z (..., d), y (..., d, K), kl (..., d)); half-precision logits:
         computed in float32, z and y in the logits' dtype, kl float32.
 
+    Raises:
+        ValueError: values without K entries, tau <= 0 or noise_scale < 0.
+
     Launches on the triton backend, forward + backward: 3 without noise, 4 with (the noise draw;
     one forward kernel; one backward kernel and one codebook-gradient reduction). The default
     values are made once per (K, dtype, device).
+
+    Examples:
+        Equal logits without noise: y is uniform, z the mean of linspace(-1, 1, K) and kl zero.
+
+        >>> import qkernels
+        >>> s = qkernels.categorical_latent(torch.zeros(1, 2, 5), noise_scale=0.0)
+        >>> s.y[0, 0], s.z.abs().max(), s.kl.abs().max()
+        (tensor([0.2000, 0.2000, 0.2000, 0.2000, 0.2000]), tensor(0.), tensor(0.))
     """
     check_tensor("logits", logits, min_ndim=2, finite=False)
     k = logits.shape[-1]
     given = values is not None
-    if not given:
+    if values is None:
         # made once per (K, dtype, device)
         values = _constant("linspace", logits, lambda: torch.linspace(
             -1, 1, k, device=logits.device, dtype=logits.dtype), k)

@@ -87,6 +87,7 @@ def cliff_terms(
         uni_points: (K_u,) points linspace(-sqrt 3, sqrt 3, K_u) of the KL-uni expectation.
         cond_index: (d, M) int64 rows of x; zeta[j, m] = x[cond_index[j, m], j].
         sigma: kernel bandwidth.
+
     Returns:
         (uni, biv, kl) scalars: l_uni = sum_i H(s_i); l_biv = sum_{i != j} JSD(i|j);
         l_KL-uni = sum_i [-log(2 sqrt 3) - mean_k log p_i(v_k)].

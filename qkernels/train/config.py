@@ -28,6 +28,19 @@ class TrainConfig:
     threads: torch intra-op threads of the training process (``torch.set_num_threads``). None: ``qkernels train``
     picks the usable cores that are not busy (:func:`qkernels.train.threads.auto_threads`) and records the count in
     config.json, so that ``--resume`` keeps it; the Python API keeps the process's setting.
+    device: where the model trains; compile: ``torch.compile`` the encoder and decoder; progress: the status line
+    on stderr. Saved as / loaded from ``config.json`` with :meth:`save` / :meth:`load`.
+
+    Examples:
+        >>> import tempfile
+        >>> from qkernels.train import TrainConfig
+        >>> cfg = TrainConfig(model="qlae", dataset="sprites", steps=100, image_size=16)
+        >>> cfg.batch_size is None, cfg.arch, cfg.protocol  # None / "auto": the authors' settings
+        (True, 'small', 'auto')
+        >>> path = tempfile.mkdtemp() + "/config.json"
+        >>> cfg.save(path)
+        >>> TrainConfig.load(path) == cfg
+        True
     """
 
     model: str = "tripod"

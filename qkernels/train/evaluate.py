@@ -47,7 +47,16 @@ def encode_fn(model, discrete_latents: str = "codes"):
 @torch.no_grad()
 def evaluate_model(model, ds, cfg, *, num_samples: int | None = None) -> dict:
     """Metrics of ``model`` on ``ds`` with ``cfg``'s protocol -> flat dict (matrices as nested lists).
-    ``num_samples``: every metric's sample count (default ``cfg.eval_samples``, else the protocol's)."""
+    ``num_samples``: every metric's sample count (default ``cfg.eval_samples``, else the protocol's).
+
+    Examples:
+        >>> from qkernels.train import TrainConfig, build, evaluate_model
+        >>> cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 256})
+        >>> model, ds = build(cfg)
+        >>> res = evaluate_model(model.eval(), ds, cfg, num_samples=200)
+        >>> sorted(res), 0 <= res["mcc.mcc"] <= 1
+        (['mcc.matching', 'mcc.mcc', 'recon.mse'], True)
+    """
     from qkernels import metrics as M
 
     was = model.training
@@ -97,7 +106,19 @@ def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: i
 
 
 def load_run(run_dir: str | Path, device: str = "cpu"):
-    """(model, dataset, config, step) of a saved run, model in eval mode with the checkpoint's weights."""
+    """(model, dataset, config, step) of a saved run, model in eval mode with the checkpoint's weights.
+
+    Examples:
+        >>> import tempfile
+        >>> from qkernels.train import TrainConfig, load_run, train
+        >>> out = tempfile.mkdtemp()
+        >>> cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 256}, steps=2,
+        ...                   batch_size=32, out=out, progress=False)
+        >>> train(cfg, final_eval=False)
+        >>> model, ds, saved, step = load_run(out)
+        >>> type(model).__name__, model.training, saved.model, step
+        ('CliffAE', False, 'cliff_ae', 2)
+    """
     from qkernels.train import checkpoint as ckpt
     from qkernels.train.config import TrainConfig
 
@@ -113,7 +134,21 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
 
 def eval_run(run_dir: str | Path, *, num_samples: int | None = None, device: str = "cpu",
              protocol: str | None = None) -> dict:
-    """Re-evaluate a saved run: rewrites its metrics.json and figures (``protocol``: instead of the run's)."""
+    """Re-evaluate a saved run: rewrites its metrics.json and figures (``protocol``: instead of the run's).
+
+    Returns the metrics written (a dict with the run's model, dataset and step).
+
+    Examples:
+        >>> import os, tempfile
+        >>> from qkernels.train import TrainConfig, eval_run, train
+        >>> out = tempfile.mkdtemp()
+        >>> cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 256}, steps=2,
+        ...                   batch_size=32, out=out, progress=False)
+        >>> train(cfg, final_eval=False)
+        >>> res = eval_run(out, num_samples=200)
+        >>> res["step"], "mcc.mcc" in res, os.path.isfile(out + "/metrics.json")
+        (2, True, True)
+    """
     model, ds, cfg, step = load_run(run_dir, device)
     if protocol is not None:
         cfg.protocol = protocol
@@ -125,7 +160,22 @@ COLUMNS = ("infomec.infom", "infomec.infoc", "infomec.infoe", "dci.disentangleme
 
 
 def compare_runs(run_dirs, *, columns=None) -> str:
-    """A plain-text table: one row per run (model, dataset, step, and the metric columns present)."""
+    """A plain-text table: one row per run (model, dataset, step, and the metric columns present).
+
+    ``columns``: the metric keys to show (default: the known ones present). Raises FileNotFoundError for a run
+    without metrics.json.
+
+    Examples:
+        >>> import tempfile
+        >>> from qkernels.train import TrainConfig, compare_runs, eval_run, train
+        >>> out = tempfile.mkdtemp()
+        >>> cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 256}, steps=2,
+        ...                   batch_size=32, out=out, progress=False)
+        >>> train(cfg, final_eval=False)
+        >>> _ = eval_run(out, num_samples=200)
+        >>> compare_runs([out]).splitlines()[0].split()  # the header; then a rule and one row per run
+        ['run', 'model', 'dataset', 'step', 'mcc.mcc', 'recon.mse']
+    """
     rows = []
     for d in run_dirs:
         p = Path(d) / "metrics.json"

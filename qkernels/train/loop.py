@@ -82,6 +82,18 @@ class Trainer:
     first (True) or raise :class:`~qkernels.train.run.RunExistsError` before anything is built or written (False;
     ``qkernels train`` refuses such a directory itself unless ``--force``). ``cfg.threads`` (when not None) is set
     with ``torch.set_num_threads`` for the process; ``threads_why`` is shown after the count in the first line.
+
+    Examples:
+        >>> import tempfile
+        >>> from qkernels.train import TrainConfig, Trainer
+        >>> cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 256}, steps=2,
+        ...                   batch_size=32, out=tempfile.mkdtemp(), progress=False)
+        >>> trainer = Trainer(cfg)
+        >>> sorted(trainer.train_step(0))  # the loss terms and the learning rate of one step
+        ['cliff', 'decoder_mse', 'lr', 'total']
+        >>> trainer.run(final_eval=False)  # the remaining step, then a checkpoint
+        >>> trainer.step
+        2
     """
 
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = True) -> None:
@@ -370,5 +382,20 @@ class Progress:
 def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
           final_eval: bool = True, overwrite: bool = True) -> dict | None:
     """Train ``cfg`` (resuming from ``cfg.out/checkpoint.pt`` when ``resume`` and it exists; ``overwrite``:
-    see :class:`Trainer`)."""
+    see :class:`Trainer`).
+
+    Writes config.json, log.jsonl and checkpoint.pt to ``cfg.out``; with ``final_eval``, also the final metrics
+    (metrics.json, returned as a dict) and figures. ``stop_after``: stop after this many steps of this call.
+
+    Examples:
+        >>> import os, tempfile
+        >>> from qkernels.train import TrainConfig, train
+        >>> out = tempfile.mkdtemp()
+        >>> cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 256}, steps=2,
+        ...                   batch_size=32, out=out, progress=False)
+        >>> train(cfg, final_eval=False) is None
+        True
+        >>> sorted(os.listdir(out))
+        ['checkpoint.pt', 'config.json', 'log.jsonl']
+    """
     return Trainer(cfg, resume=resume, overwrite=overwrite).run(stop_after=stop_after, final_eval=final_eval)

@@ -58,7 +58,16 @@ def load_data(cfg: TrainConfig):
 
 
 def build(cfg: TrainConfig, ds=None):
-    """(model, dataset) for ``cfg`` (model on cfg.device, in train mode)."""
+    """(model, dataset) for ``cfg`` (model on cfg.device, in train mode); ``ds``: a dataset already loaded.
+
+    Examples:
+        >>> from qkernels.train import TrainConfig, build
+        >>> model, ds = build(TrainConfig(model="qlae", dataset="sprites", image_size=16))
+        >>> type(model).__name__, model.num_latents, ds.num_factors  # QLAE: twice the factors
+        ('QLAE', 10, 5)
+        >>> model.training, sum(p.numel() for p in model.parameters()) > 0
+        (True, True)
+    """
     if cfg.model not in METHODS:
         raise ValueError(f"unknown model {cfg.model!r}; known: {', '.join(METHODS)}")
     ds = load_data(cfg) if ds is None else ds

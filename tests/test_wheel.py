@@ -1,0 +1,95 @@
+"""Issue 30, item 3: the wheel of ``python -m build --wheel --no-isolation`` installs into a fresh venv holding only
+torch (the release it was built against) and the runtime dependencies, and with no compiler on PATH imports
+``qkernels._C``, runs ``cliff_loss`` on the ``cpu`` backend and ``qkernels train --steps 2``.
+
+About a minute after ``scripts/bootstrap.sh``: the wheel build reuses the objects of its editable build (setup.py
+keeps them in build/temp.*; same ninja) and only links and packs; the fresh venv's packages come from pip's cache or
+local wheels."""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+import torch
+
+from qkernels import _ext
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPILERS = ("cc", "c++", "gcc", "g++", "clang", "clang++", "nvcc", "ninja")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _ext.LOADED, reason=f"needs a built qkernels._C to package ({_ext.REASON})"),
+]
+
+CHECK = textwrap.dedent("""
+    import sys
+    import torch
+    import qkernels
+    import qkernels._C  # noqa: F401
+    from qkernels import _ext
+
+    assert qkernels.__file__.startswith(sys.prefix), qkernels.__file__  # the wheel, not the source tree
+    assert _ext.LOADED and "cpu" in qkernels.available_backends(), _ext.REASON
+    z = torch.randn(512, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    cond = torch.arange(10).repeat(3, 1)
+    with qkernels.use_backend("cpu"):
+        loss = qkernels.cliff_loss(z, cond_index=cond)
+    loss.backward()
+    with qkernels.use_backend("reference"):
+        want = qkernels.cliff_loss(z.detach(), cond_index=cond)
+    torch.testing.assert_close(loss.detach(), want, rtol=2e-4, atol=2e-5)
+    assert torch.isfinite(z.grad).all()
+    print("cliff_loss cpu", loss.item())
+""")
+
+
+def _run(cmd, *, env=None, cwd=None, timeout=900):
+    r = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{cmd[:4]} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def test_wheel_installs_and_runs_without_a_compiler(tmp_path):
+    if subprocess.run([sys.executable, "-m", "build", "--version"], capture_output=True, cwd=ROOT).returncode:
+        pytest.skip("the `build` package (the dev extra) is not installed")
+    dist = tmp_path / "dist"
+    # the dev venv's tools first on PATH, as in scripts/bootstrap.sh: another ninja's log recompiles everything
+    dev = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), ROOT], env=dev, cwd=ROOT)
+    (wheel,) = glob.glob(str(dist / "qkernels-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        assert "qkernels/py.typed" in zf.namelist()
+    release = torch.__version__.split("+")[0]
+    assert f"Requires-Dist: torch=={release}\n" in meta  # pip brings the torch release _C was compiled against
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)])
+    bindir = str(venv / "bin")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
+                                                            "QKERNELS_NO_EXT")}
+    env.update(PATH=bindir, CC="/nonexistent/cc", CXX="/nonexistent/c++")  # only the venv's own scripts
+    found = [c for c in COMPILERS if shutil.which(c, path=bindir)]
+    assert not found, f"compilers on the fresh venv's PATH: {found}"
+
+    # the torch the wheel was built against (its CPU build if that one is installed here), then the wheel's deps
+    py = str(venv / "bin" / "python")
+    pip = [py, "-m", "pip", "install", "-q", wheel, f"torch=={torch.__version__}"]
+    r = subprocess.run(pip, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0 and "+cpu" in torch.__version__:  # not local: where scripts/bootstrap.sh falls back to
+        r = subprocess.run(pip + ["--extra-index-url", "https://download.pytorch.org/whl/cpu"], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    out = _run([py, "-c", CHECK], env=env, cwd=tmp_path).stdout
+    assert "cliff_loss cpu" in out
+    run = tmp_path / "run"
+    _run([str(venv / "bin" / "qkernels"), "train", "--steps", "2", "--protocol", "fast", "--out", str(run)],
+         env=env, cwd=tmp_path)
+    assert (run / "metrics.json").exists() and (run / "checkpoint.pt").exists()
