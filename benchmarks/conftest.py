@@ -60,13 +60,17 @@ def plan(items, skipped) -> list[str]:
     """The plan lines (:func:`qkernels.bench.report.plan_lines`) of the tests ``items`` that will run and
     the ``skipped`` ones: per hot path (others: per file) the tests and cases, a rough duration."""
     groups: dict = {}
-    seconds = 0.0
+    runs, others = [], 0
     for item in items:
         case = _case(item)
         key = case.hotpath if case else item.path.stem.removeprefix("test_")
         tests, names = groups.setdefault(key, (0, set()))
         groups[key] = (tests + 1, names | {case.name if case else item.name})
-        seconds += bench.estimate_seconds([(case, item.callspec.params["variant"])], min_time=0.8) if case else OTHER_S
+        if case:
+            runs.append((case, item.callspec.params["variant"]))
+        else:
+            others += 1
+    seconds = bench.estimate_seconds(runs, min_time=0.8) + others * OTHER_S  # one memory probe per case
     slow = sorted({_case(i).name if _case(i) else i.path.name for i in skipped})
     return report.plan_lines({k: (t, len(n)) for k, (t, n) in groups.items()}, slow, seconds, "--bench-all",
                              runs="tests")

@@ -109,7 +109,7 @@ class Case:
 
 
 # rough wall seconds on a 2-core CPU, for the estimate printed before a run (:func:`estimate_seconds`)
-COMPILE_S = 6.0  # torch.compile of one variant (forward + backward)
+COMPILE_S = 3.0  # torch.compile of one variant (forward + backward), inductor's on-disk cache warm (cold: about 2x)
 PROBE_S = 4.0  # one peak-memory subprocess per case (start, import torch, warm-up)
 
 
