@@ -63,10 +63,14 @@ def _bench(args: argparse.Namespace) -> int:
 
         info = results.machine_info()  # the load average before the benchmarks ran
     hotpaths = tuple(dict.fromkeys(args.hotpath)) if args.hotpath else bench.DEFAULT_HOTPATHS
-    rows = bench.run(hotpaths, memory=not args.no_memory, include_slow=args.all, min_time=args.min_time,
-                     threads=args.threads)
-    if args.save:
-        path = results.save(rows, args.save, info)
+    save = (lambda rows: results.save(rows, args.save, info)) if args.save else None  # after every case
+    try:
+        rows = bench.run(hotpaths, memory=not args.no_memory, include_slow=args.all, min_time=args.min_time,
+                         threads=args.threads, only=tuple(args.case or ()), on_case=save)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if save:
+        path = save(rows)
         print(f"saved {path} and {path.with_suffix('.json').name}")
     if args.plot:
         recs = results.records(rows, info)
@@ -332,6 +336,8 @@ def parser() -> argparse.ArgumentParser:
                    "ratios)")
     b.add_argument("--plot", metavar="DIR", help="draw the results as DIR/<machine>.png (needs matplotlib: "
                    "pip install 'qkernels[plot]')")
+    b.add_argument("--case", action="append", metavar="REGEX", help="only the cases whose name REGEX finds "
+                   "(re.search; repeatable; slow cases included), e.g. --case 'cliff n=1024' --case 'klm.*bf16$'")
     b.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     b.add_argument("--all", action="store_true", help="include the slow cases (minutes each; the default run, a few "
                    "minutes on 2 cores, leaves them out and names them in the plan it prints first)")

@@ -9,9 +9,12 @@
 # (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
 # the suite runs in one process), pytest-benchmark, triton. Time limits per step (seconds):
 # SUITE_TIMEOUT (default 330), BENCH_TIMEOUT (default 150, each hot path); a step that runs over is
-# reported as such and the report is still written. STEPS picks the steps after the build (default
-# "probe tests roofline bench") and BENCH_HOTPATHS the hot paths (default "kde quantize hessian
-# overhead"), so that a short device lease can split the check over two calls on a warm machine.
+# reported as such and the report is still written. STEPS picks the steps (default "build probe
+# tests roofline bench"; a second call on a warm machine can leave out "build"), BENCH_HOTPATHS the hot
+# paths (default "kde quantize hessian overhead"; "step" adds the training step), BENCH_ARGS_<hotpath>
+# extra `qkernels bench` arguments for one hot path (e.g. BENCH_ARGS_kde="--case cliff --case klm"),
+# TESTS the pytest arguments (default "tests"), so that a short device lease can split the check over
+# two calls on a warm machine. Results are saved after every case (a timed-out bench keeps its rows).
 # Target: under 10 minutes on an H100/H200 with 16 cores.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
@@ -25,7 +28,7 @@ fi
 export PYTHONUNBUFFERED=1  # a step cut by its timeout still leaves its partial output
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 REPORT="$OUT/gpu_check.md"
-STEPS=${STEPS:-probe tests roofline bench}
+STEPS=${STEPS:-build probe tests roofline bench}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 T0=$(date +%s)
 step() { echo "[gpu_check $(($(date +%s) - T0))s] $*"; }
@@ -41,6 +44,7 @@ step() { echo "[gpu_check $(($(date +%s) - T0))s] $*"; }
 } > "$REPORT"
 
 # ---------------------------------------------------------------- build in place for this GPU
+if want build; then
 step "build"
 ARCH=$("$PYTHON" -c 'import torch; c = torch.cuda.get_device_capability(); print(f"{c[0]}.{c[1]}")')
 mv pyproject.toml pyproject.toml.gpu_check  # setup.py alone: no PEP 517 metadata checks, no pip
@@ -59,6 +63,7 @@ BACKENDS=$("$PYTHON" -c 'import qkernels; print(qkernels.available_backends("cud
     echo "backends on cuda: $BACKENDS"
 } >> "$REPORT"
 [ $BUILD_RC -ne 0 ] && tail -40 "$OUT/build.log" | sed 's/^/    /' >> "$REPORT"
+fi
 
 # ---------------------------------------------------------------- bad input must not kill the process
 if want probe; then
@@ -96,7 +101,7 @@ if want tests; then
     # makes pytest print its summary; its own process group, killed afterwards, takes the xdist workers
     # with it (2026-11-26 H100: orphaned workers kept loading the GPU and CPUs after a timeout);
     # one inductor compile thread per worker (16 workers x 16 threads overloaded 16 cores)
-    TORCHINDUCTOR_COMPILE_THREADS=1 setsid timeout -s INT -k 20 "${SUITE_TIMEOUT:-330}" "$PYTHON" -m pytest tests \
+    TORCHINDUCTOR_COMPILE_THREADS=1 setsid timeout -s INT -k 20 "${SUITE_TIMEOUT:-330}" "$PYTHON" -m pytest ${TESTS:-tests} \
         $XDIST -v -rfE -p no:cacheprovider --durations=25 > "$OUT/tests.log" 2>&1 &
     SUITE_PID=$!
     wait $SUITE_PID
@@ -105,7 +110,7 @@ if want tests; then
     SUITE_S=$(($(date +%s) - S0))
     {
         echo
-        echo "## Test suite (\`pytest tests $XDIST\`): exit $SUITE_RC in ${SUITE_S} s$([ $SUITE_RC -eq 124 ] && echo ' (TIMED OUT)')"
+        echo "## Test suite (\`pytest ${TESTS:-tests} $XDIST\`): exit $SUITE_RC in ${SUITE_S} s$([ $SUITE_RC -eq 124 ] && echo ' (TIMED OUT)')"
         echo
         echo "$(grep -cE ' PASSED ' "$OUT/tests.log") passed, $(grep -cE ' FAILED ' "$OUT/tests.log") failed, $(grep -cE ' SKIPPED ' "$OUT/tests.log") skipped (per-test lines)"
         echo
@@ -134,12 +139,14 @@ if want bench; then
     for HP in ${BENCH_HOTPATHS:-kde quantize hessian overhead}; do
         step "bench $HP"
         Q0=$(date +%s)
-        timeout "${BENCH_TIMEOUT:-150}" "$PYTHON" -m qkernels bench --all --hotpath "$HP" \
+        EXTRA="BENCH_ARGS_$HP"
+        eval "ARGS=(${!EXTRA:-})"  # shell words: quotes kept (--case 'cliff n=64 ')
+        timeout "${BENCH_TIMEOUT:-150}" "$PYTHON" -m qkernels bench --all --hotpath "$HP" "${ARGS[@]}" \
             --min-time "${BENCH_MIN_TIME:-0.5}" --save "$OUT/results" > "$OUT/bench_$HP.md" 2>&1
         BENCH_RC=$?
         {
             echo
-            echo "## \`qkernels bench --all --hotpath $HP\`: exit $BENCH_RC in $(($(date +%s) - Q0)) s$([ $BENCH_RC -eq 124 ] && echo ' (TIMED OUT: partial table)')"
+            echo "## \`qkernels bench --all --hotpath $HP ${!EXTRA:-}\`: exit $BENCH_RC in $(($(date +%s) - Q0)) s$([ $BENCH_RC -eq 124 ] && echo ' (TIMED OUT: partial table)')"
             echo
             echo "Times: interleaved forward + backward runs, torch.cuda.synchronize() around each; ratios: median of"
             echo "the per-round ratios (legend under each table); peak MiB: growth of"

@@ -204,6 +204,24 @@ def test_run_prints_a_table_that_fits_100_columns(monkeypatch):
     assert by["reference"]["vs_baseline"] == 1.0 and by["cpu"]["rounds"] >= 5
 
 
+def test_run_only_named_cases_and_rows_after_every_case(monkeypatch):
+    fakes = [_fake_case("cliff n=64 d=2"), _fake_case("cliff n=640 d=2", slow=True), _fake_case("klm n=64 d=2")]
+    monkeypatch.setattr(bench, "cases", lambda hotpath: fakes)
+    seen = []
+    out = io.StringIO()
+    rows = bench.run(["quantize"], out=out, min_time=0.01, memory=False, only=("n=64 ",),
+                     on_case=lambda rows: seen.append([r["case"] for r in rows]))
+    # re.search on the name; the cases not named are not run, nor listed as slow
+    assert list(dict.fromkeys(r["case"] for r in rows)) == ["cliff n=64 d=2", "klm n=64 d=2"]
+    assert "n=640" not in out.getvalue()
+    assert [list(dict.fromkeys(s)) for s in seen] == [["cliff n=64 d=2"], ["cliff n=64 d=2", "klm n=64 d=2"]]
+    assert seen[-1] == [r["case"] for r in rows]  # the rows so far, after every case
+    rows = bench.run(["quantize"], out=io.StringIO(), min_time=0.01, memory=False, only=("^cliff n=640",))
+    assert {r["case"] for r in rows} == {"cliff n=640 d=2"}  # a slow case named runs without --all
+    with pytest.raises(ValueError, match="--case: no case of quantize matches 'lq'"):
+        bench.run(["quantize"], out=io.StringIO(), only=("lq",))
+
+
 def _worst_row(variant):
     return {"variant": variant, "min_s": 12345.678, "median_s": 23456.789, "q1_s": 0.0, "q3_s": 99999.0,
             "vs_baseline": 1 / 9876.5, "vs_baseline_clear": False, "vs_compiled": 1 / 9876.5,

@@ -2,6 +2,7 @@
 written from the papers' equations (numpy), every backend against the reference (values and
 gradients), gradcheck, opcheck, the papers' properties and bad input."""
 
+import importlib
 import math
 
 import numpy as np
@@ -364,25 +365,23 @@ def test_kde_grid_backends_match_reference(dtype, deriv):
 # ------------------------------------------------------------------ triton backend (tiny shapes: interpreter)
 
 
-def _triton_kde():
-    """The triton KDE module, with small tiles so tiny shapes still span several blocks."""
+def _triton_kde(name):
+    """The module ``name`` of the triton KDE package (qkernels/triton/kde/); skips where that backend
+    is not available."""
     if "triton" not in backends_of("klm"):
         pytest.skip("triton KDE backend not available")
-    import qkernels.triton.kde as tk
-
-    return tk
+    return importlib.import_module(f"qkernels.triton.kde.{name}")
 
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    tk = _triton_kde()
+    klm, grid = _triton_kde("klm"), _triton_kde("grid")
     # 4 x 4 pair tiles and 4-wide point/sample tiles: every shape below has several blocks and a
     # partial last one, exercising the streaming loops and the masks
-    monkeypatch.setattr(tk, "_klm_blocks", lambda d: (4, 4, max(2, 1 << (d - 1).bit_length())))
-    monkeypatch.setattr(tk, "KLM_SUPER", 8)  # n > 8: several super-blocks, off-diagonal tile pairs
-    monkeypatch.setattr(tk, "BLOCK_K_GRID", 4)
-    monkeypatch.setattr(tk, "BLOCK_S_GRID", 4)
-    return tk
+    monkeypatch.setattr(klm, "_klm_blocks", lambda d: (4, 4, max(2, 1 << (d - 1).bit_length())))
+    monkeypatch.setattr(klm, "KLM_SUPER", 8)  # n > 8: several super-blocks, off-diagonal tile pairs
+    monkeypatch.setattr(grid, "BLOCK_K_GRID", 4)
+    monkeypatch.setattr(grid, "BLOCK_S_GRID", 4)
 
 
 def _grads_vs_reference(fn, inputs, up=None):
@@ -442,7 +441,7 @@ def test_triton_kde_grid_matches_reference(small_tiles, shape, dtype, deriv):
 # (n, d, K, M); n = 19: 2 sample blocks; M = 1 arrives as a constexpr
 @pytest.mark.parametrize("shape", [(7, 3, 11, 3), (19, 2, 9, 4), (6, 1, 5, 2), (12, 3, 9, 1)])
 def test_triton_cliff_matches_reference(shape, dtype):
-    _triton_kde()
+    _triton_kde("cliff")
     n, d, k, m = shape
     z0 = latents(n, d, dtype)
     idx = cond_rows(n, d, m)
@@ -467,15 +466,15 @@ def test_triton_cliff_matches_reference(shape, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("path", ["fused", "gemm"])
 def test_triton_cliff_both_paths(monkeypatch, path, dtype):
-    tk = _triton_kde()
+    fused, gemm = _triton_kde("cliff_fused"), _triton_kde("cliff_gemm")
     # M = 70, K = 100: the fused path's (128, 128) block of J and dJ per pair, masked to (70, 100);
     # forced onto the GEMM path: one differentiated latent per chunk (3 chunks), the epilogue's k
     # tiles 8192 / 128 = 64 wide, so K = 100 takes two, the last partial
     n, d, k, m = 80, 3, 100, 70
-    assert tk.fused_fits(n, d, m, k)
+    assert fused.fused_fits(n, d, m, k)
     if path == "gemm":
-        monkeypatch.setattr(tk, "FUSED_MAX_TILE", 0)
-        monkeypatch.setattr(tk, "CHUNK_ELEMS", 1)
+        monkeypatch.setattr(fused, "FUSED_MAX_TILE", 0)
+        monkeypatch.setattr(gemm, "CHUNK_ELEMS", 1)
     z0, idx = latents(n, d, dtype), cond_rows(n, d, m)
     res = _grads_vs_reference(
         lambda z: torch.stack(list(cliff_loss(z, cond_index=idx, sigma=0.3, grid=(-3.0, 3.0, k), return_terms=True))),
@@ -489,14 +488,14 @@ def test_triton_cliff_both_paths(monkeypatch, path, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [3, 1])
 def test_triton_cliff_gemm_path_skips_outside_the_window(monkeypatch, d, dtype):
-    tk = _triton_kde()
+    fused, gemm = _triton_kde("cliff_fused"), _triton_kde("cliff_gemm")
     # sigma 0.04: a grid tile's window (10 sigma) holds a fraction of the samples; the skipped
     # terms are below 10 e^-50 of a term's peak, so the result matches the dense reference
     n, k, m, sigma, grid = 160, 48, 20, 0.04, (-2.5, 2.5, 48)
-    monkeypatch.setattr(tk, "FUSED_MAX_TILE", 0)
-    monkeypatch.setattr(tk, "GEMM_BLOCKS", {"R": 16, "S": 16, "K": 16, "warps": 4})
+    monkeypatch.setattr(fused, "FUSED_MAX_TILE", 0)
+    monkeypatch.setattr(gemm, "GEMM_BLOCKS", {"R": 16, "S": 16, "K": 16, "warps": 4})
     z0, idx = latents(n, d, dtype), cond_rows(n, d, m)
-    frac = tk.biv_work_fraction(ref.standardize(z0), grid[0], grid[1], k, sigma)
+    frac = gemm.biv_work_fraction(ref.standardize(z0), grid[0], grid[1], k, sigma)
     assert frac < 0.8, frac  # the skip is exercised
     res = _grads_vs_reference(
         lambda z: torch.stack(list(cliff_loss(z, cond_index=idx, sigma=sigma, grid=grid, return_terms=True))),
@@ -526,10 +525,10 @@ def test_triton_cliff_precision_modes(monkeypatch, path, mode, bound):
     # bf16 input-rounding error emulated on a CPU, until a GPU run measures them; benchmarks/RESULTS.md)
     if "triton" not in backends_of("cliff_loss"):
         pytest.skip("triton not available")
-    import qkernels.triton.kde as tk
+    import qkernels.triton.kde.cliff_fused as fused
 
     if path == "gemm":
-        monkeypatch.setattr(tk, "FUSED_MAX_TILE", 0)
+        monkeypatch.setattr(fused, "FUSED_MAX_TILE", 0)
     n, d, k, m = 1024, 12, 100, 64
     z, idx = latents(n, d, torch.float32), cond_rows(n, d, m)
 
@@ -557,7 +556,7 @@ def test_triton_cliff_precision_modes(monkeypatch, path, mode, bound):
 
 
 def test_triton_cliff_fp32_underflow_finite():
-    _triton_kde()
+    _triton_kde("cliff")
     # sigma 0.1 on a wide grid: most grid columns underflow to exactly 0 in fp32
     z = latents(12, 2, torch.float32)
     idx = cond_rows(12, 2, 3)

@@ -75,26 +75,26 @@ def _record(dtype) -> list[dict]:
         seen.setdefault(json.dumps(entry, sort_keys=True, default=str), entry)
         return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
-    import qkernels.triton.kde as tk
+    import qkernels.triton.kde.cliff_fused as fused
 
     interpreter.InterpretedFunction.run = spy
-    before = (torch.get_float32_matmul_precision(), tk.FUSED_MAX_TILE)
+    before = (torch.get_float32_matmul_precision(), fused.FUSED_MAX_TILE)
     try:
         with qkernels.use_backend("triton"):
             for forward, leaves, _ in scenarios(dtype).values():
                 forward_backward(forward, leaves)()
             # Cliff's GEMM path (large tiles) and each float32 precision of its products (tf32x3, tf32, bf16)
             z = torch.randn(40, 3, dtype=dtype, requires_grad=True)
-            tk.FUSED_MAX_TILE = 0
+            fused.FUSED_MAX_TILE = 0
             for mode in ("highest", "high", "medium") if dtype == torch.float32 else ("highest",):
                 torch.set_float32_matmul_precision(mode)
-                for fused in (0, before[1]):
-                    tk.FUSED_MAX_TILE = fused
+                for tile in (0, before[1]):
+                    fused.FUSED_MAX_TILE = tile
                     qkernels.cliff_loss(z, num_cond=5, grid=(-3.0, 3.0, 20)).backward()
     finally:
         interpreter.InterpretedFunction.run = original
         torch.set_float32_matmul_precision(before[0])
-        tk.FUSED_MAX_TILE = before[1]
+        fused.FUSED_MAX_TILE = before[1]
     return list(seen.values())
 
 

@@ -64,6 +64,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -504,7 +505,8 @@ def machine() -> str:
 
 def run(
     hotpaths=DEFAULT_HOTPATHS, *, memory: bool = True, include_slow: bool = False, out=sys.stdout,
-    min_time: float = 0.5, threads: int | None = None,
+    min_time: float = 0.5, threads: int | None = None, only: tuple[str, ...] = (),
+    on_case: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """Benchmark every case of every hot path (slow ones only with ``include_slow``); print the plan
     first (cases, variants, what is left out, a rough duration), then one fixed-width table per hot
@@ -516,17 +518,19 @@ def run(
     "vs compiled" = compiled reference / variant, printed as "Nx faster" / "Nx slower". Warns when
     the machine looks loaded (load average before a table, other processes' CPU time during it).
     ``min_time``: seconds of timed runs per variant (:func:`time_variants`); ``threads``: torch's
-    intra-op threads during the run (``torch.set_num_threads``; default: as set)."""
+    intra-op threads during the run (``torch.set_num_threads``; default: as set); ``only``: run just the
+    cases whose name one of these regular expressions finds (``re.search``; slow ones too); ``on_case``:
+    called with the rows so far after every case (a run cut short keeps what it measured)."""
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _run(hotpaths, memory, include_slow, out, min_time)
+        return _run(hotpaths, memory, include_slow, out, min_time, only, on_case)
     finally:
         torch.set_num_threads(before)
 
 
-def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float) -> list[dict]:
+def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float, only, on_case) -> list[dict]:
     rows: list[dict] = []
 
     def say(*lines: str) -> None:
@@ -540,6 +544,11 @@ def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float) -> li
     if warning:
         say(*wrap(warning))
     every = {h: cases(h) for h in hotpaths}
+    if only:
+        every = {h: [c for c in cs if any(re.search(pattern, c.name) for pattern in only)] for h, cs in every.items()}
+        include_slow = True  # a case named is a case wanted
+        if not any(every.values()):
+            raise ValueError(f"--case: no case of {', '.join(hotpaths)} matches {' or '.join(map(repr, only))}")
     chosen = {h: [c for c in cs if include_slow or not c.slow] for h, cs in every.items()}
     left = [h for h in HOTPATHS if h not in hotpaths]
     say(*plan_lines({h: (sum(len(c.variants) for c in cs), len(cs)) for h, cs in chosen.items()},
@@ -572,6 +581,8 @@ def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float) -> li
             rounds = max((r["rounds"] for r in case_rows if "rounds" in r), default=None)
             say(*case_lines(case.name, case_rows, baseline=case.baseline, rounds=rounds))
             rows += case_rows
+            if on_case is not None:
+                on_case(rows)
         warning = others_warning(clock, cpu_clock(), time.perf_counter() - t0)
         if warning:
             say(*wrap(warning))

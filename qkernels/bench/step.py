@@ -21,7 +21,11 @@ Variants (one Trainer, i.e. one model and optimizer, per variant):
   discriminator step stay eager (as with ``qkernels train --compile``, which compiles less: the encoder and
   decoder). Compiled with ``torch._inductor.config.fallback_random = True`` (random draws as in eager: the
   same training; see benchmarks/RESULTS.md);
-- ``reference_compiled_ro`` (CUDA only): the same with ``mode="reduce-overhead"`` (CUDA graphs).
+- ``reference_compiled_ro`` (CUDA only): the same with ``mode="reduce-overhead"`` (CUDA graphs);
+- ``auto_compiled``: qkernels' default backends under the same ``torch.compile`` of the model's forward (the ops
+  are opaque custom ops to inductor, which fuses the code around them): what a qkernels user who also
+  compiles gets;
+- ``auto_compiled_ro`` (CUDA only): ``auto_compiled`` with ``mode="reduce-overhead"``.
 
 Environment (tests, a quick look): ``QKERNELS_BENCH_TINY=1`` runs every case on tiny inputs (batch 16);
 ``QKERNELS_BENCH_STEP_MODELS=qlae,tripod`` picks the methods, ``QKERNELS_BENCH_STEP_VARIANTS=auto,reference`` the
@@ -50,6 +54,8 @@ LEGEND = {
     "reference_compiled": "the reference with torch.compile (inductor, default mode) of the model's forward "
     "(the whole loss); optimizer and discriminator steps eager: what a user gets for free",
     "reference_compiled_ro": "reference_compiled with mode='reduce-overhead' (CUDA graphs)",
+    "auto_compiled": "auto under the same torch.compile of the model's forward (qkernels' ops opaque inside it)",
+    "auto_compiled_ro": "auto_compiled with mode='reduce-overhead' (CUDA graphs)",
 }
 
 
@@ -120,9 +126,12 @@ def _case(model: str, device: str) -> Case:
         return torch.empty(0, device=device), _CACHE[key]
 
     variants = {"auto": _step_variant("auto", "auto"), "reference": _step_variant("reference", "reference"),
-                "reference_compiled": _step_variant("reference_compiled", "reference", "default")}
+                "reference_compiled": _step_variant("reference_compiled", "reference", "default"),
+                "auto_compiled": _step_variant("auto_compiled", "auto", "default")}
     if device == "cuda":
-        variants["reference_compiled_ro"] = _step_variant("reference_compiled_ro", "reference", "reduce-overhead")
+        for backend in ("reference", "auto"):
+            key = f"{backend}_compiled_ro"
+            variants[key] = _step_variant(key, backend, "reduce-overhead")
     keep = _chosen("QKERNELS_BENCH_STEP_VARIANTS", LEGEND)
     variants = {v: f for v, f in variants.items() if v in keep}
     baseline = "reference" if "reference" in variants else next(iter(variants))

@@ -6,7 +6,8 @@ and semantics of its reference:
 - ``reference``: pure PyTorch (``qkernels/reference/<hotpath>.py``);
 - ``cpu`` / ``cuda``: the C++ ops ``qkernels::<name>`` and ``qkernels::<name>_backward`` (schemas in
   ``csrc/schemas.cpp``; CPU and CUDA dispatch keys, present when ``qkernels._C`` has them);
-- ``triton``: launch functions of ``qkernels/triton/<hotpath>.py``, registered here as the custom ops
+- ``triton``: launch functions of ``qkernels/triton/<hotpath>.py`` (or of one module of the package
+  ``qkernels/triton/<hotpath>/``, one per kernel family), registered here as the custom ops
   ``qkernels::<name>_triton`` and ``qkernels::<name>_backward_triton`` (schemas from their
   annotations), behind the op's raw-argument check.
 
@@ -39,12 +40,13 @@ def zeros_if_none(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like) if g is None else g
 
 
-def triton_kernels(hotpath: str) -> ModuleType | None:
-    """``qkernels.triton.<hotpath>`` where Triton can run (installed, and a GPU or
-    ``TRITON_INTERPRET=1``); None elsewhere, so importing qkernels never requires triton."""
+def triton_kernels(module: str) -> ModuleType | None:
+    """``qkernels.triton.<module>`` (a hot path's, e.g. ``"quantize"``, or a module of its package, e.g.
+    ``"kde.klm"``) where Triton can run (installed, and a GPU or ``TRITON_INTERPRET=1``); None elsewhere,
+    so importing qkernels never requires triton."""
     if unavailable_reason("triton") is not None:
         return None
-    return importlib.import_module(f"qkernels.triton.{hotpath}")
+    return importlib.import_module(f"qkernels.triton.{module}")
 
 
 def _checked(check: Callable[..., None], launch: Kernel) -> Kernel:
@@ -72,7 +74,7 @@ def define_backends(
             autograd of one (forward, backward) op pair given by qualified name.
         checks: the raw-argument checks of the Triton (forward, backward) ops (the launchers'
             arguments; raise ValueError / TypeError).
-        triton: the hot path's Triton module (:func:`triton_kernels`), whose launch functions are
+        triton: the op's Triton module (:func:`triton_kernels`), whose launch functions are
             named ``<op>`` and ``<op>_backward``; None where Triton cannot run.
     """
     register(op, "reference")(reference)

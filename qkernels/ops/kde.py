@@ -1,7 +1,8 @@
 """KDE hot path: op registration (fake + autograd), dispatch and the functional API.
 
-Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of :mod:`qkernels.triton.kde`;
-how an op is put together: :mod:`qkernels.ops._library`):
+Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of :mod:`qkernels.triton.kde.grid`,
+:mod:`~qkernels.triton.kde.cliff` and :mod:`~qkernels.triton.kde.klm`; how an op is put together:
+:mod:`qkernels.ops._library`):
 
 - ``kde_grid(points (d, K), samples (n, d), sigma, derivative) -> (d, K)``
 - ``cliff_loss(z (n, d), cond_index (d, M), sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl)
@@ -66,8 +67,6 @@ class CliffTerms(NamedTuple):
 # ----------------------------------------------------------------------------- op definitions
 # One block per op: fake + autograd (wire_*), raw-argument checks of its Triton ops, backends.
 
-_tk = lib.triton_kernels("kde")
-
 
 # ------------------------------ kde_grid
 
@@ -119,7 +118,7 @@ def check_kde_grid_backward(grad, points, samples, sigma, derivative):
 
 lib.define_backends(
     "kde_grid", reference=ref.kde_grid, wire=wire_kde_grid,
-    triton=_tk, checks=(check_kde_grid, check_kde_grid_backward),
+    triton=lib.triton_kernels("kde.grid"), checks=(check_kde_grid, check_kde_grid_backward),
 )
 
 
@@ -175,7 +174,7 @@ def check_cliff_loss_backward(grad_total, grad_uni, grad_biv, grad_kl, z, cond_i
 
 lib.define_backends(
     "cliff_loss", reference=ref.cliff_loss, wire=wire_cliff_loss,
-    triton=_tk, checks=(check_cliff_loss, check_cliff_loss_backward),
+    triton=lib.triton_kernels("kde.cliff"), checks=(check_cliff_loss, check_cliff_loss_backward),
 )
 
 
@@ -231,7 +230,7 @@ def check_klm_backward(grad_loss, z, std, lse):
 
 lib.define_backends(
     "klm", reference=ref.klm, wire=wire_klm,
-    triton=_tk, checks=(check_klm, check_klm_backward),
+    triton=lib.triton_kernels("kde.klm"), checks=(check_klm, check_klm_backward),
 )
 
 

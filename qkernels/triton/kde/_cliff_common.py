@@ -1,0 +1,76 @@
+"""What both Cliff paths (:mod:`~qkernels.triton.kde.cliff_fused`, :mod:`~qkernels.triton.kde.cliff_gemm`)
+share: the jit helpers of the entropy terms (x log x, normalization over the grid and its backward),
+the derivative-kernel tile, the tensor-core product at a precision and the rule picking that precision,
+and the constants of the standardization and of the KL-uni points.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# the fused kernels spell these two as literals (_column, _kl_points)
+MIN_VAR = 1e-12  # standardization: the variance is clamped here (std >= 1e-6), as reference.standardize
+SQRT3 = math.sqrt(3.0)
+
+
+@triton.jit
+def _xlogx(p):
+    pos = p > 0
+    return tl.where(pos, p * tl.log(tl.where(pos, p, 1.0)), 0.0)
+
+
+@triton.jit
+def _dxlogx(p):
+    pos = p > 0
+    return tl.where(pos, tl.log(tl.where(pos, p, 1.0)) + 1.0, 0.0)
+
+
+@triton.jit
+def _normalized(g, step):
+    """|g| / (step * sum_k |g|) per column (axis 0) of a (BK, BM) tile, its normalizer and mask."""
+    c = step * tl.sum(tl.abs(g), 0)
+    cpos = c > 0
+    cs = tl.where(cpos, c, 1.0)
+    return tl.where(cpos[None, :], tl.abs(g) / cs[None, :], 0.0), cs, cpos
+
+
+@triton.jit
+def _column_backward(g, p, gp, cs, cpos, step):
+    """dLoss/dg of p = |g| / c given gp = dLoss/dp (columns along axis 0)."""
+    dot = tl.sum(gp * p, 0)
+    sgn = tl.where(g > 0, 1.0, tl.where(g < 0, -1.0, 0.0))
+    return tl.where(cpos[None, :], sgn * (gp - step * dot[None, :]) / cs[None, :], 0.0)
+
+
+@triton.jit
+def _dker_tile(t, kmask, xs, smask, inv_sigma):
+    """D(u), u = (t_k - x_s) / sigma, and dD/dx_s: (BK, BS) tiles, 0 outside the masks."""
+    u = (t[:, None] - xs[None, :]) * inv_sigma
+    m = kmask[:, None] & smask[None, :]
+    e = tl.where(m, tl.exp(-0.5 * u * u), 0.0)
+    return -u * e, (1.0 - u * u) * e * inv_sigma
+
+
+@triton.jit
+def _mma(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a @ b on the tensor cores at PRECISION: "ieee" (exact; float64), "tf32x3" (split
+    float32, about float32's error), "tf32", or "bf16" (the inputs rounded to bfloat16, exact in a
+    TF32 product)."""
+    if PRECISION == "bf16":
+        out = tl.dot(a.to(tl.bfloat16).to(a.dtype), b.to(tl.bfloat16).to(b.dtype), acc, input_precision="tf32")
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision (:func:`_mma`) for Cliff's bivariate products: float64 exact;
+    float32 per torch.get_float32_matmul_precision(): "highest" 3xTF32 ("tf32x3": about float32's own
+    error, on the tensor cores), "high" TF32, "medium" bf16 inputs."""
+    if dtype == torch.float64:
+        return "ieee"
+    return {"highest": "tf32x3", "high": "tf32"}.get(torch.get_float32_matmul_precision(), "bf16")
