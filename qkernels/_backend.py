@@ -26,9 +26,9 @@ BACKENDS = ("reference", "cpu", "triton", "cuda")
 
 # auto's order of preference, per device type and op (first available implementation wins); "*"
 # is the order for ops without a row of their own. Every row is a measurement, cited from
-# benchmarks/RESULTS.md (CPU: sections "Quantization" and "KDE", 2 cores; CUDA: section "GPU (NVIDIA H200)",
-# the table of shared/gpu/h200-2026-11-26.md). A kernel comes first only where it was measured
-# faster than the reference on that device.
+# benchmarks/RESULTS.md (CPU: sections "Quantization" and "KDE", 2 cores; CUDA: section "GPU", the H200 run of
+# 2026-11-27). A kernel comes first only where it ran correct and was measured faster than the reference on
+# that device.
 AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
     "cpu": {
         "*": ("cpu", "reference"),
@@ -36,27 +36,29 @@ AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
         "relaxed_categorical": ("reference",),
     },
     "cuda": {
-        # klm 1024x32: triton 1.47 ms, cuda 3.5, reference 10.4 (the CUDA KLM, 2-5x slower than the
-        # triton one, only runs where triton is not installed)
+        # Every entry cites the H200 run of 2026-11-27 (torch 2.11, triton 3.6; benchmarks/RESULTS.md "GPU",
+        # benchmarks/results/nvidia-h200/), forward + backward medians, unless it says otherwise.
+        # klm: triton correct there (float32 and float64 against the reference); per call (n=8, d=3) triton
+        # 0.74 ms, cuda 1.18, reference 3.38. Not timed at n >= 1024 in that run (the bench was cut); an earlier
+        # Triton KLM on an H200 (2026-11-26): 1.47 ms vs reference 10.4 at 1024x32
         "klm": ("triton", "cuda", "reference"),
-        # latent_quantize, H100 (RESULTS.md "H100"), fwd + bwd medians: cuda faster than the reference
-        # at every shape (0.94 vs 1.33 ms at 128x12, 0.91 vs 1.34 at 4096x64, 1.48 vs 4.75 at
-        # 65536x64); triton slower than the reference below 65536 rows (1.43, 1.41 ms) and its
-        # per-call cost is 0.5 ms above cuda's. cuda's codebook gradient uses atomics (run-to-run
+        # latent_quantize: cuda faster than the reference at every shape (0.76 vs 1.10 ms at 128x12, 0.87 vs
+        # 1.39 and 1.13 vs 1.70 at 4096x64 per-latent / global, 1.44 vs 4.16 at 65536x64) and level with
+        # torch.compile; triton 1.0-2.6x the reference. cuda's codebook gradient uses atomics (run-to-run
         # rounding differences) except under torch.use_deterministic_algorithms(True)
         "latent_quantize": ("cuda", "triton", "reference"),
-        # cliff, H100: the GEMM-shaped triton rewrite (issue 12) is 1.6-1.7x the eager reference at
-        # all four bench shapes with 5-10x less memory, but the suite run on that GPU was cut before
-        # naming its two failures: the reference stays first until a run shows the triton Cliff
-        # correct there. The fused small-tile path (issue 25) and the block-sparse 3xTF32 GEMM path
-        # (issue 26) have not run on a GPU yet. The CUDA C++ Cliff (one block per latent, 23-373x
-        # slower) was deleted in issue 26
+        # cliff: triton (fused path) 4.5x / 1.9x the reference at (64, 10, 10, 100) / (1024, 12, 64, 100) but
+        # 1.9x SLOWER at (5000, 2, 100, 100) (d = 2: 4 programs) and 3.4x slower at (4096, 32, 128, 128) (GEMM
+        # path, 3xTF32), and its float64 kernels failed to compile under Triton 3.6 (fixed since, not yet rerun
+        # on a GPU): the reference stays first. The CUDA C++ Cliff was deleted in issue 26
         "cliff_loss": ("reference",),
-        # categorical_latent 4096x10: reference 1.11 ms, cuda 1.20, triton 1.46
-        "relaxed_categorical": ("reference",),
-        # not measured on a GPU yet (qkernels bench "kde_grid" case): the reference until it is
-        "kde_grid": ("reference",),
-        # nhp mlp: cuda 2.35 ms, reference 2.63, triton 2.99 (conv: a tie within 6%)
+        # categorical_latent 4096x10, K=64: cuda 1.24 ms, reference 1.38, triton 1.50; per call (n=8): cuda
+        # 0.82, reference 1.10; cuda correct there (float32 / float64 against the float64 oracle)
+        "relaxed_categorical": ("cuda", "reference"),
+        # kde_grid: cuda correct there; per call (n=8, d=3): cuda 0.28 ms, reference 0.73, triton 0.85. The
+        # (4096, 32, 128) case was not reached in that run (bench cut)
+        "kde_grid": ("cuda", "reference"),
+        # nhp, n=64 d=12 k=2: cuda 3.04 / 3.20 ms (mlp / conv), reference 3.50 / 3.79, triton 3.76 / 3.58
         "finite_difference_curvature": ("cuda", "reference"),
         "*": ("reference",),
     },

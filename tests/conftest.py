@@ -24,6 +24,13 @@ def backend(request):
         yield request.param
 
 
+def skip_unless_implemented(backend: str, op: str) -> None:
+    """Skip when ``backend`` has no implementation of ``op`` (forcing it would raise BackendUnavailableError):
+    e.g. the cuda backend has no Cliff since its CUDA C++ kernel was deleted (issue 26)."""
+    if backend != "auto" and backend not in qkernels._backend.implementations(op):
+        pytest.skip(f"backend {backend!r} implements no {op}")
+
+
 @pytest.fixture
 def all_value_checks(monkeypatch):
     """Value checks (NaN/inf, ranges) on every device, as with QKERNELS_CHECK_FINITE=1: tests of

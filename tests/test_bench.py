@@ -281,7 +281,7 @@ def test_compiled_baselines_use_static_shapes(monkeypatch):
     seen = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
     bench.variant(bq.materialized_loss, compiled=True)
-    bench.backend_variants(bq._loss, "cpu")
+    bench.backend_variants(bq._loss, "cpu", "latent_quantize")
     assert seen and all(kw.get("dynamic") is False for kw in seen)
 
 

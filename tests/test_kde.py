@@ -547,47 +547,62 @@ def test_triton_cliff_precision_modes(monkeypatch, path, mode, bound):
             highest = _rel_errors(cliff, z, ([w.detach() for w in want], z64.grad))
             torch.set_float32_matmul_precision(mode)
             lower = _rel_errors(cliff, z, ([w.detach() for w in want], z64.grad))
+        with qkernels.use_backend("reference"):
+            ref_lower = _rel_errors(cliff, z, ([w.detach() for w in want], z64.grad))
     finally:
         torch.set_float32_matmul_precision(before)
-    print(f"{path}: reference fp32 {own}, highest {highest}, {mode} {lower}")  # for benchmarks/RESULTS.md
+    print(f"{path}: reference fp32 {own}, highest {highest}, {mode} {lower}, reference {mode} {ref_lower}")
     for h, o in zip(highest, own, strict=True):  # an error under 1e-6 (8 float32 ulps) is rounding luck: 1e-6
         assert h <= 2 * max(o, 1e-6), (highest, own)
-    assert max(lower) <= bound, lower
+    # "high" / "medium": within the bound, or within 2x the reference's own error under the same mode (its einsum
+    # may then run in TF32 / bf16 too). An H200 measured the gradient 7.8% off at "high" on the GEMM path and 19%
+    # at "medium" on both paths (benchmarks/RESULTS.md): Cliff's gradient amplifies the products' rounding ~50x
+    for low, r in zip(lower, ref_lower, strict=True):
+        assert low <= max(bound, 2 * r), (lower, ref_lower)
 
 
 def test_triton_cliff_fp32_underflow_finite():
     _triton_kde("cliff")
     # sigma 0.1 on a wide grid: most grid columns underflow to exactly 0 in fp32
+    # each float32 backend within 2x the float32 reference's own error against float64 (or 8 ulps): an H200's
+    # 3xTF32 products put one gradient element of this ill-conditioned case 3e-3 (relative) off the float32
+    # reference, which was itself that far off
     z = latents(12, 2, torch.float32)
     idx = cond_rows(12, 2, 3)
     res = {}
-    for name in ("reference", "triton"):
-        zz = z.clone().requires_grad_()
+    for name, dtype in (("reference", torch.float64), ("reference", torch.float32), ("triton", torch.float32)):
+        zz = z.to(dtype, copy=True).requires_grad_()
         with qkernels.use_backend(name):
             loss = cliff_loss(zz, cond_index=idx, sigma=0.1, grid=(-6.0, 6.0, 16))
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(zz.grad).all(), name
-        res[name] = (loss.detach(), zz.grad)
-    for a, b in zip(res["triton"], res["reference"], strict=True):
-        torch.testing.assert_close(a, b, **tols(torch.float32))
+        res[name, dtype] = (loss.detach().double(), zz.grad.double())
+    exact = res["reference", torch.float64]
+    own = [(a - b).abs() for a, b in zip(res["reference", torch.float32], exact, strict=True)]
+    got = [(a - b).abs() for a, b in zip(res["triton", torch.float32], exact, strict=True)]
+    for g, o, e in zip(got, own, exact, strict=True):
+        floor = 1e-6 * e.abs().max()  # 8 float32 ulps of the largest value
+        assert (g <= 2 * torch.maximum(o, floor)).all(), (g, o)
 
 
 # ------------------------------------------------------------------ gradcheck / opcheck / compile
 
 
 def _native(op):
-    if "cpu" not in implementations(op) and "cuda" not in implementations(op):
-        pytest.skip("native KDE ops not built")
+    """Whether the C++ op ``qkernels::<op>`` has a kernel for the test device (the cuda backend has no Cliff: its
+    CUDA C++ kernel was deleted in issue 26; the cpu one is tested on CPU tensors)."""
+    return ("cuda" if DEVICE == "cuda" else "cpu") in implementations(op)
 
 
+@pytest.mark.skipif(not _native("klm"), reason="native KDE ops not built")
 def test_gradcheck_fp64():
-    _native("cliff_loss")
     ops = torch.ops.qkernels
-    z = latents(8, 3).requires_grad_()
-    idx = cond_rows(8, 3, 3)
-    w = torch.tensor([0.3, -0.2, 1.1, 0.6], dtype=torch.float64, device=DEVICE)
-    assert torch.autograd.gradcheck(lambda z: (torch.stack(ops.cliff_loss(z, idx, 0.4, -3.0, 3.0, 9, 0.5, 1.0, 0.7))
-                                               * w).sum(), (z,))
+    if _native("cliff_loss"):
+        z = latents(8, 3).requires_grad_()
+        idx = cond_rows(8, 3, 3)
+        w = torch.tensor([0.3, -0.2, 1.1, 0.6], dtype=torch.float64, device=DEVICE)
+        assert torch.autograd.gradcheck(
+            lambda z: (torch.stack(ops.cliff_loss(z, idx, 0.4, -3.0, 3.0, 9, 0.5, 1.0, 0.7)) * w).sum(), (z,))
     z = latents(9, 3).requires_grad_()
     s = (ref.population_std(z) + 0.2).detach().requires_grad_()
     assert torch.autograd.gradcheck(lambda z, s: ops.klm(z, s)[0], (z, s))
@@ -605,17 +620,18 @@ def _op_args():
 @pytest.mark.parametrize("suffix", ["", "_triton"])
 def test_opcheck(suffix, dt):
     ops = torch.ops.qkernels
-    if suffix == "":
-        _native("cliff_loss")
-    elif not hasattr(ops, "cliff_loss_triton") or "triton" not in backends_of("cliff_loss"):
+    if suffix == "" and not _native("klm"):
+        pytest.skip("native KDE ops not built")
+    elif suffix and (not hasattr(ops, "cliff_loss_triton") or "triton" not in backends_of("cliff_loss")):
         pytest.skip("triton KDE ops not available")
     z, idx = _op_args()
     z = z.to(dt)
-    args = (idx, 0.3, -5.0, 5.0, 12, 0.5, 1.0, 0.7)
-    torch.library.opcheck(getattr(ops, "cliff_loss" + suffix), (z.clone().requires_grad_(), *args))
     one = torch.tensor(1.0, dtype=dt, device=DEVICE)
-    torch.library.opcheck(getattr(ops, "cliff_loss_backward" + suffix), (one, one, one, one, z, *args))
-    torch.library.opcheck(getattr(ops, "cliff_loss_backward" + suffix), (one, None, None, None, z, *args))
+    if suffix or _native("cliff_loss"):
+        args = (idx, 0.3, -5.0, 5.0, 12, 0.5, 1.0, 0.7)
+        torch.library.opcheck(getattr(ops, "cliff_loss" + suffix), (z.clone().requires_grad_(), *args))
+        torch.library.opcheck(getattr(ops, "cliff_loss_backward" + suffix), (one, one, one, one, z, *args))
+        torch.library.opcheck(getattr(ops, "cliff_loss_backward" + suffix), (one, None, None, None, z, *args))
     s = ref.population_std(z) + 0.1
     for std in (s, None):
         torch.library.opcheck(getattr(ops, "klm" + suffix), (z.clone().requires_grad_(), None if std is None else

@@ -107,11 +107,13 @@ def _paths():
     return out
 
 
-# the cuda path where it is known to exceed its budget (counted from the C++ glue; no GPU has run it):
-# the CUDA C++ KLM does its set-up (standardization, default std, loss reductions) with ATen
-# ops around the kernels (~20-40 launches); gumbel_quantize and the penalties' stacking / reduction
-# have no CUDA C++ kernels (torch ops / the reference). strict: a pass is reported, to update this list
-CUDA_OVER_BUDGET = {"klm_loss", "gumbel_quantize", "normalized_hessian_penalty", "hessian_penalty"}
+# the cuda path where it exceeds its budget, as measured on an H200 (2026-11-27, benchmarks/RESULTS.md):
+# gumbel_quantize and the penalties' stacking / reduction have no CUDA C++ kernels (torch ops / the
+# reference); categorical_latent ran 28 kernels and kde_grid 19 where their C++ glue launches 3 (which
+# kernels the rest are is not known yet: the failure message now names them). klm_loss met its budget
+# there. strict: a pass is reported, to update this list
+CUDA_OVER_BUDGET = {"categorical_latent", "kde_grid", "gumbel_quantize", "normalized_hessian_penalty",
+                    "hessian_penalty"}
 NO_CUDA = {"cliff_loss"}  # the CUDA C++ Cliff was deleted (issue 26): the cuda backend does not implement it
 
 
@@ -142,10 +144,15 @@ def test_launch_budget(name, path):
             fn_run()
             own = count_launches(fn_run).total
     used = tally.total - own
+    seen = None
     if path == "cuda":  # C++ ops are opaque to the dispatch-mode counter: the profiler decides
-        used = sum(profiler_kernels(run).values()) - (sum(profiler_kernels(fn_run).values()) if fn else 0)
+        seen = profiler_kernels(run)
+        if fn is not None:
+            seen.subtract(profiler_kernels(fn_run))
+        used = sum(seen.values())
     assert tally.syncs == 0, f"{name} [{path}] reads back to the host: {tally}"
-    assert used <= BUDGETS[name], f"{name} [{path}]: {used} launches > budget {BUDGETS[name]} ({tally}; fn: {own})"
+    assert used <= BUDGETS[name], (f"{name} [{path}]: {used} launches > budget {BUDGETS[name]} ({tally}; fn: {own}; "
+                                   f"profiler: {dict(seen.most_common()) if seen else '-'})")
 
 
 # ----------------------------------------------------------------------------- the counter itself
@@ -190,11 +197,20 @@ def test_counter_switches_value_checks_off_and_restores_them():
 @pytest.mark.skipif(DEVICE != "cuda", reason="the profiler cross-check needs a GPU")
 @pytest.mark.parametrize("name", list(BUDGETS))
 def test_counter_agrees_with_the_profiler_on_a_gpu(name):
-    """On a GPU: the dispatch-mode count against the kernels torch.profiler saw (triton path)."""
-    forward, leaves, _ = scenarios()[name]
+    """On a GPU: the dispatch-mode count against the kernels torch.profiler saw (triton path), both without
+    the user function's own forward + backward (the penalties' MLP), as the budgets count: cuBLAS may run more
+    than one kernel for an aten matmul (an H200 saw 22-24 kernels where the counter, MLP included, said 17)."""
+    forward, leaves, fn = scenarios()[name]
     with qkernels.use_backend("triton"):
         run = forward_backward(forward, leaves)
         run()
-        counted = count_launches(run).total
-        seen = sum(profiler_kernels(run).values())
-    assert abs(seen - counted) <= max(2, counted // 4), f"{name}: counted {counted}, the profiler saw {seen}"
+        tally, seen = count_launches(run), profiler_kernels(run)
+        counted = tally.total
+        if fn is not None:
+            fn_run = fn_cost(fn[0], fn[1], leaves)
+            fn_run()
+            counted -= count_launches(fn_run).total
+            seen.subtract(profiler_kernels(fn_run))
+    total = sum(seen.values())
+    assert abs(total - counted) <= max(2, counted // 4), \
+        f"{name}: counted {counted} ({dict(tally.names)}), the profiler saw {total} ({dict(seen.most_common())})"

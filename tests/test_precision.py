@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import BACKENDS, DEVICE
+from conftest import BACKENDS, DEVICE, skip_unless_implemented
 from test_kde import cond_rows, latents, np_cliff, np_klm
 from test_train import tiny_cfg
 
@@ -32,6 +32,7 @@ def _rounded(x: torch.Tensor) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", HALVES)
 def test_cliff_half_inputs(backend, dtype):
+    skip_unless_implemented(backend, "cliff_loss")
     z = latents(24, 3, torch.float32).to(dtype).requires_grad_()
     idx = cond_rows(24, 3, 5)
     terms = qkernels.cliff_loss(z, cond_index=idx, sigma=0.25, grid=(-3.0, 3.0, 20), return_terms=True)
@@ -49,7 +50,7 @@ def test_cliff_half_inputs(backend, dtype):
 @pytest.mark.parametrize("dtype", HALVES)
 def test_klm_half_inputs_and_mixed_std(backend, dtype):
     z = latents(20, 3, torch.float32).to(dtype).requires_grad_()
-    for std in (torch.full((3,), 0.7, dtype=dtype), torch.full((3,), 0.7)):  # half or float32 std
+    for std in (torch.full((3,), 0.7, dtype=dtype, device=DEVICE), torch.full((3,), 0.7, device=DEVICE)):  # half, fp32
         loss = qkernels.klm_loss(z, std=std)
         assert loss.dtype == torch.float32
         want = np_klm(_rounded(z), std.double().cpu().numpy())
@@ -173,8 +174,9 @@ def test_half_precision_finite_differences_are_rejected():
 
 def test_half_precision_activations_would_destroy_the_penalty():
     """Why the rejection: the NHP of a smooth MLP from bf16-rounded activations is far off the
-    float32 one (the measured factor is in benchmarks/RESULTS.md)."""
-    f, z = _mlp(), torch.randn(32, 3, device=DEVICE)
+    float32 one (the measured factor is in benchmarks/RESULTS.md). The latents are drawn on the CPU: the example
+    RESULTS.md measured, on every device (an H200's own draws gave 45% instead)."""
+    f, z = _mlp(), torch.randn(32, 3).to(DEVICE)
 
     def nhp(fn):
         return qkernels.normalized_hessian_penalty(fn, z, generator=torch.Generator().manual_seed(0)).item()

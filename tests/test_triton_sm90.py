@@ -8,6 +8,12 @@ launch-budget scenarios (tests/test_launches.py), run in float32 and float64 und
 is recorded (kernel, argument types, constexprs, num_warps) and compiled ahead of time in a
 subprocess without the interpreter: ``triton.compile`` for target ``cuda:90`` down to a cubin with
 Triton's bundled ptxas. Compiling is not running: a GPU run still has to confirm speed and values.
+
+``QKERNELS_SM90_TRITON=DIR`` compiles with the Triton installed in DIR instead (``pip install --target DIR
+triton==3.6.0``: the release of torch 2.11's CUDA image, whose front end rejected a float64 ``tl.dot``
+accumulator that the installed release accepts; H200 run, benchmarks/RESULTS.md). The launches are still
+recorded with the installed Triton: 3.6's interpreter cannot run ``range()`` over a runtime bound under
+NumPy 2.
 """
 
 from __future__ import annotations
@@ -135,7 +141,7 @@ def test_every_launched_kernel_compiles_for_sm90(dtype):
         precisions = {e["constexprs"].get("PRECISION") for e in launches if e["kernel"] == "_biv_fwd"}
         assert precisions == {"tf32x3", "tf32", "bf16"}, precisions
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("QKERNELS_SM90_TRITON"), ROOT]))
     res = subprocess.run([sys.executable, "-c", COMPILE], input=json.dumps(launches), capture_output=True, text=True,
                          env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]

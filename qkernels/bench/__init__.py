@@ -23,8 +23,9 @@ Variant names (the legend after the tables of ``qkernels bench`` says the same):
   ``fused`` (the step plus qkernels' penalty, backend ``auto``) and ``sequential`` (the step plus
   the authors' penalty);
 - end-to-end training step (``step``, :mod:`qkernels.bench.step`; not in the default run): ``auto``, the
-  ``reference`` backend eager (the baseline), ``reference_compiled`` (torch.compile of the model's loss) and,
-  on CUDA, ``reference_compiled_ro`` (mode "reduce-overhead") of one ``Trainer.train_step``;
+  ``reference`` backend eager (the baseline), ``reference_compiled`` (torch.compile of the model's loss),
+  ``auto_compiled`` (``auto`` under the same compile) and, on CUDA, ``reference_compiled_ro`` /
+  ``auto_compiled_ro`` (mode "reduce-overhead") of one ``Trainer.train_step``;
 - per-call overhead (``overhead``): ``<backend>`` is the public function on that backend,
   ``<backend> raw`` the backend's implementation called directly with prepared arguments, ``add``
   one ``torch.add`` forward + backward (the baseline: the cost of a single PyTorch op).
@@ -138,13 +139,13 @@ def variant(loss: Callable[..., torch.Tensor], backend: str = "reference", *, co
     return forward_backward
 
 
-def backend_variants(loss: Callable[..., torch.Tensor], device: str) -> dict[str, Callable[..., None]]:
-    """One variant per backend that runs on ``device`` (Triton on the CPU only runs in the
-    interpreter: left out), plus ``reference_compiled``: torch.compile of the reference (the second
-    baseline: what a user gets for free)."""
-    from qkernels import available_backends
+def backend_variants(loss: Callable[..., torch.Tensor], device: str, op: str) -> dict[str, Callable[..., None]]:
+    """One variant per backend that implements ``op`` (a name of :func:`qkernels._backend.implementations`) and
+    runs on ``device`` (Triton on the CPU only runs in the interpreter: left out), plus ``reference_compiled``:
+    torch.compile of the reference (the second baseline: what a user gets for free)."""
+    from qkernels._backend import kernels
 
-    names = [b for b in available_backends(device) if not (b == "triton" and device == "cpu")]
+    names = [b for b in kernels(op, device) if not (b == "triton" and device == "cpu")]
     out = {b: variant(loss, b) for b in names}
     out["reference_compiled"] = variant(loss, compiled=True)
     return out

@@ -130,7 +130,7 @@ def cases(device: str | None = None) -> list[Case]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = []
     for model in DECODERS:
-        variants = backend_variants(_nhp_loss, device)
+        variants = backend_variants(_nhp_loss, device, "finite_difference_curvature")
         variants["sequential"] = variant(_loss(sequential_nhp))
         out.append(Case("hessian", f"nhp {model} n={N} d={D} k={K}", _make(model, device), variants,
                         baseline="sequential"))

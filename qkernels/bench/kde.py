@@ -107,7 +107,7 @@ def _cliff_case(shape, device):
         z, idx = cliff_inputs(nn_, dd, mm, kk)
         return z.to(device).requires_grad_(), idx.to(device), kk
 
-    variants = backend_variants(_cliff_loss, device)
+    variants = backend_variants(_cliff_loss, device, "cliff_loss")
     if device == "cuda" and "triton" in variants:  # issue 26's two targets: "highest" (3xTF32) and "high" (TF32)
         variants["triton high"] = _matmul_precision(variants["triton"], "high")
     variants["materialized"] = variant(cliff_materialized)
@@ -126,7 +126,7 @@ def _klm_case(shape, device):
         nn_, dd = shape if scale else (8, 2)
         return (torch.randn(nn_, dd, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(),)
 
-    variants = backend_variants(_klm_loss, device)
+    variants = backend_variants(_klm_loss, device, "klm")
     variants["materialized"] = variant(klm_materialized)
     variants = {v: f for v, f in variants.items() if _fits("klm", shape, v)}
     baseline = "reference" if "reference" in variants else next(iter(variants))
@@ -147,7 +147,7 @@ def _kde_grid_case(shape, device):
         points = torch.linspace(-4, 4, kk).repeat(dd, 1).to(device).requires_grad_()
         return points, samples, torch.randn(dd, kk, generator=g).to(device)
 
-    return Case("kde", f"kde_grid n={n} d={d} K={k}", make, backend_variants(_kde_grid_loss, device))
+    return Case("kde", f"kde_grid n={n} d={d} K={k}", make, backend_variants(_kde_grid_loss, device, "kde_grid"))
 
 
 def _plain_cliff(z, idx, kk):

@@ -73,7 +73,7 @@ def cases(device: str | None = None) -> list[Case]:
     out = []
     for n, d, nv in SHAPES:
         for global_codebook in (False, True):
-            variants = backend_variants(_loss, device)
+            variants = backend_variants(_loss, device, "latent_quantize")
             variants["materialized"] = variant(materialized_loss)
             variants["materialized compiled"] = variant(materialized_loss, compiled=True)
             kind = "global" if global_codebook else "per-dim"
@@ -81,7 +81,7 @@ def cases(device: str | None = None) -> list[Case]:
                             _make(n, d, nv, global_codebook, device), variants, slow=n >= SLOW_N and device == "cpu"))
     for n, d, k in CATEGORICAL_SHAPES:
         out.append(Case("quantize", f"categorical_latent n={n} d={d} K={k}", _make_categorical(n, d, k, device),
-                        backend_variants(_categorical_loss, device)))
+                        backend_variants(_categorical_loss, device, "relaxed_categorical")))
     # bf16 (issue 15): the largest shape of each op
     per_latent = next(c for c in out if c.name.startswith(f"latent_quantize n={SHAPES[-1][0]}"))
     categorical = out[-1]  # the largest categorical shape

@@ -59,11 +59,13 @@ def _dker_tile(t, kmask, xs, smask, inv_sigma):
 def _mma(a, b, acc, PRECISION: tl.constexpr):
     """acc + a @ b on the tensor cores at PRECISION: "ieee" (exact; float64), "tf32x3" (split
     float32, about float32's error), "tf32", or "bf16" (the inputs rounded to bfloat16, exact in a
-    TF32 product)."""
+    TF32 product). ``out_dtype`` is the accumulator's: Triton 3.6 (torch 2.11's) defaults it to float32
+    and rejects a float64 accumulator (seen on an H200; Triton 3.9 infers it)."""
     if PRECISION == "bf16":
-        out = tl.dot(a.to(tl.bfloat16).to(a.dtype), b.to(tl.bfloat16).to(b.dtype), acc, input_precision="tf32")
+        out = tl.dot(a.to(tl.bfloat16).to(a.dtype), b.to(tl.bfloat16).to(b.dtype), acc, input_precision="tf32",
+                     out_dtype=acc.dtype)
     else:
-        out = tl.dot(a, b, acc, input_precision=PRECISION)
+        out = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
     return out
 
 
