@@ -298,7 +298,8 @@ def _add_train(sub) -> None:
                         "config.json; results depend on it (float summation order)")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--config", help="JSON file of TrainConfig fields (flags override it)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the encoder and decoder")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model's loss (encoder, qkernels' ops and decoder; the first steps compile)")
     p.add_argument("--local-kde", action="store_true",
                    help="under torchrun: KDE losses (Cliff, KLM) on each rank's shard, not the global batch")
     p.add_argument("--amp", action="store_true",

@@ -1138,3 +1138,22 @@ def test_periodic_and_final_evaluation_records(tmp_path, monkeypatch):
     assert logged == [{"type": "eval", "step": 7, "mig.mig": 0.5}] and drawn == [(tmp_path / "figures", want)]
     evaluate.finish_run(None, None, cfg, tmp_path, step=7, num_samples=11)
     assert seen[-2:] == [33, 11]
+
+
+def test_compile_flag_compiles_the_whole_loss_and_trains_as_eager(tmp_path):
+    """``--compile`` compiles the model's forward (the loss with qkernels' ops inside, not only the encoder and
+    decoder: 1.6x faster for Tripod on a CPU, benchmarks/RESULTS.md); its first steps give the eager losses
+    (random draws as in eager: inductor's fallback_random)."""
+    from qkernels.train.loop import Trainer
+
+    losses = {}
+    for compiled in (False, True):
+        cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 300}, batch_size=100,
+                          steps=2, out=str(tmp_path / str(compiled)), progress=False, compile=compiled)
+        tr = Trainer(cfg)
+        assert (tr.model._compiled_call_impl is not None) == compiled
+        with torch._inductor.config.patch(fallback_random=True):
+            losses[compiled] = [tr.train_step(s)["total"] for s in (1, 2)]
+    assert all(math.isfinite(x) for x in losses[True])
+    for a, b in zip(losses[True], losses[False], strict=True):
+        assert a == pytest.approx(b, rel=1e-4)

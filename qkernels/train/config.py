@@ -28,7 +28,8 @@ class TrainConfig:
     threads: torch intra-op threads of the training process (``torch.set_num_threads``). None: ``qkernels train``
     picks the usable cores that are not busy (:func:`qkernels.train.threads.auto_threads`) and records the count in
     config.json, so that ``--resume`` keeps it; the Python API keeps the process's setting.
-    device: where the model trains; compile: ``torch.compile`` the encoder and decoder; progress: the status line
+    device: where the model trains; compile: ``torch.compile`` the model's loss (its forward: encoder, ops,
+    decoder); progress: the status line
     on stderr. Saved as / loaded from ``config.json`` with :meth:`save` / :meth:`load`.
 
     Examples:
