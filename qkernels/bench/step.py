@@ -18,7 +18,8 @@ Variants (one Trainer, i.e. one model and optimizer, per variant):
 - ``reference_compiled``: the same, with ``torch.compile`` (inductor, default mode, static shapes) of the
   model's ``forward``, i.e. the whole loss (encoder, quantizer / KDE losses / Hessian penalty, decoder:
   ``model.compile()``) — what a user gets for free, without qkernels' kernels. The optimizer step and the
-  discriminator step stay eager (as with ``qkernels train --compile``, which compiles the same). Compiled with ``torch._inductor.config.fallback_random = True`` (random draws as in eager: the
+  discriminator step stay eager (as with ``qkernels train --compile``, which compiles the same). Compiled
+  with ``torch._inductor.config.fallback_random = True`` (random draws as in eager: the
   same training; see benchmarks/RESULTS.md);
 - ``reference_compiled_ro`` (CUDA only): the same with ``mode="reduce-overhead"`` (CUDA graphs);
 - ``auto_compiled``: qkernels' default backends under the same ``torch.compile`` of the model's forward (the ops
