@@ -265,3 +265,23 @@ def test_cpu_kernels_value_checks_follow_the_switch():
     assert res.returncode == 0 and res.stdout.strip().startswith("[[0, "), res.stderr
     res = _run(code, TRITON_INTERPRET="0")
     assert res.returncode != 0 and "ValueError: latent_quantize: z contains NaN or inf" in res.stderr
+
+
+@pytest.mark.skipif("cpu" not in qkernels.available_backends("cpu"), reason="needs the cpu kernels")
+def test_kernels_run_behind_the_thin_autograd_node_and_the_registered_op_stays_for_raw_calls():
+    """Issue 37 item 5: in eager code the public functions' kernels run behind a plain autograd.Function (the op
+    called below the autograd key: no Python autograd kernel per call), with the registered op's formula; a raw
+    torch.ops call keeps the registered autograd (opcheck, torch.compile)."""
+    z = torch.randn(8, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, 5, dtype=torch.float64)
+    with qkernels.use_backend("cpu"):
+        q = qkernels.latent_quantize(z, v)
+    assert type(q.z_q.grad_fn).__name__ == "latent_quantize_nodeBackward"
+    raw = torch.ops.qkernels.latent_quantize(z, v)
+    assert type(raw[0].grad_fn).__name__ != "latent_quantize_nodeBackward"
+    g = torch.randn(8, 3, dtype=torch.float64)
+    (a,) = torch.autograd.grad((q.z_q * g).sum() + q.loss_commit, z)
+    (b,) = torch.autograd.grad((raw[0] * g).sum() + raw[3], z)
+    assert torch.equal(a, b)
+    with torch.no_grad():  # no gradient wanted: no node at all
+        assert qkernels.latent_quantize(z, v).z_q.grad_fn is None

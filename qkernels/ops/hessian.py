@@ -91,7 +91,7 @@ def wire_finite_difference_curvature(fwd: str, bwd: str) -> None:
         grad = backward_op(grad_values, stacked, argmax, *ctx.args)
         return (grad,) + (None,) * len(ctx.args)
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    lib.register_autograd(fwd, backward, setup_context)
 
 
 def check_finite_difference_curvature(stacked, n, k, eps, groups, unbiased, reduce,
@@ -149,7 +149,7 @@ def wire_perturbed_batch(fwd: str, bwd: str) -> None:
         uses_std = std is not None and ctx.args[2] == "std"
         return grad_z, None, (grad_s if uses_std else None), None, None, None
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    lib.register_autograd(fwd, backward, setup_context)
 
 
 def check_perturbed_batch(z, draws, std, eps, signs, scale, op="perturbed_batch_triton"):
@@ -212,7 +212,7 @@ def wire_curvature_penalty(fwd: str, bwd: str) -> None:
         (values,) = ctx.saved_tensors
         return (backward_op(grad, values, *ctx.args),) + (None,) * len(ctx.args)
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    lib.register_autograd(fwd, backward, setup_context)
 
 
 def check_curvature_penalty(values, ratio, reduction, op="curvature_penalty_triton"):

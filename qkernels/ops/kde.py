@@ -94,7 +94,7 @@ def wire_kde_grid(fwd: str, bwd: str) -> None:
         gp, gs = backward_op(grad.contiguous(), points, samples, ctx.sigma, ctx.derivative)
         return gp, gs, None, None
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    lib.register_autograd(fwd, backward, setup_context)
 
 
 def check_kde_grid(points, samples, sigma, derivative, op="kde_grid_triton"):
@@ -148,7 +148,7 @@ def wire_cliff_loss(fwd: str, bwd: str) -> None:
         z, cond_index = ctx.saved_tensors
         return (backward_op(*grads, z, cond_index, *ctx.args),) + (None,) * 8
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    lib.register_autograd(fwd, backward, setup_context)
 
 
 def check_cliff_loss(z, cond_index, sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl,
@@ -208,7 +208,7 @@ def wire_klm(fwd: str, bwd: str) -> None:
         grad_z, grad_std = backward_op(grad_loss, z, std, lse)
         return grad_z, None if std is None else grad_std
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    lib.register_autograd(fwd, backward, setup_context)
 
 
 def check_klm(z, std, op="klm_triton"):

@@ -169,7 +169,7 @@ def wire_latent_quantize(fwd: str, bwd: str) -> None:
             indices,
         )
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    lib.register_autograd(fwd, backward, setup_context)
 
 
 def check_latent_quantize(z, values, op="latent_quantize_triton"):
@@ -232,7 +232,7 @@ def wire_relaxed_categorical(fwd: str, bwd: str) -> None:
         )
         return grads[0], grads[1], None, None, None, None
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    lib.register_autograd(fwd, backward, setup_context)
 
 
 def check_relaxed_categorical(logits, values, uniform, tau, noise_scale, hard, op="relaxed_categorical_triton"):
@@ -292,7 +292,7 @@ def wire_gumbel_quantize(fwd: str, bwd: str) -> None:
         grads = backward_op(grad_zq, grad_y, grad_logits, grad_kl, z, values, uniform, y, ctx.tau)
         return grads[0], grads[1], None, None, None
 
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    lib.register_autograd(fwd, backward, setup_context)
 
 
 def check_gumbel_quantize(z, values, uniform, tau, hard, op="gumbel_quantize_triton"):
