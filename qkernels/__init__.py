@@ -23,6 +23,22 @@ __version__ = "0.1.0"  # the one place: pyproject.toml reads it (statically) for
 
 _backend.warm()  # backend selection becomes a table lookup (torch.compile traces through it)
 
+# subpackages reachable as attributes after a plain `import qkernels` (qkernels.nn.CliffLoss, qkernels.data...),
+# imported on first use (PEP 562) so that `import qkernels` stays as fast as the ops alone
+SUBPACKAGES = ("nn", "metrics", "data", "models", "train", "compat", "bench", "reference")
+
+
+def __getattr__(name: str) -> object:
+    if name in SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"qkernels.{name}")
+    raise AttributeError(f"module 'qkernels' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *SUBPACKAGES})
+
 __all__ = [
     "available_backends",
     "BackendUnavailableError",

@@ -71,6 +71,7 @@ class BackendUnavailableError(RuntimeError):
     Examples:
         The cuda backend never runs on CPU tensors:
 
+        >>> import torch
         >>> import qkernels
         >>> with qkernels.use_backend("cuda"):
         ...     qkernels.latent_quantize(torch.zeros(2, 3), torch.zeros(4))
@@ -198,6 +199,7 @@ def use_backend(name: str) -> Iterator[None]:
 
     Examples:
         >>> import qkernels
+        >>> import torch
         >>> before = qkernels.current_backend()
         >>> with qkernels.use_backend("reference"):
         ...     q = qkernels.fsq(torch.zeros(2, 3), 5)

@@ -21,3 +21,24 @@ def test_pyproject_reads_the_version_from_the_package():
         config = tomllib.load(fh)
     assert "version" not in config["project"] and "version" in config["project"]["dynamic"]
     assert config["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "qkernels.__version__"}
+
+
+def test_subpackages_are_attributes_after_import_qkernels_loaded_lazily():
+    """Issue 39: qkernels.nn.CliffLoss, qkernels.data.load_dataset, ... after a plain `import qkernels`, without
+    importing them at `import qkernels` (a fresh interpreter each)."""
+    import json
+    import subprocess
+    import sys
+
+    import qkernels
+
+    code = ("import json, sys, qkernels; eager = [m for m in qkernels.SUBPACKAGES if 'qkernels.' + m in sys.modules]; "
+            "qkernels.nn.CliffLoss; qkernels.data.load_dataset; qkernels.metrics; qkernels.models; qkernels.train; "
+            "qkernels.compat; print(json.dumps([eager, 'qkernels.data' in sys.modules]))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    eager, loaded = json.loads(res.stdout.strip().splitlines()[-1])
+    assert loaded and not {"metrics", "data", "models", "train", "compat", "bench"} & set(eager)
+    assert {"nn", "data", "metrics"} <= set(dir(qkernels))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        qkernels.nope  # noqa: B018

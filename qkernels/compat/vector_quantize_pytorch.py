@@ -306,6 +306,7 @@ class FSQ(nn.Module):
     Examples:
         Levels (3, 5): latent 0 on (-1, 0, 1), latent 1 on (-1, -0.5, 0, 0.5, 1); index = i_0 + 3 i_1.
 
+        >>> import torch
         >>> from qkernels.compat.vector_quantize_pytorch import FSQ
         >>> fsq = FSQ([3, 5])
         >>> quantized, indices = fsq(torch.tensor([[[10.0, 0.0], [-10.0, 10.0]]]))  # (B, N, D) = (1, 2, 2)
@@ -601,6 +602,7 @@ class LatentQuantize(nn.Module):
         Values start at linspace(-0.5, 0.5, 3) per latent; z = (0.9, -0.2) lands on (0.5, 0) = levels (2, 1),
         index 2 + 3 * 1; the loss is 0.1 * 0.1 + 0.1 * 0.1 with mean((0.4^2, 0.2^2)) = 0.1.
 
+        >>> import torch
         >>> from qkernels.compat.vector_quantize_pytorch import LatentQuantize
         >>> lq = LatentQuantize(levels=[3, 3], dim=2, commitment_loss_weight=0.1, quantization_loss_weight=0.1)
         >>> quantized, indices, loss = lq(torch.tensor([[[0.9], [-0.2]]]))  # channel-first (B, D, N)

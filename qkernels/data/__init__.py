@@ -108,6 +108,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **kw):
     dataset, raises ValueError.
 
     Examples:
+        >>> import torch
         >>> from qkernels.data import Balls, load_dataset
         >>> ds = load_dataset("balls", n=8, image_size=16)  # procedural: no files
         >>> isinstance(ds, Balls), len(ds), ds[0][0].shape

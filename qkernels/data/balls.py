@@ -43,6 +43,7 @@ class Balls(GroundTruthDataset):
     with :meth:`render`.
 
     Examples:
+        >>> import torch
         >>> from qkernels.data import Balls
         >>> ds = Balls(n=8, n_balls=2, image_size=16)
         >>> x, factors = ds[0]

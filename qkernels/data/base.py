@@ -57,6 +57,7 @@ class GroundTruthDataset(Dataset, abc.ABC):
     Examples:
         A one-factor dataset: a bright pixel at one of 4 positions.
 
+        >>> import torch
         >>> from qkernels.data import GroundTruthDataset
         >>> class Bars(GroundTruthDataset):
         ...     observation_shape = (1, 1, 4)

@@ -34,6 +34,7 @@ class DSprites(GroundTruthDataset):
     Examples:
         A 2-image sub-grid (two x positions) in a temporary folder:
 
+        >>> import torch
         >>> import tempfile, numpy as np
         >>> from qkernels.data import DSprites
         >>> path = tempfile.mkdtemp() + "/dsprites.npz"

@@ -82,6 +82,7 @@ class QuantizedGrid2D(Dataset):
     ``center`` (2,) float64. :meth:`sample` draws fresh pairs, :meth:`mix` maps z -> x.
 
     Examples:
+        >>> import torch
         >>> from qkernels.data import QuantizedGrid2D
         >>> ds = QuantizedGrid2D(n=10, seed=0)
         >>> x, z = ds[0]

@@ -48,6 +48,7 @@ class MPI3D(GroundTruthDataset):
     Examples:
         A 2-image sub-grid file in a temporary folder:
 
+        >>> import torch
         >>> import tempfile, numpy as np
         >>> from qkernels.data import MPI3D
         >>> path = tempfile.mkdtemp() + "/mpi3d_toy.npz"

@@ -34,6 +34,7 @@ class NVLabs3D(GroundTruthDataset):
     Examples:
         Two 8x8 images with one two-valued factor, in a temporary folder:
 
+        >>> import torch
         >>> import os, tempfile, numpy as np
         >>> from PIL import Image
         >>> from qkernels.data import NVLabs3D
@@ -107,6 +108,7 @@ def falcor3d(root: str | os.PathLike, **kw) -> NVLabs3D:
     Examples:
         A 2-image sub-grid (two lighting intensities) in a temporary folder:
 
+        >>> import torch
         >>> import os, tempfile, numpy as np
         >>> from PIL import Image
         >>> from qkernels.data import falcor3d
@@ -132,6 +134,7 @@ def isaac3d(root: str | os.PathLike, **kw) -> NVLabs3D:
     Examples:
         A 2-image sub-grid (two wall colors) in a temporary folder:
 
+        >>> import torch
         >>> import os, tempfile, numpy as np
         >>> from PIL import Image
         >>> from qkernels.data import isaac3d

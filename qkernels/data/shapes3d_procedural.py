@@ -54,6 +54,7 @@ class Shapes3DProcedural(GroundTruthDataset):
     :meth:`sample_factors`. ``factor_values[k]``: the Shapes3D value of each class.
 
     Examples:
+        >>> import torch
         >>> from qkernels.data import Shapes3DProcedural
         >>> ds = Shapes3DProcedural(image_size=16)
         >>> len(ds), ds.factor_sizes

@@ -55,6 +55,7 @@ class Sprites(GroundTruthDataset):
     generator of :meth:`sample_factors`. ``factor_values[k]``: the value of each class.
 
     Examples:
+        >>> import torch
         >>> from qkernels.data import Sprites
         >>> ds = Sprites(n_shapes=2, n_scales=2, n_orientations=2, n_x=2, n_y=2, image_size=16)
         >>> len(ds), ds.factor_names  # 2 ** 5 images

@@ -99,6 +99,7 @@ def dci(
         >>> 0 <= r["disentanglement"] <= 1 and 0 <= r["completeness"] <= 1
         True
     """
+        >>> import torch
     s = check_sources(sources)
     n, n_s = s.shape
     z = check_latents(latents, n).astype(np.float64)

@@ -23,6 +23,7 @@ def mse(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     """Mean squared error over all elements of ``x`` and ``x_hat`` (same shape, float); a Python float.
 
     Examples:
+        >>> import torch
         >>> from qkernels.metrics import mse
         >>> x = torch.zeros(2, 3, 4, 4)
         >>> round(mse(x, x + 0.1), 6)  # 0.1^2
@@ -40,6 +41,7 @@ def psnr(x: torch.Tensor, x_hat: torch.Tensor, *, data_range: float = 1.0) -> fl
     PSNR (so then does the mean). Returns a Python float.
 
     Examples:
+        >>> import torch
         >>> from qkernels.metrics import psnr
         >>> x = torch.zeros(2, 3, 4, 4)
         >>> round(psnr(x, x + 0.1), 4)  # 10 log10(1 / 0.01)

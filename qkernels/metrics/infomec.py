@@ -96,6 +96,7 @@ def infomec(
 
         >>> from qkernels.metrics import infomec
         >>> s = torch.cartesian_prod(torch.arange(4), torch.arange(4)).repeat(4, 1)  # (64, 2) int64
+        >>> import torch
         >>> r = infomec(s, s.flip(1))
         >>> r["infom"], r["infoc"], r["nmi"].shape, r["active"]
         (1.0, 1.0, (2, 2), array([ True,  True]))

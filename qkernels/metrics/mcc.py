@@ -21,6 +21,7 @@ def mcc(z_true, z_pred, *, method: str = "pearson") -> dict:
     ``z_pred`` matched to ``z_true[:, i]``, or -1 when ``d > d'`` leaves it unmatched.
 
     Examples:
+        >>> import torch
         >>> from qkernels.metrics import mcc
         >>> _ = torch.manual_seed(0)
         >>> z = torch.randn(100, 2)

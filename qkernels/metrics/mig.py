@@ -38,6 +38,7 @@ def mig(sources, latents, *, num_bins: int = 20) -> dict:
         On a complete grid the two sources are independent, so each latent copy has MI H(s) with its
         source and 0 with the other: MIG = 1.
 
+        >>> import torch
         >>> from qkernels.metrics import mig
         >>> s = torch.cartesian_prod(torch.arange(4), torch.arange(4))  # (16, 2) int64
         >>> mig(s, s.flip(1).float())

@@ -19,6 +19,7 @@ def modularity(sources, latents, *, num_bins: int = 20) -> dict:
     Examples:
         Each latent a copy of one of two independent sources: delta_j = 0.
 
+        >>> import torch
         >>> from qkernels.metrics import modularity
         >>> s = torch.cartesian_prod(torch.arange(4), torch.arange(4))  # (16, 2) int64
         >>> modularity(s, s.flip(1).float())

@@ -36,6 +36,7 @@ def sap(
     Examples:
         R^2 is 1 with a source's copy and 0 with the other (independent) source: the gap is 1.
 
+        >>> import torch
         >>> from qkernels.metrics import sap
         >>> s = torch.cartesian_prod(torch.arange(4), torch.arange(4))  # (16, 2) int64
         >>> round(sap(s, s.flip(1).float(), continuous_factors=True)["sap"], 6)

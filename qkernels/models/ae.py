@@ -15,6 +15,7 @@ class AE(Method):
     ``family``: the backbone ("qlae", "tripod", "dlib").
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import AE
         >>> model = AE((1, 16, 16), 3)
         >>> x = torch.rand(4, 1, 16, 16)
@@ -47,6 +48,7 @@ class QLAE(QuantizedAutoencoder):
     Weight decay (AdamW, 0.1 in the authors' runs) applies to weights only, not biases or codebook values.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import QLAE
         >>> model = QLAE((1, 16, 16), 3, num_values=5)
         >>> x = torch.rand(4, 1, 16, 16)

@@ -75,6 +75,7 @@ class QLAEEncoder(nn.Module):
     (latent_quantization ``configs/encoder_partial/image.yaml``, ``blocks/conv.py``, ``blocks/utils.py``).
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import QLAEEncoder
         >>> encoder = QLAEEncoder(3, 16, 6, widths=(8, 16), dense=32)  # (C, S, out_dim)
         >>> encoder(torch.rand(2, 3, 16, 16)).shape
@@ -123,6 +124,7 @@ class AdaINDecoder(nn.Module):
     without bias.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import AdaINDecoder
         >>> decoder = AdaINDecoder(6, 3, 16, widths=(16, 8), dense=32)  # (d, C, S)
         >>> decoder(torch.randn(2, 6)).shape
@@ -211,6 +213,7 @@ class ResidualEncoder(nn.Module):
     Linear-LayerNorm-GELU; affine output. GELU is the tanh approximation (jax's default).
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import ResidualEncoder
         >>> encoder = ResidualEncoder(3, 16, 6, widths=(8, 16))  # (C, S, out_dim)
         >>> encoder(torch.rand(2, 3, 16, 16)).shape
@@ -243,6 +246,7 @@ class ResidualDecoder(nn.Module):
     output except the last (the logits).
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import ResidualDecoder
         >>> decoder = ResidualDecoder(6, 3, 16, widths=(16, 8), dense=32)  # (d, C, S)
         >>> decoder(torch.randn(2, 6)).shape
@@ -280,6 +284,7 @@ class DLibEncoder(nn.Module):
     ReLU, affine output.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import DLibEncoder
         >>> encoder = DLibEncoder(1, 16, 6, widths=(8, 8), dense=32)  # (C, S, out_dim)
         >>> encoder(torch.rand(2, 1, 16, 16)).shape
@@ -306,6 +311,7 @@ class DLibDecoder(nn.Module):
     upconv4 s2 + ReLU per width (reversed), last upconv to C channels without activation.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import DLibDecoder
         >>> decoder = DLibDecoder(6, 1, 16, widths=(8, 8), dense=32)  # (d, C, S)
         >>> decoder(torch.randn(2, 6)).shape
@@ -427,6 +433,7 @@ class MLP(nn.Module):
     (n, sizes[-1]).
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import MLP
         >>> net = MLP((2, 8, 3))
         >>> net(torch.randn(5, 2)).shape

@@ -44,6 +44,7 @@ def recon_loss(out: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
     Examples:
         Zero logits predict 0.5 everywhere: BCE log 2 per element.
 
+        >>> import torch
         >>> import math
         >>> from qkernels.models import recon_loss
         >>> out, x = torch.zeros(2, 4), torch.rand(2, 4).round()  # logits, binary targets
@@ -81,6 +82,7 @@ def permute_dims(z: torch.Tensor, generator: torch.Generator | None = None) -> t
     permutations.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import permute_dims
         >>> z = torch.arange(12.0).reshape(4, 3)
         >>> p = permute_dims(z, torch.Generator().manual_seed(0))
@@ -118,6 +120,7 @@ class Method(nn.Module):
     Examples:
         A minimal method: a linear autoencoder of 2-D points.
 
+        >>> import torch
         >>> from qkernels.models import Method
         >>> class Linear(Method):
         ...     def __init__(self):

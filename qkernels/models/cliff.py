@@ -20,6 +20,7 @@ class CliffAE(Method):
     sg(z), not reaching the encoder]. Observations (n, 2) float32 (:class:`qkernels.data.QuantizedGrid2D`).
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import CliffAE
         >>> model = CliffAE()
         >>> x = torch.randn(32, 2)

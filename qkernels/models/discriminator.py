@@ -16,6 +16,7 @@ class Discriminator(nn.Module):
     and zero biases (FactorQVAE's ``weights_init``, 0.02); None keeps PyTorch's default initialisation.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import Discriminator
         >>> disc = Discriminator(4, width=16, layers=2, init_std=0.02)
         >>> disc(torch.randn(8, 4)).shape  # (n, 2) logits

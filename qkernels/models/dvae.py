@@ -29,6 +29,7 @@ class DVAE(Method):
     recon + beta * KL(softmax(logits) || U(K)); the Gumbel noise scale anneals from ``noise_start`` to ``noise_end``.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import DVAE
         >>> model = DVAE((1, 16, 16), 3, num_values=8)
         >>> x = torch.rand(4, 1, 16, 16)
@@ -78,6 +79,7 @@ class FactorDVAE(DVAE):
     """D-VAE + gamma * TC (discriminator on the soft z (n, N); 6 x 1000, LeakyReLU 0.01 as lddr's).
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import FactorDVAE
         >>> model = FactorDVAE((1, 16, 16), 3, num_values=8, disc_width=16, disc_layers=2)
         >>> x = torch.rand(4, 1, 16, 16)
@@ -113,6 +115,7 @@ def straight_through_gap(model: DVAE, loader: Iterable) -> float:
     Returns a float >= 0; raises ValueError when ``loader`` yields no samples.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import DVAE, straight_through_gap
         >>> model = DVAE((1, 16, 16), 3, num_values=8)
         >>> straight_through_gap(model, [torch.rand(4, 1, 16, 16)]) >= 0

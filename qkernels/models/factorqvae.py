@@ -38,6 +38,7 @@ class QVAE(Method):
     at ``tau_rate`` per step.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import QVAE
         >>> model = QVAE((1, 16, 16), 3, num_values=8)
         >>> x = torch.rand(4, 1, 16, 16)
@@ -101,6 +102,7 @@ class FactorQVAE(QVAE):
     from a fresh forward of the second batch after the update (``models/factor_qvae.py``).
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import FactorQVAE
         >>> model = FactorQVAE((1, 16, 16), 3, num_values=8, disc_width=16, disc_layers=2)
         >>> x = torch.rand(4, 1, 16, 16)

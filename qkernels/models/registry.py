@@ -137,3 +137,4 @@ def build_model(name: str, obs_shape, num_latents: int, **kw):
     if name not in METHODS:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(METHODS)}")
     return METHODS[name].cls(tuple(obs_shape), num_latents, **kw)
+        >>> import torch

@@ -41,6 +41,7 @@ class Tripod(QuantizedAutoencoder):
     loss = BCE + lambda_klm * KLM(z_q; std of the continuous z) + lambda_nhp * NHP(decoder activations).
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import Tripod
         >>> model = Tripod((1, 16, 16), 3, levels=5)
         >>> x = torch.rand(4, 1, 16, 16)

@@ -23,6 +23,7 @@ class BetaVAE(Method):
     """beta-VAE: loss = BCE + beta * KL(q(z|x) || N(0, I)); z = mu + exp(logvar / 2) * eps; encode gives mu.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import BetaVAE
         >>> model = BetaVAE((1, 16, 16), 3, beta=4.0)
         >>> x = torch.rand(4, 1, 16, 16)
@@ -64,6 +65,7 @@ class BetaTCVAE(BetaVAE):
     """beta-TCVAE: loss = BCE + KL + (beta - 1) * TC, TC by minibatch-weighted sampling (Chen et al., 2018).
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import BetaTCVAE
         >>> model = BetaTCVAE((1, 16, 16), 3)
         >>> sorted(model.loss(torch.rand(4, 1, 16, 16), step=0))
@@ -87,6 +89,7 @@ class FactorVAE(BetaVAE):
     """FactorVAE: loss = BCE + KL + gamma * TC, TC from a 6 x 1000 discriminator on sampled z.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import FactorVAE
         >>> model = FactorVAE((1, 16, 16), 3, disc_width=16, disc_layers=2)
         >>> x = torch.rand(4, 1, 16, 16)
@@ -121,6 +124,7 @@ class CliffVAE(BetaVAE):
     lambda_biv 1, lambda_KL-uni 0.7, lambda_a 1, sigma 0.1). ``num_cond`` must not exceed the batch size.
 
     Examples:
+        >>> import torch
         >>> from qkernels.models import CliffVAE
         >>> model = CliffVAE((1, 16, 16), 3, num_cond=4)
         >>> sorted(model.loss(torch.rand(8, 1, 16, 16), step=0))

@@ -43,6 +43,7 @@ class NormalizedHessianPenalty(_Penalty):
     continuous latents before quantization: pass it when ``z`` is quantized). z: (n, d) float.
 
     Examples:
+        >>> import torch
         >>> from qkernels.nn import NormalizedHessianPenalty
         >>> _ = torch.manual_seed(0)
         >>> decoder = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.GELU())
@@ -84,6 +85,7 @@ class HessianPenalty(_Penalty):
     ``forward(fn, z, generator=None)``: z (n, d) float.
 
     Examples:
+        >>> import torch
         >>> from qkernels.nn import HessianPenalty
         >>> _ = torch.manual_seed(0)
         >>> z = torch.randn(8, 2)

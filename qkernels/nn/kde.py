@@ -26,6 +26,7 @@ class CliffLoss(nn.Module):
         ValueError: sigma <= 0 or a bad grid (at construction); forward: as :func:`qkernels.cliff_loss`.
 
     Examples:
+        >>> import torch
         >>> from qkernels.nn import CliffLoss
         >>> _ = torch.manual_seed(0)
         >>> loss = CliffLoss(sigma=0.2)(torch.randn(64, 3))
@@ -90,6 +91,7 @@ class KLMLoss(nn.Module):
     ``torch.distributed``. z: (n, d) float, n >= 2.
 
     Examples:
+        >>> import torch
         >>> from qkernels.nn import KLMLoss
         >>> _ = torch.manual_seed(0)
         >>> z = torch.randn(128, 4)

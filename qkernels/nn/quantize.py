@@ -111,6 +111,7 @@ class LatentQuantizer(nn.Module):
     Examples:
         Values start at linspace(-0.5, 0.5, 3) = (-0.5, 0, 0.5) for each of the 2 latents:
 
+        >>> import torch
         >>> from qkernels.nn import LatentQuantizer
         >>> quantizer = LatentQuantizer(2, 3)
         >>> quantizer.values.shape
@@ -197,6 +198,7 @@ class FSQ(nn.Module):
         ValueError: a level < 2.
 
     Examples:
+        >>> import torch
         >>> from qkernels.nn import FSQ
         >>> fsq = FSQ([3, 5])  # latent 0 on (-1, 0, 1), latent 1 on (-1, -0.5, 0, 0.5, 1)
         >>> q = fsq(torch.tensor([[10.0, 0.0]]))
@@ -256,6 +258,7 @@ class GumbelQuantizer(nn.Module):
         ValueError: num_values < 2.
 
     Examples:
+        >>> import torch
         >>> from qkernels.nn import GumbelQuantizer
         >>> _ = torch.manual_seed(0)
         >>> quantizer = GumbelQuantizer(4)
@@ -305,6 +308,7 @@ class CategoricalLatent(nn.Module):
         ValueError: num_latents < 1, num_values < 2, tau <= 0, or ``values`` neither (K,) nor (d, K).
 
     Examples:
+        >>> import torch
         >>> from qkernels.nn import CategoricalLatent
         >>> latent = CategoricalLatent(3, 5).eval()  # values linspace(-1, 1, 5)
         >>> s = latent(torch.zeros(2, 3, 5))  # equal logits: z = mean of the values

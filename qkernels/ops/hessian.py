@@ -341,6 +341,7 @@ def finite_difference_curvature(
         One sample, k = 2 directions, f(z +- h_1) = 1 and f(z +- h_2) = 3 (f(z) cancels): second
         differences 2 and 6 (times 1 / eps^2 = 1), population variance 4, unbiased 8.
 
+        >>> import torch
         >>> import qkernels
         >>> stacked = torch.tensor([[1.0], [1.0], [3.0], [3.0]])
         >>> qkernels.finite_difference_curvature(stacked, 1, 2, 1.0, groups=1)
@@ -587,6 +588,7 @@ def normalized_hessian_penalty(
     Examples:
         A separable fn (elementwise z^2, diagonal Hessian) has penalty 0; z_1 z_2 does not.
 
+        >>> import torch
         >>> import qkernels
         >>> _ = torch.manual_seed(0)
         >>> z = torch.randn(8, 2, dtype=torch.float64)
@@ -655,6 +657,7 @@ def hessian_penalty(
         fn = z_1 z_2: every second difference is 2 r_1 r_2 = +-2; the unbiased variance of two +2 and
         two -2 is 16 / 3, the largest over the batch. A separable fn gets 0.
 
+        >>> import torch
         >>> import qkernels
         >>> _ = torch.manual_seed(0)
         >>> z = torch.randn(16, 2, dtype=torch.float64)

@@ -49,6 +49,7 @@ class CliffTerms(NamedTuple):
     total = lambda_uni * uni + lambda_biv * biv + lambda_kl * kl (Cliff eq. 8).
 
     Examples:
+        >>> import torch
         >>> import qkernels
         >>> _ = torch.manual_seed(0)
         >>> t = qkernels.cliff_loss(torch.randn(64, 3), return_terms=True)
@@ -256,6 +257,7 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
     Examples:
         One sample at 0, bandwidth 1: the standard normal density, 1 / sqrt(2 pi) at 0, slope 0.
 
+        >>> import torch
         >>> import math, qkernels
         >>> qkernels.kde_grid(torch.zeros(1, 1), torch.zeros(1, 1), 1.0)
         tensor([[0.3989]])
@@ -432,6 +434,7 @@ def cliff_loss(
         TypeError: a non-int64 ``cond_index`` or a non-number lambda.
 
     Examples:
+        >>> import torch
         >>> import qkernels
         >>> _ = torch.manual_seed(0)
         >>> z = torch.randn(64, 3, requires_grad=True)  # (n, d) float32
@@ -494,6 +497,7 @@ def klm_loss(
     Examples:
         A copied latent is more dependent than an independent one:
 
+        >>> import torch
         >>> import qkernels
         >>> _ = torch.manual_seed(0)
         >>> a, b = torch.randn(256, 1), torch.randn(256, 1)

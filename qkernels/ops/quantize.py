@@ -37,6 +37,7 @@ class Quantized(NamedTuple):
     indices; loss_quantize and loss_commit: scalar codebook losses (QLAE eq. 5; zeros for FSQ).
 
     Examples:
+        >>> import torch
         >>> import qkernels
         >>> q = qkernels.fsq(torch.zeros(2, 3), 5)
         >>> q._fields
@@ -60,6 +61,7 @@ class GumbelQuantized(NamedTuple):
     (..., d, K) = -(z - values)^2; kl_uniform (..., d) = sum_k p log(p K), p = softmax(logits).
 
     Examples:
+        >>> import torch
         >>> import qkernels
         >>> out = qkernels.gumbel_quantize(torch.zeros(4, 2), torch.tensor([-1.0, 1.0]), 1.0)
         >>> out._fields
@@ -81,6 +83,7 @@ class CategoricalSample(NamedTuple):
     KL(softmax(logits) || Uniform(K)).
 
     Examples:
+        >>> import torch
         >>> import qkernels
         >>> s = qkernels.categorical_latent(torch.zeros(4, 2, 3))
         >>> s._fields
@@ -371,6 +374,7 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
     (:mod:`qkernels._precision`).
 
     Examples:
+        >>> import torch
         >>> import qkernels
         >>> q = qkernels.latent_quantize(torch.tensor([[0.2, -0.9]]), torch.tensor([-1.0, 0.0, 1.0]))
         >>> q.z_q, q.indices
@@ -440,6 +444,7 @@ def fsq(z: torch.Tensor, levels: int | Sequence[int] | torch.Tensor) -> Quantize
         ValueError: a level < 2, or neither 1 nor d levels.
 
     Examples:
+        >>> import torch
         >>> import qkernels
         >>> q = qkernels.fsq(torch.tensor([[-10.0, 0.0, 10.0]]), 3)  # tanh -> -1, 0, 1
         >>> q.z_q, q.indices
@@ -504,6 +509,7 @@ def gumbel_quantize(
     computing the logits, sample and KL, one backward kernel, one codebook-gradient reduction).
 
     Examples:
+        >>> import torch
         >>> import qkernels
         >>> _ = torch.manual_seed(0)
         >>> z, values = torch.randn(4, 2), torch.tensor([-1.0, 0.0, 1.0])
@@ -567,6 +573,7 @@ def categorical_latent(
     Examples:
         Equal logits without noise: y is uniform, z the mean of linspace(-1, 1, K) and kl zero.
 
+        >>> import torch
         >>> import qkernels
         >>> s = qkernels.categorical_latent(torch.zeros(1, 2, 5), noise_scale=0.0)
         >>> s.y[0, 0], s.z.abs().max(), s.kl.abs().max()
