@@ -688,3 +688,32 @@ def test_leading_dims_keep_every_output_shaped_like_the_input():
     assert q.z_q.shape == q.indices.shape == (2, 3, 4)
     want = np.round((np.tanh(z.numpy()) + 1) / 2 * 4)
     assert torch.equal(q.indices, torch.from_numpy(want).long())
+
+
+def test_ambiguous_layout_warns_once_and_an_explicit_dim_silences_it():
+    """Issue 39: a (8, 12, 12, 12) input to a quantizer of 12 latents reads both channel-first and channel-last; the
+    default (last axis) says so once, naming dim=; an explicit dim (even -1) says nothing."""
+    import warnings
+
+    from qkernels.nn import FSQ, LatentQuantizer
+
+    x = torch.randn(8, 12, 12, 12)
+    for make in (lambda **kw: LatentQuantizer(12, 5, **kw), lambda **kw: FSQ([5] * 12, **kw)):
+        module = make()
+        with pytest.warns(UserWarning, match=r"axis 1 and along its last axis.*pass dim=1"):
+            module(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            module(x)  # once per module
+            make(dim=-1)(x)
+            torch.testing.assert_close(make(dim=1)(x).z_q, make(dim=-1)(x.movedim(1, -1)).z_q.movedim(-1, 1))
+            make()(torch.randn(8, 12))  # 2-D: nothing to confuse
+            make()(torch.randn(8, 3, 12, 12))  # axis 1 of another size
+
+
+def test_functional_fsq_on_a_channel_first_tensor_says_how():
+    hint = r"got 3; z has shape \(8, 3, 16, 16\).*z.movedim\(1, -1\).*FSQ\(levels, dim=1\)"
+    with pytest.raises(ValueError, match=hint):
+        qkernels.fsq(torch.randn(8, 3, 16, 16), [5, 5, 5])
+    with pytest.raises(ValueError, match=r"got 2$"):  # no axis of 2 entries: no hint
+        qkernels.fsq(torch.randn(8, 3, 16, 16), [5, 5])

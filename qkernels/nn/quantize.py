@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -66,6 +67,13 @@ def _latent_axis(name: str, x: torch.Tensor, module: nn.Module, d: int, dim: int
         raise ValueError(f"{kind}(dim={dim}) does not fit {name} of shape {tuple(x.shape)}")
     axis = dim % nd
     if x.shape[axis] == d:
+        if (nd >= 3 and axis == nd - 1 and x.shape[1] == d and not getattr(module, "_dim_chosen", True)
+                and not getattr(module, "_warned_layout", False) and not torch.compiler.is_compiling()):
+            module._warned_layout = True  # once per module
+            warnings.warn(f"{name} of shape {tuple(x.shape)} has {d} entries along axis 1 and along its last axis: "
+                          f"this {kind} quantizes the last axis (the default, dim=-1); pass dim=1 for a "
+                          f"channel-first (B, {d}, H, W) input, or dim=-1 to say so and silence this warning",
+                          stacklevel=4)
         return axis
     others = [a for a in range(nd) if x.shape[a] == d]
     last = -1 - trailing
@@ -97,9 +105,11 @@ class LatentQuantizer(nn.Module):
         num_latents: d. num_values: n_v values per codebook.
         global_codebook: one (n_v,) codebook shared by all latents instead of (d, n_v).
         init_range: values initialised to linspace(low, high, n_v) (QLAE: (-0.5, 0.5)).
-        dim: the axis of z that holds the d latents (default -1: z is (..., d); 1 for a channel-first
+        dim: the axis of z that holds the d latents (default: the last, z is (..., d); 1 for a channel-first
             (B, d, H, W) feature map). An input whose axis ``dim`` is not of size d is an error (never
-            quantized along another axis).
+            quantized along another axis); by default, an input of 3+ axes whose axis 1 has size d too gets one
+            warning (channel-first or channel-last cannot be told apart: pass ``dim``).
+
     forward(z) -> :class:`~qkernels.Quantized` (z_q and indices shaped like z, z float; indices int64).
     Weight decay should not apply to ``values`` (QLAE decays weights only).
 
@@ -130,11 +140,11 @@ class LatentQuantizer(nn.Module):
         *,
         global_codebook: bool = False,
         init_range: tuple[float, float] = (-0.5, 0.5),
-        dim: int = -1,
+        dim: int | None = None,
     ) -> None:
         super().__init__()
         check_positive("num_latents", num_latents, integer=True)
-        self.dim = _check_dim(dim)
+        self.dim, self._dim_chosen = _check_dim(dim)
         check_positive("num_values", num_values, integer=True, minimum=2)
         low, high = init_range
         if not low < high:
@@ -165,10 +175,13 @@ class LatentQuantizer(nn.Module):
         return _from_last(_nearest(_to_last(values, axis), self.values.detach()), axis)
 
 
-def _check_dim(dim: object) -> int:
+def _check_dim(dim: object) -> tuple[int, bool]:
+    """(the latents' axis, whether the user chose it): None is the default, the last axis."""
+    if dim is None:
+        return -1, False
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"dim must be an int (the axis of the latents, e.g. -1 or 1), got {dim!r}")
-    return int(dim)
+    return int(dim), True
 
 
 def _fsq_levels(levels: object) -> int | list[int] | torch.Tensor:
@@ -189,8 +202,13 @@ def _fsq_levels(levels: object) -> int | list[int] | torch.Tensor:
 class FSQ(nn.Module):
     """Finite scalar quantization (Tripod): ``levels`` an int (every latent) or one int per latent (each >= 2).
 
-    dim: the axis of z that holds the latents (default -1: z is (..., d); 1 for a channel-first
-    (B, d, H, W) feature map); with one int per latent, that axis must have their number of entries.
+    Args:
+        levels: L, the number of levels: an int (every latent) or a sequence of d ints (one per latent),
+            each >= 2.
+        dim: the axis of z that holds the latents (default: the last, z is (..., d); 1 for a channel-first
+            (B, d, H, W) feature map); with one int per latent, that axis must have their number of entries (by
+            default, one warning when axis 1 of a 3+-axis input has that size too: pass ``dim`` to say which).
+
     forward(z) -> :class:`~qkernels.Quantized` with values in [-1, 1] and zero losses (shaped like z).
 
     Raises:
@@ -210,11 +228,11 @@ class FSQ(nn.Module):
 
     levels: torch.Tensor  # (d,) or (1,) int64 buffer
 
-    def __init__(self, levels: int | Sequence[int], *, dim: int = -1) -> None:
+    def __init__(self, levels: int | Sequence[int], *, dim: int | None = None) -> None:
         super().__init__()
         checked = _fsq_levels(levels)
         n = checked.numel() if isinstance(checked, torch.Tensor) else 1 if isinstance(checked, int) else len(checked)
-        self.dim = _check_dim(dim)
+        self.dim, self._dim_chosen = _check_dim(dim)
         self.register_buffer("levels", _levels(checked, n, torch.device("cpu")), persistent=False)
 
     def forward(self, z: torch.Tensor) -> Quantized:

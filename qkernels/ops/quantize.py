@@ -451,7 +451,19 @@ def fsq(z: torch.Tensor, levels: int | Sequence[int] | torch.Tensor) -> Quantize
         (tensor([[-1.,  0.,  1.]]), tensor([[0, 1, 2]]))
     """
     check_tensor("z", z, min_ndim=1)
-    lv = _levels(levels, z.shape[-1], z.device)
+    try:
+        lv = _levels(levels, z.shape[-1], z.device)
+    except ValueError as err:  # as many levels as another axis has entries: say how to use that axis
+        if "levels must give" not in str(err):
+            raise
+        n = levels.numel() if isinstance(levels, torch.Tensor) else len(levels)  # type: ignore[arg-type]
+        axes = [k for k in range(z.dim() - 1) if z.shape[k] == n]
+        if not axes:
+            raise
+        k = 1 if 1 in axes else axes[-1]
+        raise ValueError(f"{err}; z has shape {tuple(z.shape)} and d is its last axis: if its {n} latents are "
+                         f"along axis {k}, move them last with z.movedim({k}, -1) or use "
+                         f"qkernels.nn.FSQ(levels, dim={k})") from None
     z_q, indices = ref.fsq(z.reshape(-1, z.shape[-1]), lv)
     zero = z.new_zeros(())
     return Quantized(z_q.reshape(z.shape), indices.reshape(z.shape), zero, zero.clone())
