@@ -1,14 +1,15 @@
 """How many torch intra-op threads a training process uses (``qkernels train --threads``, ``TrainConfig.threads``).
 
 torch starts one thread per core. When another job keeps a core busy, every parallel region waits for the thread
-that shares a core with it, and a step slows 3-5x (measured: benchmarks/RESULTS.md, "Training threads"); fewer
-threads than cores costs far less on an idle machine. So the default (:func:`auto_threads`) is the usable cores
-that are not busy when the run starts, at least 1:
+that shares a core with it, and a step slows 3-5x (measured: benchmarks/RESULTS.md, "Training threads"). The
+count also changes float summation order, hence the bits of a run, so the default (:func:`auto_threads`) comes from
+the machine, not from its momentary load (the same command gives the same run on a busy and on an idle machine):
 
 - ``OMP_NUM_THREADS`` set (by the user, or by ``torchrun`` for several processes per machine): that number;
-- else the usable cores (the process's CPU affinity, capped by a cgroup CPU quota) minus the cores that other
-  processes keep busy, measured over half a second from ``/proc/stat`` (``os.getloadavg()`` where there is none),
-  rounded, divided among the training processes of this machine (``LOCAL_WORLD_SIZE``), at least 1.
+- else the usable cores (the process's CPU affinity, capped by a cgroup CPU quota) divided among the training
+  processes of this machine (``LOCAL_WORLD_SIZE``), at least 1. When other processes keep cores busy at the start
+  (measured over half a second from ``/proc/stat``; ``os.getloadavg()`` where there is none), the run's first line
+  says so and suggests ``--threads``.
 
 The count changes float summation order, hence the bits of a run: it is printed in the run's first line and
 recorded in ``config.json``; ``--resume`` keeps the recorded count (bit-for-bit resume) unless ``--threads`` is
@@ -92,11 +93,15 @@ def auto_threads(*, interval: float = 0.5) -> tuple[int, str]:
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) >= 1:
         return int(env), "OMP_NUM_THREADS"
-    cores, aff = usable_cores(), len(_affinity())
-    busy = busy_cores(interval)
-    free = min(cores, aff - math.floor(busy + 0.5))
+    cores = usable_cores()
     local = os.environ.get("LOCAL_WORLD_SIZE", "1").strip()
     procs = max(1, int(local)) if local.isdigit() else 1
-    n = max(1, free // procs)
+    n = max(1, cores // procs)
     per = f", {procs} processes" if procs > 1 else ""
-    return n, f"auto: {cores} usable cores, {busy:.1f} busy{per}; --threads N to choose"
+    why = f"auto: {cores} usable cores{per}; --threads N to choose"
+    busy = busy_cores(interval)
+    if busy >= 0.5:
+        free = max(1, (cores - math.floor(busy + 0.5)) // procs)
+        why += (f"; {busy:.1f} of them busy with other work now: each step waits for the slowest thread, "
+                f"--threads {free} may run faster (and gives other results than {n} threads)")
+    return n, why
