@@ -4,6 +4,7 @@ hot path's baselines, and keep pytest-benchmark's table within 120 columns. No t
 
 import importlib.util
 import io
+import os
 import pathlib
 import types
 
@@ -53,7 +54,7 @@ def test_plan_line_and_estimate():
     assert bench.estimate_seconds([(fast, "reference_compiled")], memory=False) == plain + bench.COMPILE_S
     assert bench.estimate_seconds([(fast, "reference")]) == plain + bench.PROBE_S
     lines = report.plan_lines({"kde": (3, 1), "overhead": (6, 2)}, [slow.name], 250.0, "--all",
-                              "not run: hot path step (--hotpath NAME)")
+                              "not run: hot path step (--hotpath NAME)", load=0.0)
     assert lines[0] == "plan: 9 variants of 3 cases (kde 3/1, overhead 6/2), roughly 4 min here"
     text = " ".join(lines)
     assert "left out: 1 slow cases (minutes each; --all runs them): klm n=4096 d=64" in text
@@ -160,3 +161,31 @@ def test_pytest_deselects_slow_tests_without_bench_all(args):
     kept = list(items)
     conf.pytest_collection_modifyitems(config, kept)
     assert kept == (items if args else items[:1]) and deselected == ([] if args else items[1:])
+
+
+def test_estimate_counts_what_dominates_the_step_bench():
+    """Issue 39: the step bench planned "roughly 50 s" and took 10:29: its estimate ignored the seconds per step
+    and the minute per whole-model compile. Now each case carries them, and the estimate adds the timed rounds
+    (at least 5 runs), warm-up and first runs, and a compile (and half one in the memory probe) per compiled
+    variant. The step cases' own figures: at least a minute per Tripod compile on a 2-core CPU."""
+    step = bench.Case("step", "tripod", lambda scale: (), {"auto": None, "reference_compiled": None}, run_s=2.0,
+                      compile_s=60.0)
+    eager = bench.estimate_seconds([(step, "auto")], memory=False, min_time=0.5)
+    assert eager >= 5 * 2.0 + 2 * 2.0  # 5 timed rounds, a warm-up run and the first run of 2 s each
+    assert bench.estimate_seconds([(step, "reference_compiled")], memory=False, min_time=0.5) == eager + 60.0
+    assert bench.estimate_seconds([(step, "reference_compiled")], min_time=0.5) == \
+        eager + 60.0 + 30.0 + 2.0 + bench.PROBE_S  # the probe compiles again from the cache and runs once
+    from qkernels.bench import step as step_cases
+
+    tripod = next(c for c in step_cases.cases("cpu") if c.name.startswith("tripod"))
+    assert tripod.compile_s >= 60 and tripod.run_s >= 0.3
+
+
+def test_plan_says_what_to_expect_under_load():
+    # the suite's plan said ~6 min and took 11:19 at load 3.5-4.8 on 2 cores
+    assert report.duration(report.under_load(360.0, 4.0, 2)) == "12 min"
+    line = " ".join(" ".join(report.plan_lines({"kde": (3, 1)}, [], 360.0, "--all", load=2.0 * (os.cpu_count() or 1)))
+                    .split())
+    assert "roughly 6 min here on a quiet machine, about" in line and "at the load now (" in line
+    quiet = " ".join(report.plan_lines({"kde": (3, 1)}, [], 360.0, "--all", load=0.0))
+    assert "quiet" not in quiet and "roughly 6 min here" in quiet

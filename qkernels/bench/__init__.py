@@ -91,6 +91,7 @@ from qkernels.bench.report import (  # noqa: F401 - re-exported
 )
 
 WARMUP_S = 0.2  # seconds of warm-up runs per variant after its first run (both tools)
+MIN_ROUNDS = 5  # timed rounds at least, per variant (:func:`time_variants`)
 
 
 @dataclasses.dataclass
@@ -108,6 +109,10 @@ class Case:
     # step's trainers: optimizer state, compiled code); ``make`` returns the same objects on every call
     stateful: bool = False
     memory: bool = True  # measure peak memory (False: tiny shapes, where it is ~0)
+    # for the plan printed before a run (:func:`estimate_seconds`): rough wall seconds of one run and of one
+    # torch.compile of a variant, where they dominate (the training step: seconds per run, a minute per compile)
+    run_s: float = 0.0
+    compile_s: float | None = None  # None: COMPILE_S
 
 
 # rough wall seconds on a 2-core CPU, for the estimate printed before a run (:func:`estimate_seconds`)
@@ -192,16 +197,17 @@ def half_precision_case(case: Case, loss: Callable, plain: Callable, dtype=torch
 
 
 def estimate_seconds(runs: list[tuple[Case, str]], *, memory: bool = True, min_time: float = 0.5) -> float:
-    """Rough wall seconds to benchmark ``runs`` ((case, variant) pairs): per variant its timed rounds
-    (``min_time``), warm-up and first runs and :data:`COMPILE_S` for a torch.compile variant; with
-    ``memory`` (and ``case.memory``), per case a peak-memory subprocess (:data:`PROBE_S`, and half of
-    :data:`COMPILE_S` per compiled variant: it compiles again, from the on-disk cache)."""
+    """Rough wall seconds to benchmark ``runs`` ((case, variant) pairs) on a quiet machine: per variant its
+    timed rounds (``min_time``, or :data:`MIN_ROUNDS` runs of ``case.run_s`` where longer), warm-up and first
+    runs, and a compile (``case.compile_s``, default :data:`COMPILE_S`) for a torch.compile variant; with
+    ``memory`` (and ``case.memory``), per case a peak-memory subprocess (:data:`PROBE_S` and a run per variant,
+    and half a compile per compiled variant: it compiles again, from the on-disk cache)."""
     total, probed = 0.0, set()
     for case, name in runs:
-        compiles = "compiled" in name
-        total += min_time + WARMUP_S + 0.3 + compiles * COMPILE_S
+        compile_s = (COMPILE_S if case.compile_s is None else case.compile_s) if "compiled" in name else 0.0
+        total += max(min_time, MIN_ROUNDS * case.run_s) + max(WARMUP_S, case.run_s) + case.run_s + 0.3 + compile_s
         if memory and case.memory:
-            total += compiles * COMPILE_S / 2 + (PROBE_S if case.name not in probed else 0.0)
+            total += compile_s / 2 + case.run_s + (PROBE_S if case.name not in probed else 0.0)
             probed.add(case.name)
     return total
 
@@ -242,7 +248,7 @@ def _on_cuda(inputs: tuple) -> bool:
 
 
 def time_variants(
-    case: Case, names: list[str], *, min_time: float = 0.5, min_rounds: int = 5, max_rounds: int = 1000,
+    case: Case, names: list[str], *, min_time: float = 0.5, min_rounds: int = MIN_ROUNDS, max_rounds: int = 1000,
     max_seconds: float = 20.0, warmup: float = WARMUP_S,
 ) -> dict[str, list[float] | BaseException]:
     """Wall seconds of forward + backward runs of each variant, interleaved: round r runs every

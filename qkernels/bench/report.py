@@ -214,19 +214,36 @@ def legend_lines(variants: dict[str, list[str]], columns: str = COLUMNS,
 
 
 def plan_lines(selected: dict[str, tuple[int, int]], skipped: list[str], seconds: float, include: str,
-               others: str | None = None, runs: str = "variants") -> list[str]:
+               others: str | None = None, runs: str = "variants", load: float | None = None) -> list[str]:
     """What a run will do, printed before it starts: ``selected`` (hot path -> (``runs``, cases)), a
-    rough duration (``seconds``), the ``skipped`` slow cases with the option that includes them
-    (``include``), and ``others`` (what else is left out, and how to run it)."""
+    rough duration (``seconds``, on a quiet machine; when the 1-minute ``load`` average (default: now) is over
+    :data:`LOAD_FRACTION` of the CPUs, also the longer duration to expect: :func:`under_load`), the ``skipped``
+    slow cases with the option that includes them (``include``), and ``others`` (what else is left out, and how
+    to run it)."""
     count, cases = (sum(x) for x in zip(*selected.values(), strict=True)) if selected else (0, 0)
     parts = ", ".join(f"{h} {n}/{c}" for h, (n, c) in selected.items())
-    lines = wrap(f"plan: {count} {runs} of {cases} cases ({parts}), roughly {duration(seconds)} here")
+    when = f"roughly {duration(seconds)} here"
+    cpus = os.cpu_count() or 1
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (OSError, AttributeError):
+            load = 0.0
+    if load > LOAD_FRACTION * cpus:
+        when += f" on a quiet machine, about {duration(under_load(seconds, load, cpus))} at the load now ({load:.1f})"
+    lines = wrap(f"plan: {count} {runs} of {cases} cases ({parts}), {when}")
     if skipped:
         lines += wrap(f"left out: {len(skipped)} slow cases (minutes each; {include} runs them): "
                       + "; ".join(skipped))
     if others:
         lines += wrap(others)
     return lines
+
+
+def under_load(seconds: float, load: float, cpus: int) -> float:
+    """``seconds`` of quiet-machine work at a 1-minute load average ``load`` on ``cpus`` CPUs: x (1 + load / 2
+    cpus), a rough fit (the suite's 6-minute plan took 11:19 at load 3.5-4.8 on 2 cores: x 1.9-2.2)."""
+    return seconds * (1 + load / (2 * cpus))
 
 
 def duration(seconds: float) -> str:

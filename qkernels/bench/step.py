@@ -43,6 +43,8 @@ import torch
 from qkernels.bench import Case
 
 MODELS = ("tripod", "cliff_vae", "qlae", "factorqvae")
+# (seconds per step, seconds per whole-model torch.compile) at the default batch on a 2-core CPU: the plan's estimate
+STEP_COST = {"tripod": (0.55, 75.0), "cliff_vae": (0.02, 15.0), "qlae": (0.1, 20.0), "factorqvae": (0.2, 30.0)}
 STEP = 1  # the step index every run repeats
 TINY_BATCH = 16  # make(0) and QKERNELS_BENCH_TINY=1 (Cliff draws 10 conditioning rows)
 
@@ -136,7 +138,12 @@ def _case(model: str, device: str) -> Case:
     variants = {v: f for v, f in variants.items() if v in keep}
     baseline = "reference" if "reference" in variants else next(iter(variants))
     name = f"{model} batch={batch} {cfg.image_size}x{cfg.image_size} {cfg.arch}"
-    return Case("step", name, make, variants, baseline=baseline, stateful=True)
+    # for the plan: seconds per step and per whole-model compile (CPU: a quiet 2-core AMD EPYC; CUDA: an H200;
+    # benchmarks/RESULTS.md)
+    run_s, compile_s = (0.035, 30.0) if device == "cuda" else STEP_COST[model]
+    if _tiny():
+        run_s /= 4
+    return Case("step", name, make, variants, baseline=baseline, stateful=True, run_s=run_s, compile_s=compile_s)
 
 
 def cases(device: str | None = None) -> list[Case]:
