@@ -1,6 +1,7 @@
 """Summarize saved benchmark results (``qkernels bench --save benchmarks/results``): plots and the summary table.
 
-    python benchmarks/summarize.py                     # PNGs into benchmarks/results/plots/, table on stdout
+    python benchmarks/summarize.py                     # PNGs (one per machine, headline.png) into
+                                                       # benchmarks/results/plots/, table on stdout
     python benchmarks/summarize.py --markdown          # only the markdown table (the top of RESULTS.md)
     python benchmarks/summarize.py --details           # every case of the latest runs (RESULTS.md's "Latest run")
     python benchmarks/summarize.py RUN.csv DIR ... --plot OUT_DIR
@@ -51,11 +52,13 @@ def _span(xs: list[float], clear: bool = True) -> str:
     return text
 
 
-def table(records: list[dict]) -> list[str]:
-    """The markdown summary table (lines) of ``records`` (:func:`qkernels.bench.results.load`'s)."""
-    lines = ["| op | device | best backend | vs eager | vs torch.compile | memory vs eager | shapes | date |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    found: list[tuple] = []  # (hot path's place, op's place, device, line): rows grouped by op, then device
+def summary_rows(records: list[dict]) -> list[dict]:
+    """One row per op x device of ``records`` (:func:`qkernels.bench.results.load`'s), ops in hot-path order:
+    ``op``, ``device``, ``best`` (the backend with the highest geometric-mean speed-up over ``reference_compiled``,
+    then over the baseline), its per-shape ratios ``vb`` / ``vc`` with ``cb`` / ``cc`` (whether any shape had a clear
+    winner), their geometric means ``vs_eager`` / ``vs_compiled``, ``mem`` (memory vs the baseline), ``shapes``,
+    ``date``."""
+    found: list[tuple] = []  # (hot path's place, op's place, device, row): rows grouped by op, then device
     ops: dict[str, int] = {}
     for _, hotpaths in sorted(plot.latest(records).items()):
         for hotpath in hotpaths:
@@ -79,16 +82,25 @@ def table(records: list[dict]) -> list[str]:
                 rs = [r for r in mine if r["variant"] == best]
                 vb = [r["vs_baseline"] for r in rs if r.get("vs_baseline")]
                 vc = [r["vs_compiled"] for r in rs if r.get("vs_compiled")]
-                mem = plot.geomean(r.get("memory_ratio") for r in rs)
-                # '?': no shape where the variant won or lost in over 3/4 of the interleaved rounds
-                cb, cc = (any(r.get(f"{k}_clear") for r in rs) for k in ("vs_baseline", "vs_compiled"))
                 first = rs[0]
-                device = first["gpu"] or f"{first['cpu']} ({int(first['cores'])} cores)"
                 place = plot.ORDER.index(hotpath) if hotpath in plot.ORDER else len(plot.ORDER)
-                found.append((place, ops.setdefault(op, len(ops)), device,
-                              f"| {op} | {device} | {best} | {_span(vb, cb)} | {_span(vc, cc)} | {memory_text(mem)} | "
-                              f"{len(rs)} | {first['date'][:10]} |"))
-    return lines + [f[-1] for f in sorted(found)]
+                device = first["gpu"] or f"{first['cpu']} ({int(first['cores'])} cores)"
+                found.append((place, ops.setdefault(op, len(ops)), device, {
+                    "op": op, "device": device, "best": best, "vb": vb, "vc": vc,
+                    # '?': no shape where the variant won or lost in over 3/4 of the interleaved rounds
+                    "cb": any(r.get("vs_baseline_clear") for r in rs), "cc": any(r.get("vs_compiled_clear") for r in rs),
+                    "vs_eager": plot.geomean(vb), "vs_compiled": plot.geomean(vc),
+                    "mem": plot.geomean(r.get("memory_ratio") for r in rs), "shapes": len(rs), "date": first["date"][:10],
+                }))
+    return [f[-1] for f in sorted(found, key=lambda f: f[:3])]
+
+
+def table(records: list[dict]) -> list[str]:
+    """The markdown summary table (lines) of ``records`` (:func:`summary_rows`)."""
+    lines = ["| op | device | best backend | vs eager | vs torch.compile | memory vs eager | shapes | date |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    return lines + [f"| {r['op']} | {r['device']} | {r['best']} | {_span(r['vb'], r['cb'])} | {_span(r['vc'], r['cc'])} | "
+                    f"{memory_text(r['mem'])} | {r['shapes']} | {r['date']} |" for r in summary_rows(records)]
 
 
 def _ms(seconds: float | None) -> str:
@@ -144,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.markdown or args.details):
         first = Path(args.paths[0])
         out = Path(args.plot) if args.plot else (first if first.is_dir() else first.parent) / "plots"
-        for png in plot.plot(records, out):
+        for png in [*plot.plot(records, out), plot.headline(summary_rows(records), out / "headline.png")]:
             print(f"plotted {png}", file=sys.stderr)
     return 0
 

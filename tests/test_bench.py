@@ -344,3 +344,14 @@ def test_every_default_variant_runs_on_warm_up_inputs():
             for name, fn in case.variants.items():
                 if "compiled" not in name:
                     fn(*case.make(0))
+
+
+def test_a_variant_has_one_colour_in_every_figure():
+    """Issue 39: `reference` was blue in one figure and orange in another (colours followed each figure's variant
+    list). A colour is now a function of the name alone; a raw call takes its backend's."""
+    from qkernels.bench import plot
+
+    names = ["reference", "cpu", "reference_compiled", "triton", "cuda", "auto", "auto_compiled", "materialized"]
+    assert len({plot.colour(n) for n in names}) == len(names)  # told apart
+    assert plot.colour("cpu raw") == plot.colour("cpu")
+    assert plot.colour("some new variant") == plot.colour("some new variant")

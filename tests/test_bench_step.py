@@ -64,9 +64,12 @@ def test_bench_step_save_and_plot(tmp_path, monkeypatch):
     if PLOTS:
         plots = tmp_path / "plots"
         assert summarize.main([str(out), "--plot", str(plots)]) == 0
-        (png,) = plots.glob("*.png")
-        with Image.open(png) as im:
-            assert im.format == "PNG"
+        assert {p.name for p in plots.glob("*.png")} == {csv_path.parent.name + ".png", "headline.png"}
+        for png in plots.glob("*.png"):
+            with Image.open(png) as im:
+                assert im.format == "PNG"
+        with Image.open(plots / "headline.png") as im:  # the README's figure: legible at page width
+            assert im.size[0] <= 1000
 
 
 def test_plot_needs_matplotlib_says_so(monkeypatch):
