@@ -88,9 +88,11 @@ def summary_rows(records: list[dict]) -> list[dict]:
                 found.append((place, ops.setdefault(op, len(ops)), device, {
                     "op": op, "device": device, "best": best, "vb": vb, "vc": vc,
                     # '?': no shape where the variant won or lost in over 3/4 of the interleaved rounds
-                    "cb": any(r.get("vs_baseline_clear") for r in rs), "cc": any(r.get("vs_compiled_clear") for r in rs),
+                    "cb": any(r.get("vs_baseline_clear") for r in rs),
+                    "cc": any(r.get("vs_compiled_clear") for r in rs),
                     "vs_eager": plot.geomean(vb), "vs_compiled": plot.geomean(vc),
-                    "mem": plot.geomean(r.get("memory_ratio") for r in rs), "shapes": len(rs), "date": first["date"][:10],
+                    "mem": plot.geomean(r.get("memory_ratio") for r in rs), "shapes": len(rs),
+                    "date": first["date"][:10],
                 }))
     return [f[-1] for f in sorted(found, key=lambda f: f[:3])]
 
@@ -99,8 +101,9 @@ def table(records: list[dict]) -> list[str]:
     """The markdown summary table (lines) of ``records`` (:func:`summary_rows`)."""
     lines = ["| op | device | best backend | vs eager | vs torch.compile | memory vs eager | shapes | date |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    return lines + [f"| {r['op']} | {r['device']} | {r['best']} | {_span(r['vb'], r['cb'])} | {_span(r['vc'], r['cc'])} | "
-                    f"{memory_text(r['mem'])} | {r['shapes']} | {r['date']} |" for r in summary_rows(records)]
+    return lines + [f"| {r['op']} | {r['device']} | {r['best']} | {_span(r['vb'], r['cb'])} | "
+                    f"{_span(r['vc'], r['cc'])} | {memory_text(r['mem'])} | {r['shapes']} | {r['date']} |"
+                    for r in summary_rows(records)]
 
 
 def _ms(seconds: float | None) -> str:
