@@ -37,6 +37,10 @@ def _int_at_least(low: int):
     return parse
 
 
+def _steps(text: str) -> int | str:
+    return "paper" if text == "paper" else _int_at_least(1)(text)
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -115,7 +119,7 @@ def _train_config(args: argparse.Namespace):
             cfg.device = args.device
         if args.threads is not None:  # else the recorded count: the resumed run goes on bit-for-bit
             cfg.threads = args.threads
-        return cfg
+        return _resolved(cfg)
     try:  # only the fields the file sets: the others still follow --model (e.g. the default --out)
         base = json.loads(Path(args.config).read_text()) if args.config else {}
     except (OSError, ValueError) as err:
@@ -142,9 +146,18 @@ def _train_config(args: argparse.Namespace):
         base["dataset_kwargs"] = {**base.get("dataset_kwargs", {}), "root": args.data_root}
     base["out"] = args.out or base.get("out") or f"runs/{base.get('model', 'tripod')}"
     try:
-        return TrainConfig.from_dict(base)
+        cfg = TrainConfig.from_dict(base)
     except (TypeError, ValueError) as err:
         raise UsageError(f"--config {args.config}: {err}") from None
+    return _resolved(cfg)
+
+
+def _resolved(cfg):
+    """``cfg`` with the authors' values for its method and dataset written in (what config.json records)."""
+    try:
+        return cfg.resolve_defaults()
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -265,12 +278,18 @@ def _add_train(sub) -> None:
         help="train a model (default: the authors' Tripod on shapes3d_procedural, 32x32, 600 steps)",
         description="Train a method with its authors' defaults (optimizer, lr, batch size, lambdas) unless a flag "
                     "overrides them; writes config.json, log.jsonl, checkpoint.pt, metrics.json and figures/ "
-                    "into --out. The bare command trains Tripod exactly as its authors' code does, at CPU size "
-                    "(arch small, 32x32 images, 600 of their 250k steps)."))
+                    "into --out; config.json records the values used (the authors' per-dataset ones included). "
+                    "The bare command trains Tripod exactly as its authors' code does, at CPU size (arch small, "
+                    "32x32 images, 600 of their 250k steps); --steps paper trains for their whole run, --arch "
+                    "paper --image-size 64 with their network at their resolution."))
     p.add_argument("--model", choices=sorted(METHODS), help="method (default tripod)")
     p.add_argument("--dataset", help="dataset name for qkernels.data.load_dataset (default shapes3d_procedural)")
     p.add_argument("--data-root", help="folder of the dataset files (file datasets; default $QKERNELS_DATA)")
-    p.add_argument("--steps", type=_int_at_least(1), help="optimizer steps (default 600)")
+    paper = ", ".join(f"{n} {s.paper_steps:,}" for n, s in METHODS.items() if s.paper_steps)
+    p.add_argument("--steps", type=_steps,
+                   help="optimizer steps, or 'paper': the authors' run length, over which their lr and temperature "
+                        f"schedules (functions of the step) run their full course ({paper}). Default 600: a "
+                        "CPU-sized run, the first 600 steps of those schedules")
     p.add_argument("--out", help="run directory (default runs/<model>)")
     p.add_argument("--batch-size", type=_int_at_least(2), help="batch size (default: the authors' for the method)")
     p.add_argument("--seed", type=_int_at_least(0))

@@ -316,12 +316,13 @@ def test_cli_config_precedence(tmp_path):
     def cfg_of(*argv):
         return _train_config(parser().parse_args(["train", *argv]))
 
-    assert cfg_of("--steps", "2", "--out", str(tmp_path / "demo")) == TrainConfig(steps=2, out=str(tmp_path / "demo"))
+    demo = TrainConfig(steps=2, out=str(tmp_path / "demo")).resolve_defaults()  # the values config.json records
+    assert cfg_of("--steps", "2", "--out", str(tmp_path / "demo")) == demo and demo.lr == 2e-4
     assert cfg_of("--lr", "0.01").lr == 0.01 and cfg_of().out == "runs/tripod"
     conf = tmp_path / "c.json"
     conf.write_text(json.dumps({"model": "qlae", "steps": 9, "batch_size": 100}))
     cfg = cfg_of("--config", str(conf), "--steps", "3")
-    assert (cfg.model, cfg.steps, cfg.batch_size, cfg.lr, cfg.out) == ("qlae", 3, 100, None, "runs/qlae")
+    assert (cfg.model, cfg.steps, cfg.batch_size, cfg.lr, cfg.out) == ("qlae", 3, 100, 1e-3, "runs/qlae")
     conf.write_text(json.dumps({"seed": 5, "eval_every": 50}))
     cfg = cfg_of("--config", str(conf), "--seed", "0", "--eval-every", "0")  # a flag of 0 is a value, not unset
     assert (cfg.seed, cfg.eval_every) == (0, 0)
@@ -634,7 +635,7 @@ def test_resume_restores_rng_step_and_optimizer_and_a_missing_checkpoint_starts_
     assert tr.step == 3 and torch.equal(torch.get_rng_state(), s["torch_rng"])
     _assert_same(tr.opt.state_dict(), s["opt"])
     _assert_same(tr.model.state_dict(), s["model"])
-    assert s["config"] == tiny_cfg("ae", out).to_dict()
+    assert s["config"] == tiny_cfg("ae", out).resolve_defaults().to_dict()
     fresh = tmp_path / "f"
     fresh.mkdir()
     (fresh / "log.jsonl").write_text('{"type": "train", "step": 1}\n')
@@ -990,7 +991,7 @@ def test_cli_every_train_flag_reaches_its_config_field(tmp_path):
                  "--local-kde")
     assert cfg == TrainConfig(model="dvae", dataset="balls", steps=7, batch_size=6, seed=3, lr=0.5, arch="paper",
                               image_size=16, num_latents=4, eval_samples=21, eval_every=2, device="cuda:1",
-                              out="o", compile=True, amp=True, local_kde=True)
+                              out="o", compile=True, amp=True, local_kde=True).resolve_defaults()
     conf = tmp_path / "c.json"
     conf.write_text(json.dumps({"out": "x/y", "dataset": "shapes3d", "dataset_kwargs": {"seed": 5}}))
     cfg = cfg_of("--config", str(conf), "--data-root", "R")

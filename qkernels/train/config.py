@@ -11,14 +11,17 @@ from pathlib import Path
 class TrainConfig:
     """A training run. ``None`` fields take the method's defaults (see :mod:`qkernels.models.registry`).
 
-    model/dataset: registry names. steps: optimizer steps. batch_size, lr, num_latents: None -> the authors'
-    setting for the method. arch: "small" (CPU) or "paper" widths. image_size: rendering size of the procedural image
-    datasets (None: their default, 64; file datasets keep their own size). dataset_kwargs / model_kwargs: passed to
-    ``load_dataset`` / the model class (override lambdas etc.). eval_every: steps between evaluations (0: only
-    at the end). protocol: the evaluation protocol (:mod:`qkernels.metrics.protocols`; "auto": the method's
-    authors', :data:`~qkernels.metrics.protocols.METHOD_PROTOCOL`, e.g. Tripod's on 10,000 samples; "fast":
-    2,000 samples for a quick look); eval_samples / metrics: override the protocol's sample counts (one count
-    for every metric) / metric names (None: the protocol's). data_order: how training batches read the dataset
+    model/dataset: registry names. steps: optimizer steps, or "paper": the authors' run length
+    (:func:`~qkernels.models.registry.paper_steps`; the default 600 is a CPU-sized run, the first 600 steps of the
+    authors' lr and temperature schedules, which are functions of the step). batch_size, lr, weight_decay,
+    num_latents: None -> the authors' setting for the method and dataset (:meth:`resolve_defaults` writes them in;
+    weight_decay: AdamW methods only). arch: "small" (CPU) or "paper" widths. image_size: rendering size of the
+    procedural image datasets (None: their default, 64; file datasets keep their own size). dataset_kwargs /
+    model_kwargs: passed to ``load_dataset`` / the model class (override lambdas etc.). eval_every: steps between
+    evaluations (0: only at the end). protocol: the evaluation protocol (:mod:`qkernels.metrics.protocols`; "auto":
+    the method's authors', :data:`~qkernels.metrics.protocols.METHOD_PROTOCOL`, e.g. Tripod's on 10,000 samples;
+    "fast": 2,000 samples for a quick look); eval_samples / metrics: override the protocol's sample counts (one
+    count for every metric) / metric names (None: the protocol's). data_order: how training batches read the dataset
     (:mod:`qkernels.train.data`: "iid", "epochs", "split"; "auto": the method's authors').
     checkpoint_every: steps between checkpoints (and at the end). log_every: steps between JSONL lines.
     Data parallelism (``torchrun``; :class:`~qkernels.train.loop.Trainer`): batch_size is the GLOBAL batch;
@@ -46,11 +49,12 @@ class TrainConfig:
 
     model: str = "tripod"
     dataset: str = "shapes3d_procedural"
-    steps: int = 600
+    steps: int | str = 600
     out: str = "runs/tripod"
     batch_size: int | None = None
     seed: int = 0
     lr: float | None = None
+    weight_decay: float | None = None
     num_latents: int | None = None
     arch: str = "small"
     image_size: int | None = 32
@@ -76,6 +80,42 @@ class TrainConfig:
         d = asdict(self)
         d["metrics"] = None if self.metrics is None else list(self.metrics)
         return d
+
+    def resolve_defaults(self) -> TrainConfig:
+        """Write the method's defaults into this config (in place; returns it), so that ``config.json`` records the
+        values the run uses: ``steps="paper"`` -> the authors' run length; ``batch_size``, ``lr``, ``weight_decay``
+        None -> the authors' for the method and dataset (:func:`~qkernels.models.registry.method_optim`);
+        ``model_kwargs``: the authors' per-dataset keyword defaults
+        (:func:`~qkernels.models.registry.method_defaults`, e.g. FactorQVAE's beta and gamma) under the ones given.
+        Idempotent. ValueError for an unknown model or a method whose authors state no run length.
+
+        Examples:
+            >>> from qkernels.train import TrainConfig
+            >>> cfg = TrainConfig(model="factorqvae", dataset="isaac3d", steps="paper").resolve_defaults()
+            >>> cfg.steps, cfg.batch_size, cfg.lr, cfg.model_kwargs
+            (50000, 256, 0.001, {'beta': 5e-05, 'gamma': 5e-05})
+            >>> TrainConfig(model="qlae", dataset="mpi3d").resolve_defaults().weight_decay
+            0.001
+        """
+        from qkernels.models.registry import METHODS, method_defaults, method_optim, paper_steps
+
+        if self.model not in METHODS:
+            raise ValueError(f"model must be one of {', '.join(METHODS)}, got {self.model!r}")
+        if self.steps == "paper":
+            self.steps = paper_steps(self.model)
+        elif isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be an integer >= 1 or 'paper', got {self.steps!r}")
+        optim = method_optim(self.model, self.dataset)
+        self.batch_size = self.batch_size or METHODS[self.model].batch_size
+        self.lr = self.lr or optim.lr
+        if self.weight_decay is None:
+            self.weight_decay = optim.weight_decay
+        elif optim.name != "adamw" and self.weight_decay:
+            adamw = ", ".join(n for n, s in METHODS.items() if s.optim.name == "adamw")
+            raise ValueError(f"weight_decay: {self.model} trains with {optim.name}, which has no weight decay "
+                             f"(the AdamW methods: {adamw})")
+        self.model_kwargs = {**method_defaults(self.model, self.dataset), **self.model_kwargs}
+        return self
 
     def eval_protocol(self):
         """The :class:`~qkernels.metrics.Protocol` this run is scored with."""

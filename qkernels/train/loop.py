@@ -26,6 +26,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,16 +34,12 @@ import torch.distributed as dist
 
 from qkernels.distributed import average_gradients, mean_over_ranks, rank_and_size
 from qkernels.models.base import discriminator_of
-from qkernels.models.registry import METHODS, OptimSpec
+from qkernels.models.registry import METHODS, OptimSpec, method_optim
 from qkernels.train import checkpoint as ckpt
 from qkernels.train.config import TrainConfig
 from qkernels.train.data import derive_seed, get_batch
 from qkernels.train.evaluate import evaluate_model, finish_run
 from qkernels.train.run import CHECKPOINT, CONFIG, LOG, RunExistsError, build, clear_run, run_files, scalars
-
-
-def batch_size_of(cfg: TrainConfig) -> int:
-    return cfg.batch_size or METHODS[cfg.model].batch_size
 
 
 def make_optimizer(named_params, spec: OptimSpec, lr: float) -> torch.optim.Optimizer:
@@ -97,8 +94,9 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = True) -> None:
-        self.cfg, self.out = cfg, Path(cfg.out)
+        self.cfg, self.out = cfg.resolve_defaults(), Path(cfg.out)  # config.json records the values used
         self.spec = METHODS[cfg.model]
+        self.optim = replace(method_optim(cfg.model, cfg.dataset), weight_decay=cfg.weight_decay)
         self.rank, self.world = rank_and_size()
         # every rank looks before rank 0 writes anything (the DDP set-up below and a barrier come between)
         resuming = resume and (self.out / CHECKPOINT).is_file()
@@ -114,7 +112,7 @@ class Trainer:
         self.threads_why = ""
         cfg.world_size = self.world
         self.model, self.ds = build(cfg)
-        self.batch_size = batch_size_of(cfg)
+        self.batch_size = cfg.batch_size
         if self.batch_size % self.world:
             raise ValueError(f"batch_size {self.batch_size} (the global batch) must be divisible by the number of "
                              f"processes, {self.world}")
@@ -125,10 +123,10 @@ class Trainer:
             ids = [torch.cuda.current_device()] if torch.device(cfg.device).type == "cuda" else None
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids,
                                                                  find_unused_parameters=True)
-        self.lr = cfg.lr or self.spec.optim.lr
+        self.lr = cfg.lr
         named = [(n, p, self.model.no_decay(n, p)) for n, p in self.model.model_parameters()]
-        self.clip_params = [p for _, p, nd in named if self.spec.optim.clip_undecayed or not nd]
-        self.opt = make_optimizer(named, self.spec.optim, self.lr)
+        self.clip_params = [p for _, p, nd in named if self.optim.clip_undecayed or not nd]
+        self.opt = make_optimizer(named, self.optim, self.lr)
         self.disc = discriminator_of(self.model)
         self.disc_opt = None
         if self.disc is not None:
@@ -201,7 +199,7 @@ class Trainer:
         order = self.spec.data_order if cfg.data_order == "auto" else cfg.data_order
         streams = 1 if self.disc is None else 2
         x = get_batch(self.ds, self.batch_size, cfg.seed, s, shard=shard, order=order, streams=streams).to(dev)
-        lr = lr_at(self.spec.optim, self.lr, s, cfg.steps)
+        lr = lr_at(self.optim, self.lr, s, cfg.steps)
         for g in self.opt.param_groups:
             g["lr"] = lr
         kind = torch.device(dev).type  # --amp: bfloat16 autocast on CUDA and on the CPU
@@ -209,7 +207,7 @@ class Trainer:
             terms = self.ddp(x, s)
         self.opt.zero_grad(set_to_none=True)
         terms["total"].backward()
-        clip_(self.clip_params, self.spec.optim)
+        clip_(self.clip_params, self.optim)
         self.opt.step()
         out = {k: float(v.detach()) for k, v in terms.items()}
         if self.disc is not None:
