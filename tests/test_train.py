@@ -223,8 +223,8 @@ def test_cli_train_eval_compare(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", str(out), str(out)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:4] == ["run", "model", "dataset", "step"] and len(table) == 4
-    assert "qlae" in table[2]
+    assert table[0].split()[:4] == ["run", "model", "dataset", "step"] and max(map(len, table)) <= 120
+    assert "qlae" in table[2] and len(table) == 5 * (table.count("") + 1) - 1  # 4 lines per (wrapped) table
 
 
 def test_cli_cliff_ae_on_grid2d(tmp_path):
@@ -1072,7 +1072,7 @@ def test_cli_eval_bench_compare_forward_their_flags(tmp_path, monkeypatch, capsy
     seen = {}
     monkeypatch.setattr(qkernels.train, "eval_run", lambda d, **kw: seen.update(eval=(d, kw)) or
                         {"step": 4, "mig.mig": 0.5, "infomec.nmi": [[1.0]]})
-    monkeypatch.setattr(qkernels.bench, "run", lambda hp, **kw: seen.update(bench=(hp, kw)))
+    monkeypatch.setattr(qkernels.bench, "run", lambda hp, **kw: seen.update(bench=(hp, kw)) or [])
     run = tmp_path / "run"
     run.mkdir()
     for f in ("config.json", "checkpoint.pt"):
@@ -1081,12 +1081,14 @@ def test_cli_eval_bench_compare_forward_their_flags(tmp_path, monkeypatch, capsy
     assert seen["eval"] == (str(run), {"num_samples": 25, "device": "cpu", "protocol": None})
     assert json.loads(capsys.readouterr().out) == {"step": 4, "mig.mig": 0.5}
     assert main(["bench", "--hotpath", "kde", "--hotpath", "quantize", "--no-memory", "--all", "--min-time", "0.1",
-                 "--threads", "2"]) == 0
-    assert seen["bench"] == (("kde", "quantize"), {"memory": False, "include_slow": True, "min_time": 0.1,
-                                                    "threads": 2})
+                 "--threads", "2", "--case", "klm", "--save", str(tmp_path / "saved")]) == 0
+    assert seen["bench"][0] == ("kde", "quantize") and callable(seen["bench"][1].pop("on_case"))  # saves each case
+    assert seen["bench"][1] == {"memory": False, "include_slow": True, "min_time": 0.1, "threads": 2,
+                                "only": ("klm",)}
     assert main(["bench"]) == 0
     assert seen["bench"] == (("quantize", "kde", "hessian", "overhead"), {"memory": True, "include_slow": False,
-                                                                           "min_time": 0.5, "threads": None})
+                                                                           "min_time": 0.5, "threads": None,
+                                                                           "only": (), "on_case": None})
     (run / "metrics.json").write_text(json.dumps({"model": "ae", "step": 1, "mig.mig": 0.5, "recon.mse": 0.1}))
     capsys.readouterr()
     assert main(["compare", str(run), "--columns", "recon.mse", "mig.mig"]) == 0
@@ -1158,3 +1160,23 @@ def test_compile_flag_compiles_the_whole_loss_and_trains_as_eager(tmp_path):
     assert all(math.isfinite(x) for x in losses[True])
     for a, b in zip(losses[True], losses[False], strict=True):
         assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_compare_table_wraps_to_120_columns(tmp_path, monkeypatch):
+    """Issue 39: `qkernels compare` printed a 170-column table. Metric columns that do not fit in 120 go to a
+    further table that starts with the run again; every cell is still there."""
+    from qkernels.train.evaluate import COLUMNS, compare_runs
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("runs/tripod-shapes3d-long-name", "runs/qlae"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "metrics.json").write_text(json.dumps(
+            {"model": "tripod", "dataset": "shapes3d_procedural", "step": 600, **{c: 0.5 for c in COLUMNS}}))
+    text = compare_runs(["runs/tripod-shapes3d-long-name", "runs/qlae"])
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 120 and "" in lines  # wrapped into more than one table
+    heads = [lines[0], *(lines[i + 1] for i, line in enumerate(lines) if line == "")]
+    assert all(h.split()[0] == "run" for h in heads)
+    assert [c for h in heads for c in h.split() if c in COLUMNS] == list(COLUMNS)  # each column once, in order
+    assert sum(line.split()[:1] == ["runs/qlae"] for line in lines) == len(heads)  # each run's row in every table
+    assert compare_runs(["runs/qlae"], columns=["mig.mig"]).count("\n") == 2  # narrow: one table, as before

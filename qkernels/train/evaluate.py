@@ -159,11 +159,12 @@ COLUMNS = ("infomec.infom", "infomec.infoc", "infomec.infoe", "dci.disentangleme
            "dci.informativeness", "mig.mig", "mcc.mcc", "recon.psnr", "recon.mse")
 
 
-def compare_runs(run_dirs, *, columns=None) -> str:
+def compare_runs(run_dirs, *, columns=None, width: int = 120) -> str:
     """A plain-text table: one row per run (model, dataset, step, and the metric columns present).
 
-    ``columns``: the metric keys to show (default: the known ones present). Raises FileNotFoundError for a run
-    without metrics.json.
+    ``columns``: the metric keys to show (default: the known ones present). A table wider than ``width``
+    characters is wrapped: the metric columns that do not fit go to further tables below, each starting with
+    the run's column again. Raises FileNotFoundError for a run without metrics.json.
 
     Examples:
         >>> import tempfile
@@ -187,8 +188,19 @@ def compare_runs(run_dirs, *, columns=None) -> str:
     body = [[name, str(r.get("model", "")), str(r.get("dataset", "")), str(r.get("step", "")),
              *[_fmt(r.get(c)) for c in cols]] for name, r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
+    blocks: list[list[int]] = [[0, 1, 2, 3]]  # column indices per table; each further one starts with the run
+    for i in range(4, len(head)):
+        if blocks[-1][4 if len(blocks) == 1 else 1:] and sum(widths[j] + 2 for j in blocks[-1]) + widths[i] > width:
+            blocks.append([0])
+        blocks[-1].append(i)
+
+    def table(idx: list[int]) -> str:
+        def line(cells: list[str]) -> str:
+            return "  ".join(cells[j].ljust(widths[j]) for j in idx).rstrip()
+
+        return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
+
+    return "\n\n".join(table(idx) for idx in blocks)
 
 
 def _fmt(v) -> str:
