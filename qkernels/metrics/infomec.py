@@ -80,23 +80,26 @@ def infomec(
             it is 1 for a perfect predictor (log loss 0) and ~0 for latents independent of the
             source (the fit stays at the null model). With ``"balanced"`` an imbalanced source's
             NMI_V is normalized by log(n_classes) >= H(s); on a balanced source both options agree.
-        max_iter, tol: L-BFGS iteration cap and gradient tolerance per source for InfoE's
-            logistic regression (see ``multinomial_log_proba``; the authors' 100 and 1e-4). InfoE
-            uses every non-constant latent: pruning applies to InfoM/InfoC only, as in the paper.
+        max_iter: the L-BFGS iteration cap per source for InfoE's logistic regression (see
+            ``multinomial_log_proba``; the authors' 100).
+        tol: the L-BFGS gradient tolerance per source (the authors' 1e-4). InfoE
+            uses every non-constant latent: pruning applies to InfoM/InfoC only, as in the paper, unless no
+            latent is active (then InfoE = 0).
 
     Returns:
         ``{"infom", "infoc", "infoe"}`` floats in [0, 1], ``"nmi"`` ``(n_s, n_z)`` float64 in
         [0, 1] (all latents, before pruning), ``"active"`` ``(n_z,)`` bool. Degenerate cases: no
-        active latent -> InfoM = InfoC = 0; a latent (source) with an all-zero NMI column (row)
+        active latent -> InfoM = InfoC = InfoE = 0 (Tripod's ``compute_infomec``; InfoE is not fitted on
+        latents that all fall below the IQR rule); a latent (source) with an all-zero NMI column (row)
         counts as uninformative (ratio 1/n_s, resp. 1/n_active); one source -> InfoM = 1; one
         active latent -> InfoC = 1.
 
     Examples:
         Integer codes equal to the sources (swapped): modular and compact.
 
+        >>> import torch
         >>> from qkernels.metrics import infomec
         >>> s = torch.cartesian_prod(torch.arange(4), torch.arange(4)).repeat(4, 1)  # (64, 2) int64
-        >>> import torch
         >>> r = infomec(s, s.flip(1))
         >>> r["infom"], r["infoc"], r["nmi"].shape, r["active"]
         (1.0, 1.0, (2, 2), array([ True,  True]))
@@ -147,11 +150,13 @@ def infomec(
     nmi = np.clip(mi / h_s[:, None], 0.0, 1.0)
     infom, infoc = _modularity_compactness(nmi[:, active])
     fit = dict(class_weight=class_weight, max_iter=max_iter, tol=tol)
-    nmi_v = np.array([predictive_nmi(design, s_codes[:, i], s_sizes[i], **fit) for i in range(n_s)])
+    infoe = 0.0  # no active latent: 0, as Tripod's compute_infomec returns (the range rule: no latent varies)
+    if active.any():
+        infoe = float(np.mean([predictive_nmi(design, s_codes[:, i], s_sizes[i], **fit) for i in range(n_s)]))
     return {
         "infom": infom,
         "infoc": infoc,
-        "infoe": float(nmi_v.mean()),
+        "infoe": infoe,
         "nmi": nmi,
         "active": active,
     }

@@ -8,9 +8,10 @@ protocol (:data:`METHOD_PROTOCOL`) and records the name in ``metrics.json``.
 =============  =========  ===============================================  =================================
 protocol       samples    InfoMEC                                          DCI
 =============  =========  ===============================================  =================================
-``qlae``       10,000     k = 10, InfoE ``class_weight="balanced"``,        random forest (100, entropy), depth
-                          ``max_iter=100``; inactive: range 0 (discrete),   tuned on held-out accuracy, 90/10
-                          range < max / 20 (continuous)                     split (``preset="qlae"``)
+``qlae``       10,000     k = 10, InfoE ``class_weight="balanced"``,        random forest (100, entropy), 90/10
+                          ``max_iter=100``; inactive: range 0 (discrete),   train/test, depth chosen on a
+                          range < max / 20 (continuous)                     validation split of the 90%
+                                                                            (``preset="qlae"``)
 ``tripod``     10,000     k = 10, balanced, ``max_iter=100``; inactive:     random forest (100, entropy, depth
                           IQR <= 0.1 (discrete, on the VALUES), IQR <=      10), 90/10 split
                           max IQR / 10 (continuous)                         (``preset="tripod"``)
