@@ -22,6 +22,15 @@ class CliffLoss(nn.Module):
     lambdas 0.5 / 1.0 / 0.7) and M = 10 conditioning rows per latent. z: float32 / float64
     (half precision computed in float32).
 
+    Args:
+        sigma: the KDE bandwidth (> 0), in standardized units.
+        grid: the integration grid (a, b, K), a < b, K >= 2.
+        num_cond: M conditioning rows per latent, drawn in each forward without ``cond_index``.
+        lambda_uni: weight of the univariate term.
+        lambda_biv: weight of the bivariate term.
+        lambda_kl: weight of the KL-to-uniform term.
+        return_terms: forward returns :class:`~qkernels.CliffTerms` instead of the total.
+
     Raises:
         ValueError: sigma <= 0 or a bad grid (at construction); forward: as :func:`qkernels.cliff_loss`.
 

@@ -102,7 +102,8 @@ class LatentQuantizer(nn.Module):
     """QLAE latent quantization: a learnable scalar codebook per latent (or one global codebook).
 
     Args:
-        num_latents: d. num_values: n_v values per codebook.
+        num_latents: d, the number of latents.
+        num_values: n_v values per codebook (>= 2).
         global_codebook: one (n_v,) codebook shared by all latents instead of (d, n_v).
         init_range: values initialised to linspace(low, high, n_v) (QLAE: (-0.5, 0.5)).
         dim: the axis of z that holds the d latents (default: the last, z is (..., d); 1 for a channel-first
@@ -272,6 +273,11 @@ class GumbelQuantizer(nn.Module):
     relaxed Gumbel-softmax sample (``hard`` for straight-through one-hots); in eval mode the hard
     nearest value (FactorQVAE's evaluation), with one-hot weights.
 
+    Args:
+        num_values: n_v, the codebook's size (>= 2); ``values`` is a learnable (n_v,) parameter.
+        hard: in training mode, straight-through one-hot weights (z_q a codebook value, relaxed gradients)
+            instead of the relaxed sample.
+
     Raises:
         ValueError: num_values < 2.
 
@@ -321,6 +327,13 @@ class CategoricalLatent(nn.Module):
     :class:`~qkernels.CategoricalSample`; ``noise_scale`` defaults to 1 in training and 0 in eval
     mode (the evaluation representation softmax(logits) @ values). Logits whose second-to-last axis
     is not of size d (num_latents) are an error.
+
+    Args:
+        num_latents: d, the number of latents.
+        num_values: K values per latent (>= 2).
+        values: the fixed values (a buffer, not learned): (K,) for every latent or (d, K), one set per latent;
+            None: linspace(-1, 1, K).
+        tau: the softmax temperature (> 0).
 
     Raises:
         ValueError: num_latents < 1, num_values < 2, tau <= 0, or ``values`` neither (K,) nor (d, K).

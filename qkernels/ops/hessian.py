@@ -324,13 +324,15 @@ def finite_difference_curvature(
             to M columns. R = n * 2k * groups rows [group 0: f(z + h_1), f(z - h_1), ...,
             f(z + h_k), f(z - h_k); group 1: ...] (blocks of n rows), or n * (1 + 2k * groups) with
             the center rows f(z) first (they cancel from the variance and get a zero gradient).
-        n: batch size; num_perturbations: k >= 2 directions per group; eps: step (> 0).
+        n: the batch size (rows per block).
+        num_perturbations: k >= 2 directions per group.
+        eps: the finite-difference step (> 0): second differences are divided by eps^2.
         groups: 2 for NHP (Rademacher group = numerator, Gaussian group = denominator), 1 for HP.
         unbiased: variance over directions with divisor k - 1 (HP) instead of k (NHP).
         reduce: "mean" or "max" over the M columns of each sample.
 
     Returns:
-        (groups, n) in ``stacked``'s dtype (float32 / float64): per group and sample,
+        (groups, n) in ``stacked``'s dtype, float32 or float64. Per group and sample,
         reduce_c var_l((f(z+h_l) - 2 f(z) + f(z-h_l)) / eps^2).
 
     Raises:
@@ -565,9 +567,11 @@ def normalized_hessian_penalty(
             latent. Default: the population std of z itself, z.std(0, correction=0) + 1e-6
             (differentiable in z); Tripod passes the std of the continuous (pre-quantization)
             latents plus 1e-6 instead.
-        num_perturbations: k >= 2. eps: > 0. generator: draws ONE (2k, n, d) block of standard
-            normals: the signs of the first k are the Rademacher directions r (+1 where >= 0: +-1
-            with probability 1/2 each, as a randint draw), the other k the Gaussian ones g.
+        num_perturbations: k >= 2 Rademacher and k Gaussian directions per sample.
+        eps: the finite-difference step (> 0), relative to each latent's std.
+        generator: draws ONE (2k, n, d) block of standard normals (None: the global RNG): the signs
+            of the first k are the Rademacher directions r (+1 where >= 0: +-1 with probability 1/2
+            each, as a randint draw), the other k the Gaussian ones g.
         reduction: "mean" (a scalar) or "none": per-entry, per-sample values (n,), in fn's
             structure (a tensor, a list, or a dict).
         chunk_size: at most this many rows per fn call (bounds the per-call batch).
@@ -643,8 +647,13 @@ def hessian_penalty(
 
     Args:
         fn: maps latents (N, d) to an activation tensor (N, ...) or a list/tuple or dict of them.
-        z: (n, d) float latents. num_perturbations: k >= 2. eps: > 0.
-        reduction: "max", "mean" or "none". chunk_size: at most this many rows per fn call.
+        z: (n, d) float latents.
+        num_perturbations: k >= 2 Rademacher directions per sample.
+        eps: the finite-difference step (> 0).
+        generator: draws the (k, n, d) standard normals whose signs are the directions (None: the
+            global RNG).
+        reduction: "max", "mean" or "none".
+        chunk_size: at most this many stacked rows per fn call (None: one call).
 
     Returns:
         A scalar ("max" / "mean") or per-entry (n,) values ("none").

@@ -48,6 +48,12 @@ class CliffTerms(NamedTuple):
 
     total = lambda_uni * uni + lambda_biv * biv + lambda_kl * kl (Cliff eq. 8).
 
+    Attributes:
+        total: the weighted sum.
+        uni: l_uni, the univariate term.
+        biv: l_biv, the bivariate JSD term (0 with d = 1).
+        kl: l_KL-uni, the KL to the uniform.
+
     Examples:
         >>> import torch
         >>> import qkernels
@@ -242,7 +248,9 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
     """Per-latent Gaussian KDE (or its derivative d/dt) evaluated on per-latent points.
 
     Args:
-        points: (d, K) evaluation points; samples: (n, d); sigma: bandwidth > 0.
+        points: (d, K) evaluation points, K per latent.
+        samples: (n, d) samples; column j is latent j's KDE.
+        sigma: the bandwidth (> 0).
         derivative: return d/dt of the KDE instead of the density.
 
     Returns:
@@ -397,11 +405,18 @@ def cliff_loss(
     integrals (b - a)/K times sums over linspace(a, b, K) (eq. 15). With d = 1, l_biv is 0.
 
     Args:
-        z: (n, d), n >= 2. sigma: bandwidth > 0. grid: (a, b, K), a < b, K >= 2.
+        z: (n, d) float latents, n >= 2.
+        sigma: the KDE bandwidth (> 0), in standardized units.
+        grid: the integration grid (a, b, K): K points of linspace(a, b, K), a < b, K >= 2.
         num_cond: M conditioning rows per latent, drawn without replacement from ``generator``
-            when ``cond_index`` is None (M <= n). cond_index: (d, M) int64 rows of z whose z_j
-            values are latent j's conditioning values.
-        lambda_uni, lambda_biv, lambda_kl: term weights (defaults: the paper's Shapes3D optimum).
+            when ``cond_index`` is None (M <= n).
+        cond_index: (d, M) int64 rows of z whose z_j values are latent j's conditioning values;
+            None: drawn (``num_cond``, ``generator``).
+        generator: the source of the drawn conditioning rows (None: the global RNG); unused with
+            ``cond_index``.
+        lambda_uni: weight of l_uni (the default is the paper's Shapes3D optimum, as for the others).
+        lambda_biv: weight of l_biv.
+        lambda_kl: weight of l_KL-uni.
         return_terms: return :class:`CliffTerms` instead of the total.
         group: a ``torch.distributed`` process group (e.g. ``torch.distributed.group.WORLD``): the loss
             of the GLOBAL batch, every rank's z gathered in rank order (n = the global batch size;

@@ -33,8 +33,11 @@ from qkernels.reference import quantize as ref
 class Quantized(NamedTuple):
     """Output of :func:`latent_quantize` and :func:`fsq` (a named tuple).
 
-    Fields: z_q (..., d) straight-through quantized latents in z's dtype; indices (..., d) int64 codebook
-    indices; loss_quantize and loss_commit: scalar codebook losses (QLAE eq. 5; zeros for FSQ).
+    Attributes:
+        z_q: (..., d) straight-through quantized latents in z's dtype.
+        indices: (..., d) int64 codebook indices.
+        loss_quantize: scalar codebook loss (QLAE eq. 5; zero for FSQ).
+        loss_commit: scalar commitment loss (QLAE eq. 5; zero for FSQ).
 
     Examples:
         >>> import torch
@@ -57,8 +60,11 @@ class Quantized(NamedTuple):
 class GumbelQuantized(NamedTuple):
     """Output of :func:`gumbel_quantize` (a named tuple).
 
-    Fields: z_q (..., d) relaxed quantized latents; weights (..., d, K) relaxed one-hots; logits
-    (..., d, K) = -(z - values)^2; kl_uniform (..., d) = sum_k p log(p K), p = softmax(logits).
+    Attributes:
+        z_q: (..., d) relaxed quantized latents.
+        weights: (..., d, K) relaxed one-hots.
+        logits: (..., d, K) = -(z - values)^2.
+        kl_uniform: (..., d) = sum_k p log(p K), p = softmax(logits).
 
     Examples:
         >>> import torch
@@ -79,8 +85,10 @@ class GumbelQuantized(NamedTuple):
 class CategoricalSample(NamedTuple):
     """Output of :func:`categorical_latent` (a named tuple).
 
-    Fields: z (..., d) = sum_k y_k values_k; y (..., d, K) the relaxed sample; kl (..., d) =
-    KL(softmax(logits) || Uniform(K)).
+    Attributes:
+        z: (..., d) = sum_k y_k values_k.
+        y: (..., d, K) the relaxed sample.
+        kl: (..., d) = KL(softmax(logits) || Uniform(K)).
 
     Examples:
         >>> import torch
@@ -505,9 +513,14 @@ def gumbel_quantize(
     (straight-through one-hot of its argmax when ``hard``); z_q = weights @ values.
 
     Args:
-        z: (..., d) float latents; values: (n_v,) global codebook (or (d, n_v) per latent).
-        tau: temperature > 0. generator: source of the Gumbel noise; ``uniform`` ((..., d, n_v) in
-            [0, 1)) replaces it with explicit noise, so every backend draws the same sample.
+        z: (..., d) float latents.
+        values: (n_v,) global codebook, or (d, n_v): one codebook per latent.
+        tau: the softmax temperature (> 0).
+        hard: straight-through one-hot weights (of the noisy logits' argmax): z_q is a codebook value,
+            the gradients are the relaxed ones.
+        generator: the source of the Gumbel noise (None: the global RNG); unused with ``uniform``.
+        uniform: (..., d, n_v) explicit uniform noise in [0, 1) (Gumbel = -log(-log(u))) replacing the
+            draw, so that every backend computes the same sample.
 
     Returns:
         :class:`GumbelQuantized` (z_q (..., d), weights (..., d, n_v), logits (..., d, n_v),
@@ -567,9 +580,16 @@ def categorical_latent(
     z = sum_k y_k values_k, kl = KL(softmax(logits) || Uniform(K)).
 
     Args:
-        logits: (..., d, K) float. values: (K,) or (d, K); default linspace(-1, 1, K).
-        tau: temperature > 0; noise_scale >= 0 (0: no noise, the evaluation setting).
-        generator / uniform: the Gumbel noise source, as in :func:`gumbel_quantize`.
+        logits: (..., d, K) float: K categories per latent.
+        values: (K,) values shared by all latents, or (d, K): one set per latent; None: linspace(-1, 1, K).
+        tau: the softmax temperature (> 0).
+        noise_scale: the Gumbel noise's factor (>= 0; 0: no noise, the evaluation setting).
+        hard: straight-through one-hot y (of its argmax): z is one of the values, the gradients are the
+            relaxed ones.
+        generator: the source of the Gumbel noise (None: the global RNG), as in :func:`gumbel_quantize`;
+            unused with ``uniform`` or ``noise_scale`` 0.
+        uniform: (..., d, K) explicit uniform noise in [0, 1) replacing the draw (as in
+            :func:`gumbel_quantize`); unused with ``noise_scale`` 0.
 
     Returns:
         :class:`CategoricalSample` (z (..., d), y (..., d, K), kl (..., d)); half-precision logits:
