@@ -69,7 +69,7 @@ def _latent_axis(name: str, x: torch.Tensor, module: nn.Module, d: int, dim: int
     if x.shape[axis] == d:
         if (nd >= 3 and axis == nd - 1 and x.shape[1] == d and not getattr(module, "_dim_chosen", True)
                 and not getattr(module, "_warned_layout", False) and not torch.compiler.is_compiling()):
-            module._warned_layout = True  # once per module
+            object.__setattr__(module, "_warned_layout", True)  # once per module (a flag: not a tensor or module)
             warnings.warn(f"{name} of shape {tuple(x.shape)} has {d} entries along axis 1 and along its last axis: "
                           f"this {kind} quantizes the last axis (the default, dim=-1); pass dim=1 for a "
                           f"channel-first (B, {d}, H, W) input, or dim=-1 to say so and silence this warning",

@@ -77,8 +77,9 @@ def thin_autograd(fwd: str, op: Kernel) -> Kernel:
         return out
 
     # named after the op: its backward node shows as "<op>_nodeBackward" in grad_fn and profiles
-    Node = type(f"{fwd.split('::')[1]}_node", (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(lambda ctx, *g: backward(ctx, *g))})
+    Node: type[torch.autograd.Function] = type(
+        f"{fwd.split('::')[1]}_node", (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(lambda ctx, *g: backward(ctx, *g))})
 
     def run(*args: Any) -> Any:
         if torch.compiler.is_compiling():
