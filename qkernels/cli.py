@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 
 class UsageError(Exception):
     """A command line that cannot work: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (the usage is on ``--help``), as the rest of the CLI's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _version() -> str:
@@ -110,6 +118,8 @@ def _train_config(args: argparse.Namespace):
     out = args.out or f"runs/{args.model or 'tripod'}"
     if args.resume and args.force:
         raise UsageError("--resume continues the run in --out and --force deletes it: give one of them")
+    if args.resume and not (Path(out) / CONFIG).is_file():
+        raise UsageError(f"--resume needs a run: --out {out} holds none (no {CONFIG}); drop --resume to start one")
     if args.resume and (Path(out) / CONFIG).is_file():
         cfg = TrainConfig.load(Path(out) / CONFIG)  # the run's own settings; only --steps/--device/--threads change
         cfg.out = str(out)  # where it is now (a copied or moved run continues there, not in its old place)
@@ -341,8 +351,7 @@ def _add_train(sub) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="qkernels", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="qkernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"qkernels {_version()}")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -371,7 +380,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)  # a bad flag: argparse prints usage + one error line, exit 2
+    args = parser().parse_args(argv)  # a bad flag: one error line, exit 2 (_Parser)
     try:
         return args.func(args)
     except UsageError as err:

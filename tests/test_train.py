@@ -349,6 +349,10 @@ def test_cli_config_precedence(tmp_path):
     (["train", "--steps", "-5"], 2, "--steps: must be >= 1, got -5"),
     (["train", "--batch-size", "1"], 2, "--batch-size: must be >= 2, got 1"),
     (["train", "--lr", "0"], 2, "--lr: must be > 0"),
+    (["train", "--stepz", "3"], 2, "unrecognized arguments: --stepz 3"),
+    (["nonsense"], 2, "invalid choice: 'nonsense'"),
+    # issue 39: it silently started a fresh 600-step run
+    (["train", "--resume", "--out", "empty"], 2, "--resume needs a run: --out empty holds none (no config.json)"),
 ])
 def test_cli_errors_are_one_line(argv, code, says, tmp_path, monkeypatch, capsys):
     import torch
@@ -365,9 +369,12 @@ def test_cli_errors_are_one_line(argv, code, says, tmp_path, monkeypatch, capsys
         rc = exc.code
     err = capsys.readouterr().err
     assert rc == code and "Traceback" not in err
-    last = err.strip().splitlines()[-1]
+    lines = err.strip().splitlines()
+    last = lines[-1]
     assert says in last and (last.startswith("qkernels: error: ") or "error: argument" in last), last
-    assert not (tmp_path / "runs").exists()  # nothing half-made
+    # issue 39: one line, argparse's own errors too (no usage block before them: that is on --help)
+    assert [line for line in lines if not line.startswith("qkernels train: loading")] == [last], err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "empty").exists()  # nothing half-made
 
 
 def test_cli_failed_run_exit_1_debug_and_cleanup(tmp_path, monkeypatch, capsys):
@@ -1055,13 +1062,15 @@ def test_cli_train_passes_resume_and_prints_the_scalar_results(tmp_path, monkeyp
 
     monkeypatch.setattr(loop, "Trainer", Fake)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    (tmp_path / "o").mkdir()
+    TrainConfig(model="ae", out=str(tmp_path / "o")).save(tmp_path / "o" / "config.json")  # a run to resume
     assert main(["train", "--model", "ae", "--out", str(tmp_path / "o"), "--resume"]) == 0
     assert calls[0][1] is True and calls[0][0].model == "ae"
     out = capsys.readouterr().out
     assert json.loads(out[:out.index("}") + 1]) == {"step": 2, "mig.mig": 0.5}
     assert out.strip().splitlines()[-1] == f"run directory: {tmp_path / 'o'}"
-    assert main(["train", "--model", "ae", "--out", str(tmp_path / "o")]) == 0 and calls[1][1] is False
-    assert main(["train", "--model", "ae", "--dataset", "bad", "--out", str(tmp_path / "o")]) == 2
+    assert main(["train", "--model", "ae", "--out", str(tmp_path / "o2")]) == 0 and calls[1][1] is False
+    assert main(["train", "--model", "ae", "--dataset", "bad", "--out", str(tmp_path / "o3")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "qkernels: error: ae on bad: no good"
 
 
