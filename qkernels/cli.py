@@ -322,7 +322,7 @@ def _add_train(sub) -> None:
                         "figures/*.png of a run; nothing else) and start over. Without it such a directory is "
                         "refused")
     p.add_argument("--threads", type=_int_at_least(1),
-                   help="torch threads of the training process (default: the usable cores not busy at the start, "
+                   help="torch threads of the training process (default: the usable cores (affinity, quota), "
                         "or OMP_NUM_THREADS; --resume: the run's recorded count). Shown in the first line, kept in "
                         "config.json; results depend on it (float summation order)")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ...")

@@ -29,7 +29,7 @@ class TrainConfig:
     (Cliff, KLM) on its own shard instead of the global batch; dist_timeout_s: how long a collective waits
     for a rank before the job fails.
     threads: torch intra-op threads of the training process (``torch.set_num_threads``). None: ``qkernels train``
-    picks the usable cores that are not busy (:func:`qkernels.train.threads.auto_threads`) and records the count in
+    picks the machine's usable cores (:func:`qkernels.train.threads.auto_threads`) and records the count in
     config.json, so that ``--resume`` keeps it; the Python API keeps the process's setting.
     device: where the model trains; compile: ``torch.compile`` the model's loss (its forward: encoder, ops,
     decoder); progress: the status line
