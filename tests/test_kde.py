@@ -890,3 +890,40 @@ def test_booleans_and_infinite_scales_are_rejected_by_name():
         klm_loss(z, std=math.inf)
     with pytest.raises(TypeError, match="std must be None, a number or a tensor"):
         klm_loss(z, std=True)
+
+
+# ------------------------------------------------------------------ degenerate latents (issue 40)
+
+
+@pytest.mark.parametrize("spread", [0.0, 1e-7, 1e-5], ids=["constant", "var1e-14", "var1e-10"])
+def test_cliff_degenerate_latent_every_backend_and_path(spread, monkeypatch):
+    """What every backend returns for a latent whose variance is at or below the clamp (1e-12, std 1e-6): the
+    reference's standardization x = (z - mean) / sqrt(max(var, 1e-12)), the std a constant below the clamp (no
+    gradient through it). Float64, against the reference: the loss to 1e-10 and the gradient to 1e-8 of its
+    largest entry (~1e7 for a column of spread 1e-7; a backward that mistreats the clamped std is off by ~1e-3 of
+    it). On the triton backend both paths: the fused one and the block-sparse GEMM one."""
+    z = latents(40, 3)
+    z[:, 1] = 0.3 + spread * torch.linspace(-1, 1, 40, dtype=torch.float64, device=DEVICE) ** 3
+    idx = cond_rows(40, 3, 6)
+
+    def run(name):
+        zz = z.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            terms = cliff_loss(zz, cond_index=idx, sigma=0.2, grid=(-4.0, 4.0, 24), return_terms=True)
+        terms.total.backward()
+        return torch.stack(terms).detach(), zz.grad
+
+    want, gwant = run("reference")
+    assert torch.isfinite(want).all() and torch.isfinite(gwant).all()
+    paths = [(b, None) for b in backends_of("cliff_loss") if b not in ("reference", "triton")]
+    if "triton" in backends_of("cliff_loss"):
+        fused = importlib.import_module("qkernels.triton.kde.cliff_fused")
+        paths += [("triton", fused.FUSED_MAX_TILE), ("triton", 0)]  # 0: every tile on the GEMM path
+    assert paths, "no kernel backend to compare"
+    for name, tile in paths:
+        if tile is not None:
+            monkeypatch.setattr(importlib.import_module("qkernels.triton.kde.cliff_fused"), "FUSED_MAX_TILE", tile)
+        got, g = run(name)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=f"{name} tile {tile}: loss terms")
+        scale = gwant.abs().max()
+        assert (g - gwant).abs().max() <= 1e-8 * scale, (name, tile, (g - gwant).abs().max().item(), scale.item())

@@ -397,7 +397,9 @@ def cliff_loss(
 ) -> torch.Tensor | CliffTerms:
     """The Cliff criterion (Barin-Pacela et al., ICML 2025, eq. 8) of a batch of latents.
 
-    z (n, d) is standardized per column (population std clamped to >= 1e-6); then
+    z (n, d) is standardized per column (population variance clamped to >= 1e-12, so std >= 1e-6; a
+    collapsed or constant latent is (z - mean) * 1e6 with the clamped std a constant: no gradient through it;
+    every backend returns the same value and gradient there, tests/test_kde.py); then
     l_uni = sum_i H(|p_i'| / c) (eqs. 1-2), l_biv = sum_{i != j} JSD over the M conditioning values
     of the normalized |dp(z_i | z_j = zeta) / dz_i| (eqs. 3-6) and l_KL-uni = sum_i
     KL(U(-sqrt 3, sqrt 3) || p_i) (eq. 7, constant -log(2 sqrt 3), expectation over K points of
