@@ -927,3 +927,30 @@ def test_cliff_degenerate_latent_every_backend_and_path(spread, monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=f"{name} tile {tile}: loss terms")
         scale = gwant.abs().max()
         assert (g - gwant).abs().max() <= 1e-8 * scale, (name, tile, (g - gwant).abs().max().item(), scale.item())
+
+
+@pytest.mark.parametrize("case", ["constant column", "n=2", "ties"])
+def test_klm_and_kde_grid_degenerate_inputs_every_backend(case):
+    """Issue 40: KLM (its default std: a constant column's is 1e-6) and kde_grid on a constant column, two
+    samples, and samples repeated (ties: pair terms exp(0)); every backend against the reference in float64."""
+    z = latents(2 if case == "n=2" else 24, 3)
+    if case == "constant column":
+        z[:, 0] = 1.25
+    elif case == "ties":
+        z[12:] = z[:12]
+    points = torch.linspace(-3, 3, 15, dtype=torch.float64, device=DEVICE).repeat(3, 1)
+
+    def run(name):
+        zz, pp = z.clone().requires_grad_(), points.clone().requires_grad_()
+        with qkernels.use_backend(name):
+            loss = klm_loss(zz)
+            grid = kde_grid(pp, zz, 0.3, derivative=True)
+        torch.autograd.backward([loss, grid], [torch.ones_like(loss), torch.cos(grid)])
+        return loss.detach(), grid.detach(), zz.grad, pp.grad
+
+    want = run("reference")
+    assert all(torch.isfinite(w).all() for w in want)
+    for name in backends_of("klm"):
+        for got, w, what in zip(run(name), want, ("klm", "kde_grid", "dz", "dpoints"), strict=True):
+            scale = w.abs().max().clamp_min(1e-300)
+            assert (got - w).abs().max() <= 1e-9 * scale, (name, case, what, (got - w).abs().max().item())
