@@ -353,3 +353,49 @@ def test_ae_baseline_clips_its_weights_and_the_docs_say_so(tmp_path):
     row = next(ln for ln in (Path(__file__).parent.parent / "docs" / "methods.md").read_text().splitlines()
                if ln.startswith("| `ae` | plain autoencoder"))
     assert "clipped elementwise at 1" in row and "biases" in row and "unclipped" in row
+
+
+def _dalle_forward(net, x, n_layers, decoder):
+    """An independent forward of a DalleEncoder / DalleDecoder trunk with its weights, written from the authors'
+    blocks (FactorQVAE blocks/encoder_block.py, decoder_block.py): out = id(x) + res(x) / n_layers^2, id a 1x1
+    conv when the width changes, res = (ReLU, conv) x 4 with kernels 3, 3, 3, 1 (encoder) or 1, 3, 3, 3 (decoder),
+    padding k // 2; max-pool / nearest upsampling between the groups. ``n_layers``: groups x blocks, from the
+    configuration, not from the module."""
+    import torch.nn.functional as F
+
+    kernels = (1, 3, 3, 3) if decoder else (3, 3, 3, 1)
+    for layer in net:
+        if isinstance(layer, torch.nn.MaxPool2d):
+            x = F.max_pool2d(x, 2)
+        elif isinstance(layer, torch.nn.Upsample):
+            x = F.interpolate(x, scale_factor=2, mode="nearest")
+        elif hasattr(layer, "res"):
+            convs = [m for m in layer.res if isinstance(m, torch.nn.Conv2d)]
+            h = x
+            for conv, k in zip(convs, kernels, strict=True):
+                assert conv.kernel_size == (k, k)
+                h = F.conv2d(torch.relu(h), conv.weight, conv.bias, padding=k // 2)
+            skip = x if isinstance(layer.id, torch.nn.Identity) else F.conv2d(x, layer.id.weight, layer.id.bias)
+            x = skip + h / n_layers**2
+        else:
+            x = layer(x)
+    return x
+
+
+def test_factorqvae_dalle_network_forward_matches_the_authors_blocks():
+    """Issue 40: the residual blocks' gain (1 / n_layers^2 in the authors' blocks, n_layers = groups x blocks per
+    group = 6 in their configs) is not seen by parameter counts; pinned here by an independent forward of the whole
+    encoder and decoder (random weights, not the init's, so every path counts)."""
+    torch.manual_seed(0)
+    for groups, blocks in ((3, 2), (2, 1)):
+        enc = DalleEncoder(3, 16, 5, channel=8, groups=groups, blocks=blocks, hidden=16)
+        dec = DalleDecoder(5, 3, 16, channel=8, groups=groups, blocks=blocks, input_channel=4)
+        for p in [*enc.parameters(), *dec.parameters()]:
+            torch.nn.init.normal_(p, 0.0, 0.3)
+        x = torch.rand(2, 3, 16, 16, dtype=torch.float32)
+        want = _dalle_forward(enc.net, x, groups * blocks, decoder=False)
+        torch.testing.assert_close(enc(x), want, rtol=1e-5, atol=1e-6)
+        z = torch.randn(2, 5)
+        h = dec.fc(z).view(2, dec.c0, dec.side, dec.side)
+        torch.testing.assert_close(dec(z), _dalle_forward(dec.net, h, groups * blocks, decoder=True), rtol=1e-5,
+                                   atol=1e-6)
