@@ -149,3 +149,28 @@ def test_evaluate_with_a_protocol_uses_its_counts_options_and_records_it():
     assert small["mig.num_samples"] == 50 and small["mig.mig"] == mig(s, z, num_bins=3)["mig"]
     with pytest.raises(ValueError, match="protocol"):
         evaluate(encode_pixels, TinyDataset(), protocol="nope")
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_iqr_rule_at_its_boundaries(discrete):
+    """Issue 40: Tripod's two thresholds (disentangle/metrics/infomec.py: a discrete latent is active iff its IQR >
+    0.1, a continuous one iff its IQR > max IQR / 10) told apart by latents between them: a discrete latent of IQR
+    0.15 next to one of IQR 2 (active: 0.15 > 0.1, though 0.15 < 2 / 10), a continuous one of IQR 0.08 next to one of
+    0.5 (active: 0.08 > 0.05, though 0.08 < 0.1); and the strict '>' at the threshold itself."""
+    n = 1000
+    s = random_sources(n, [4, 5], seed=1)
+    half = (s[:, 1] > 1).astype(float)  # ~half the rows: q1 = 0 and q3 = the upper value, IQR = that value
+    assert 0.3 < half.mean() < 0.7
+
+    def column(iqr):
+        return iqr * half
+
+    if discrete:  # IQRs 2, 0.15, 0.1 (exactly the threshold: inactive), 0.05
+        z = np.stack([column(v) for v in (2.0, 0.15, 0.1, 0.05)], 1)
+        want = [True, True, False, False]
+    else:  # IQRs 0.5, 0.08, 0.05 (exactly max / 10: inactive), 0.03
+        z = np.stack([column(v) for v in (0.5, 0.08, 0.05, 0.03)], 1)
+        want = [True, True, False, False]
+    np.testing.assert_allclose(_iqr(z), [2.0, 0.15, 0.1, 0.05] if discrete else [0.5, 0.08, 0.05, 0.03])
+    out = infomec(s, z, discrete_latents=discrete, prune="iqr")
+    np.testing.assert_array_equal(out["active"], want)
