@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -344,3 +345,72 @@ def test_channel_first_input_is_rejected_or_taken_with_dim():
     assert torch.equal(FSQ(5)(z).z_q, qkernels.fsq(z, 5).z_q)  # one level count: elementwise, any layout
     with pytest.raises(TypeError, match="dim must be an int"):
         LatentQuantizer(4, 10, dim=1.0)
+
+
+# ------------------------------------------------------------------ resume as each kind of user runs it (issue 40)
+def _same_state(a, b):
+    sa, sb = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (a, b))
+    assert sa["step"] == sb["step"]
+    for part in ("model", "opt"):
+        assert repr(sa[part].keys()) == repr(sb[part].keys())
+    for k, v in sa["model"].items():
+        assert torch.equal(v, sb["model"][k]), k
+    assert (a / "log.jsonl").read_text() == (b / "log.jsonl").read_text()
+
+
+def test_python_api_resume_continues_and_the_refusal_only_guards_fresh_runs(tmp_path):
+    """Trainer(cfg, resume=True) continues an existing run, with or without overwrite=False, and ends where the
+    run left alone ends; overwrite=False refuses a FRESH run into that directory; the default overwrite=True
+    replaces it."""
+    def cfg(out, steps=6):
+        return TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 300}, batch_size=50,
+                           steps=steps, checkpoint_every=2, log_every=1, out=str(out), progress=False, threads=1)
+
+    alone, part, part2 = tmp_path / "alone", tmp_path / "part", tmp_path / "part2"
+    train(cfg(alone), final_eval=False)
+    for out, kw in ((part, {}), (part2, {"overwrite": False})):
+        assert Trainer(cfg(out)).run(stop_after=4, final_eval=False) is None  # a run left at step 4 (ckpt 4)
+        with pytest.raises(RunExistsError):
+            Trainer(cfg(out), overwrite=False)  # a fresh run there is refused
+        Trainer(cfg(out), resume=True, **kw).run(final_eval=False)  # the Python user's resume goes on
+        _same_state(alone, out)
+    Trainer(cfg(part, steps=2)).run(final_eval=False)  # default overwrite=True: a new run replaces it
+    assert torch.load(part / "checkpoint.pt", weights_only=True)["step"] == 2
+
+
+def test_cli_run_killed_then_resumed_ends_as_the_run_left_alone(tmp_path):
+    """`qkernels train` killed mid-run (SIGKILL, a real process), then `qkernels train --resume`: weights, log and
+    metrics equal to the same command left alone; beside it, the refusal of a fresh run into the directory and
+    --force."""
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"dataset_kwargs": {"n": 300}, "batch_size": 50, "checkpoint_every": 5,
+                                  "log_every": 1}))
+    base = [sys.executable, "-m", "qkernels", "train", "--model", "cliff_ae", "--dataset", "quantized_grid2d",
+            "--config", str(config), "--steps", "300", "--eval-samples", "300", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    alone, killed = tmp_path / "alone", tmp_path / "killed"
+    subprocess.run([*base, "--out", str(alone)], check=True, capture_output=True, env=env, timeout=600)
+    proc = subprocess.Popen([*base, "--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env)
+    try:
+        log = killed / "log.jsonl"
+        t0 = time.monotonic()  # poll until a checkpoint and a few steps beyond it exist
+        while proc.poll() is None and time.monotonic() - t0 < 300:
+            if (killed / "checkpoint.pt").is_file() and log.is_file() and len(log.read_text().splitlines()) >= 12:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.kill()
+    finally:
+        proc.wait(timeout=60)
+    step = torch.load(killed / "checkpoint.pt", weights_only=True)["step"]
+    assert 5 <= step < 300 and not (killed / "metrics.json").exists()
+    fresh = subprocess.run([*base, "--out", str(killed)], capture_output=True, text=True, env=env, timeout=600)
+    assert fresh.returncode == 2 and "already holds a run" in fresh.stderr  # refused, nothing touched
+    assert torch.load(killed / "checkpoint.pt", weights_only=True)["step"] == step
+    subprocess.run([*base, "--out", str(killed), "--resume"], check=True, capture_output=True, env=env, timeout=600)
+    _same_state(alone, killed)
+    assert json.loads((alone / "metrics.json").read_text()) == json.loads((killed / "metrics.json").read_text())
+    subprocess.run([*base, "--out", str(killed), "--force", "--steps", "3"], check=True, capture_output=True,
+                   env=env, timeout=600)
+    assert torch.load(killed / "checkpoint.pt", weights_only=True)["step"] == 3  # --force: a new run
