@@ -1,10 +1,11 @@
 // Schemas of every qkernels:: op, in one place. Kernels register per dispatch key next to their
 // code: csrc/cpu/<hotpath>.cpp (CPU), csrc/cuda/<hotpath>_glue.cpp (CUDA, built with CUDA torch);
 // the Triton twins (qkernels::<op>_triton) are Python custom ops (qkernels/ops/_library.py).
-// Argument checks: csrc/include/qkernels/<hotpath>_checks.h, shared by both dispatch keys.
-#include <torch/library.h>
+// Argument checks: csrc/include/qkernels/<hotpath>_checks.h, shared by both dispatch keys. Registered
+// through the LibTorch stable ABI (csrc/include/qkernels/stable.h).
+#include "qkernels/stable.h"
 
-TORCH_LIBRARY(qkernels, m) {
+STABLE_TORCH_LIBRARY(qkernels, m) {
   // quantize
   m.def("latent_quantize(Tensor z, Tensor values) -> (Tensor z_q, Tensor indices, Tensor loss_quantize, Tensor loss_commit)");
   m.def("latent_quantize_backward(Tensor grad_zq, Tensor grad_loss_quantize, Tensor grad_loss_commit, Tensor z, Tensor values, Tensor indices) -> (Tensor grad_z, Tensor grad_values)");

@@ -136,7 +136,7 @@ def _probe(backend: str, dev: str | None) -> str | None:
         if not _ext.LOADED:
             return f"the cuda backend needs the native extension: {_ext.REASON}"
         if not _ext.cuda_built():
-            return "qkernels._C was built without CUDA kernels (torch without CUDA or no nvcc)"
+            return f"the cuda backend needs the CUDA kernels: {_ext.CUDA_REASON or 'none are registered'}"
         if not torch.cuda.is_available():
             return "no CUDA device is available"
         if dev not in (None, "cuda"):

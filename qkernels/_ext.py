@@ -1,53 +1,61 @@
 """Loading of the native extension ``qkernels._C`` and why it may be missing.
 
-``qkernels._C`` is C++ compiled against one torch: its symbols only resolve in that torch. ``setup.py`` records it
-in ``qkernels/_build_info.py``; when the torch present differs, ``_C`` is not imported (no undefined-symbol
-traceback): one :class:`ExtensionMismatchWarning` line says which torch it was built for, which is present and how
-to rebuild, the ``cpu`` and ``cuda`` backends are unavailable with that reason, and ``reference`` and ``triton``
-work as before.
+``qkernels._C`` uses only PyTorch's stable C ABI (issue 37), which torch keeps from the release the extension
+targets onwards: it loads into every torch at or above that target (2.11), whichever torch it was compiled
+against. ``setup.py`` records the target in ``qkernels/_build_info.py``; under an older torch ``_C`` is not
+imported (its stable symbols would not resolve): one :class:`ExtensionMismatchWarning` line says which torch it
+needs, which is present and what to do, the ``cpu`` and ``cuda`` backends are unavailable with that reason, and
+``reference`` and ``triton`` work as before.
+
+The CUDA kernels are a library of their own, ``qkernels/_C_cuda.abi3.so`` (built when torch has CUDA and nvcc is
+found), loaded after ``_C`` only under a torch with CUDA: it links torch's CUDA libraries, which a CPU build of torch
+lacks, so one wheel serves both. Why it is not loaded: :data:`CUDA_REASON`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
 import torch
 
 LOADED = False
 REASON: str | None = None
+CUDA_REASON: str | None = "qkernels._C is not loaded"
 REBUILD = "`bash scripts/bootstrap.sh` in a clone, or `pip install --no-build-isolation -e .` in the source tree"
 
 
 class ExtensionMismatchWarning(RuntimeWarning):
-    """qkernels._C was built against another torch than the one imported: it is not loaded."""
+    """qkernels._C needs a newer torch than the one imported: it is not loaded."""
 
 
-def built_for() -> str | None:
-    """The torch version ``qkernels._C`` was compiled against (None: not recorded, e.g. no native build)."""
+def target() -> str | None:
+    """The oldest torch ``qkernels._C`` loads into, "major.minor" (None: not recorded, e.g. no native build)."""
     try:
         from qkernels import _build_info
     except ImportError:
         return None
-    return getattr(_build_info, "TORCH_VERSION", None)
+    return getattr(_build_info, "TORCH_TARGET", None)
 
 
-def _release(version: str) -> str:
-    return version.split("+", 1)[0]  # "2.13.0+cpu" and "2.13.0+cu128" share their C++ symbols
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version: "2.14.1+cpu", "2.12.0a0+git1234" and "2.11" alike."""
+    major, minor = (re.match(r"\d+", part) for part in version.split(".")[:2])
+    return int(major.group()) if major else 0, int(minor.group()) if minor else 0
 
 
-def mismatch_reason(built: str | None, present: str) -> str | None:
-    """The one-line reason ``qkernels._C`` (built against torch ``built``) cannot load in torch ``present``."""
-    if built is None or _release(built) == _release(present):
+def mismatch_reason(needs: str | None, present: str) -> str | None:
+    """The one-line reason ``qkernels._C`` (for torch >= ``needs``) cannot load in torch ``present``."""
+    if needs is None or _release(present) >= _release(needs):
         return None
-    return (f"qkernels._C was built for torch {built} but torch {present} is installed, so it is not loaded "
-            f"(the reference and triton backends still work); rebuild it against this torch: {REBUILD}, "
-            f"or install torch {_release(built)}")
+    return (f"qkernels._C needs torch >= {needs} (the stable ABI it is built for) but torch {present} is installed, "
+            f"so it is not loaded (the reference and triton backends still work); install torch>={needs}")
 
 
 if os.environ.get("QKERNELS_NO_EXT", "0") == "1":
     REASON = "QKERNELS_NO_EXT=1 is set"
-elif (REASON := mismatch_reason(built_for(), torch.__version__)) is not None:
+elif (REASON := mismatch_reason(target(), torch.__version__)) is not None:
     warnings.warn(REASON, ExtensionMismatchWarning, stacklevel=2)
 else:
     try:
@@ -59,6 +67,24 @@ else:
             f"qkernels._C could not be imported ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
             f"rebuild it against this torch ({torch.__version__}): {REBUILD}, without QKERNELS_NO_EXT=1"
         )
+
+
+def _load_cuda_kernels() -> str | None:
+    """Loads qkernels/_C_cuda.abi3.so (its STABLE_TORCH_LIBRARY_IMPL(qkernels, CUDA) registrations); why not."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} has no CUDA"
+    lib = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_C_cuda.abi3.so")
+    if not os.path.exists(lib):
+        return "qkernels was built without CUDA kernels (torch without CUDA, no nvcc, or no TORCH_CUDA_ARCH_LIST)"
+    try:
+        torch.ops.load_library(lib)
+    except OSError as exc:  # e.g. the CUDA runtime of another CUDA major version than the kernels were built for
+        return f"qkernels/_C_cuda.abi3.so could not be loaded ({str(exc).splitlines()[0]})"
+    return None
+
+
+if LOADED:
+    CUDA_REASON = _load_cuda_kernels()
 
 
 def path() -> str | None:
@@ -82,5 +108,5 @@ def has_kernel(op: str, dispatch_key: str) -> bool:
 
 
 def cuda_built() -> bool:
-    """Whether qkernels._C contains CUDA kernels."""
+    """Whether the CUDA kernels (qkernels/_C_cuda.abi3.so) are loaded."""
     return any(has_kernel(op, "CUDA") for op in NATIVE)

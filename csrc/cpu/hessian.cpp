@@ -1,4 +1,4 @@
-// CPU (OpenMP via at::parallel_for) kernels of the Hessian hot path (schemas: csrc/schemas.cpp).
+// CPU kernels of the Hessian hot path, threaded by torch::stable::parallel_for (schemas: csrc/schemas.cpp).
 // Math lives in csrc/include/qkernels/hessian.h, shared with csrc/cuda.
 //
 // finite_difference_curvature reduces the stacked activations (R, M) of the finite-difference
@@ -6,12 +6,12 @@
 // activation columns of the variance over k directions of the second central differences. Work
 // items are (sample, column tile); each writes its own partials, which are combined in a fixed
 // order, so results do not depend on the number of threads.
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
+#include "qkernels/stable.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "qkernels/hessian.h"
@@ -20,26 +20,25 @@
 namespace qkernels {
 namespace {
 
-using at::Tensor;
-
 constexpr int64_t kTile = 512;  // activation columns per work item
 
 std::tuple<Tensor, Tensor> finite_difference_curvature_cpu(const Tensor& stacked_, int64_t n, int64_t k,
                                                            double eps, int64_t groups, bool unbiased,
-                                                           c10::string_view reduce) {
+                                                           std::string_view reduce) {
   const FdShape s = check_fd(stacked_, n, k, eps, groups, reduce, "finite_difference_curvature");
-  const Tensor stacked = stacked_.contiguous();
+  const Tensor stacked = as_contiguous(stacked_);
   const int64_t M = s.M, n_tiles = (M + kTile - 1) / kTile, stride = n * M;
   const int64_t slots = groups * n * n_tiles;
   std::vector<double> part_sum(slots), part_max(slots);
   std::vector<int64_t> part_arg(slots);
-  Tensor values = at::empty({groups, n}, stacked.options());
-  Tensor argmax = at::empty({groups, n}, stacked.options().dtype(at::kLong));
-  AT_DISPATCH_FLOATING_TYPES(stacked.scalar_type(), "finite_difference_curvature_cpu", [&] {
+  Tensor values = alloc({groups, n}, stacked.scalar_type(), stacked);
+  Tensor argmax = alloc({groups, n}, ScalarType::Long, stacked);
+  dispatch_floating(stacked.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
     using A = typename acc_type<scalar_t>::type;
-    const scalar_t* xp = stacked.data_ptr<scalar_t>() + s.offset * M;
+    const scalar_t* xp = stacked.const_data_ptr<scalar_t>() + s.offset * M;
     const A inv_eps2 = A(1.0 / (eps * eps));
-    at::parallel_for(0, n * n_tiles, 1, [&](int64_t w0, int64_t w1) {
+    torch::stable::parallel_for(0, n * n_tiles, 1, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t i = w / n_tiles, t = w % n_tiles;
         const int64_t c0 = t * kTile, c1 = std::min(M, c0 + kTile);
@@ -59,8 +58,8 @@ std::tuple<Tensor, Tensor> finite_difference_curvature_cpu(const Tensor& stacked
         }
       }
     });
-    scalar_t* vp = values.data_ptr<scalar_t>();
-    int64_t* ap = argmax.data_ptr<int64_t>();
+    scalar_t* vp = values.mutable_data_ptr<scalar_t>();
+    int64_t* ap = argmax.mutable_data_ptr<int64_t>();
     for (int64_t gi = 0; gi < groups * n; ++gi) {
       double sum = 0, best = 0;
       int64_t best_c = -1;
@@ -77,22 +76,23 @@ std::tuple<Tensor, Tensor> finite_difference_curvature_cpu(const Tensor& stacked
 
 Tensor finite_difference_curvature_backward_cpu(const Tensor& grad_, const Tensor& stacked_,
                                                 const Tensor& argmax_, int64_t n, int64_t k, double eps,
-                                                int64_t groups, bool unbiased, c10::string_view reduce) {
+                                                int64_t groups, bool unbiased, std::string_view reduce) {
   const FdShape s = check_fd_backward(grad_, stacked_, argmax_, n, k, eps, groups, reduce,
                                       "finite_difference_curvature_backward");
-  const Tensor stacked = stacked_.contiguous();
-  const Tensor grad = grad_.to(stacked.scalar_type()).contiguous(), argmax = argmax_.contiguous();
+  const Tensor stacked = as_contiguous(stacked_);
+  const Tensor grad = as_contiguous(to_dtype(grad_, stacked.scalar_type())), argmax = as_contiguous(argmax_);
   const int64_t M = s.M, n_tiles = (M + kTile - 1) / kTile, stride = n * M;
-  Tensor grad_stacked = at::empty_like(stacked);
-  if (s.offset > 0) grad_stacked.narrow(0, 0, s.offset).zero_();  // the center cancels
-  AT_DISPATCH_FLOATING_TYPES(stacked.scalar_type(), "finite_difference_curvature_backward_cpu", [&] {
+  Tensor grad_stacked = alloc_like(stacked);
+  dispatch_floating(stacked.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
     using A = typename acc_type<scalar_t>::type;
-    const scalar_t* xp = stacked.data_ptr<scalar_t>() + s.offset * M;
-    scalar_t* gp = grad_stacked.data_ptr<scalar_t>() + s.offset * M;
-    const scalar_t* go = grad.data_ptr<scalar_t>();
-    const int64_t* ap = argmax.data_ptr<int64_t>();
+    const scalar_t* xp = stacked.const_data_ptr<scalar_t>() + s.offset * M;
+    scalar_t* gp = grad_stacked.mutable_data_ptr<scalar_t>() + s.offset * M;
+    std::fill(gp - s.offset * M, gp, scalar_t(0));  // the center rows cancel
+    const scalar_t* go = grad.const_data_ptr<scalar_t>();
+    const int64_t* ap = argmax.const_data_ptr<int64_t>();
     const A inv_eps2 = A(1.0 / (eps * eps));
-    at::parallel_for(0, n * n_tiles, 1, [&](int64_t w0, int64_t w1) {
+    torch::stable::parallel_for(0, n * n_tiles, 1, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t i = w / n_tiles, t = w % n_tiles;
         const int64_t c0 = t * kTile, c1 = std::min(M, c0 + kTile);
@@ -117,9 +117,9 @@ Tensor finite_difference_curvature_backward_cpu(const Tensor& grad_, const Tenso
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
-  m.impl("finite_difference_curvature", &finite_difference_curvature_cpu);
-  m.impl("finite_difference_curvature_backward", &finite_difference_curvature_backward_cpu);
-}
-
 }  // namespace qkernels
+
+STABLE_TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
+  m.impl("finite_difference_curvature", TORCH_BOX(&qkernels::finite_difference_curvature_cpu));
+  m.impl("finite_difference_curvature_backward", TORCH_BOX(&qkernels::finite_difference_curvature_backward_cpu));
+}

@@ -1,9 +1,7 @@
-// CPU (OpenMP via at::parallel_for) entry points of the KDE hot path (schemas: csrc/schemas.cpp).
+// CPU entry points of the KDE hot path, threaded by torch::stable::parallel_for (schemas: csrc/schemas.cpp).
 // The kernels (csrc/cpu/kde_kernels.h) are compiled twice, for baseline x86-64 and for AVX+FMA,
 // and the entry points pick the copy the CPU supports at run time (csrc/cpu/isa.h).
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
+#include "qkernels/stable.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,18 +34,17 @@ namespace isa_avx {
 
 namespace {
 
-using at::Tensor;
-
 Tensor kde_grid_cpu(const Tensor& points_, const Tensor& samples_, double sigma, bool derivative) {
   check_kde_grid(points_, samples_, sigma, "kde_grid");
   check_finite(points_, "points", "kde_grid");
   check_finite(samples_, "samples", "kde_grid");
-  const Tensor points = points_.contiguous(), samples = samples_.contiguous();
-  Tensor out = at::empty_like(points);
-  AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "kde_grid_cpu", [&] {
-    QK_ISA_CALL(kde_grid_kernel<scalar_t>)(points.data_ptr<scalar_t>(), samples.data_ptr<scalar_t>(), samples.size(0),
-                              samples.size(1), points.size(1), sigma, derivative, out.data_ptr<scalar_t>(),
-                              nullptr, nullptr, nullptr);
+  const Tensor points = as_contiguous(points_), samples = as_contiguous(samples_);
+  Tensor out = alloc_like(points);
+  dispatch_floating(points.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    QK_ISA_CALL(kde_grid_kernel<scalar_t>)(points.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(),
+                                           samples.size(0), samples.size(1), points.size(1), sigma, derivative,
+                                           out.mutable_data_ptr<scalar_t>(), nullptr, nullptr, nullptr);
   });
   return out;
 }
@@ -55,13 +52,15 @@ Tensor kde_grid_cpu(const Tensor& points_, const Tensor& samples_, double sigma,
 std::tuple<Tensor, Tensor> kde_grid_backward_cpu(const Tensor& grad_, const Tensor& points_, const Tensor& samples_,
                                                  double sigma, bool derivative) {
   check_kde_grid_backward(grad_, points_, samples_, sigma, "kde_grid_backward");
-  const Tensor points = points_.contiguous(), samples = samples_.contiguous();
-  const Tensor grad = grad_.to(points.scalar_type()).contiguous();
-  Tensor gp = at::empty_like(points), gs = at::empty_like(samples);
-  AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "kde_grid_backward_cpu", [&] {
-    QK_ISA_CALL(kde_grid_kernel<scalar_t>)(points.data_ptr<scalar_t>(), samples.data_ptr<scalar_t>(), samples.size(0),
-                              samples.size(1), points.size(1), sigma, derivative, nullptr,
-                              grad.data_ptr<scalar_t>(), gp.data_ptr<scalar_t>(), gs.data_ptr<scalar_t>());
+  const Tensor points = as_contiguous(points_), samples = as_contiguous(samples_);
+  const Tensor grad = as_contiguous(to_dtype(grad_, points.scalar_type()));
+  Tensor gp = alloc_like(points), gs = alloc_like(samples);
+  dispatch_floating(points.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    QK_ISA_CALL(kde_grid_kernel<scalar_t>)(points.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(),
+                                           samples.size(0), samples.size(1), points.size(1), sigma, derivative,
+                                           nullptr, grad.const_data_ptr<scalar_t>(), gp.mutable_data_ptr<scalar_t>(),
+                                           gs.mutable_data_ptr<scalar_t>());
   });
   return {gp, gs};
 }
@@ -114,19 +113,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> cliff_loss_cpu(const Tensor& z_, cons
                                                           double b, int64_t K, double lu, double lb, double lk) {
   check_cliff_loss(z_, cond_, sigma, a, b, K, "cliff_loss");
   check_finite(z_, "z", "cliff_loss");
-  const Tensor z = z_.contiguous(), cond = cond_.contiguous();
+  const Tensor z = as_contiguous(z_), cond = as_contiguous(cond_);
   const int64_t n = z.size(0), d = z.size(1);
   std::vector<double> terms;
   std::vector<Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "cliff_loss_cpu", [&] {
-    const Standardized<scalar_t> s = standardize(z.data_ptr<scalar_t>(), n, d);
+  dispatch_floating(z.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    const Standardized<scalar_t> s = standardize(z.const_data_ptr<scalar_t>(), n, d);
     const std::vector<scalar_t> t = linspace<scalar_t>(a, b, K), v = linspace<scalar_t>(-std::sqrt(3.0), std::sqrt(3.0), K);
-    QK_ISA_CALL(cliff_kernel<scalar_t>)(s.x.data(), n, d, t.data(), K, v.data(), K, cond.data_ptr<int64_t>(),
+    QK_ISA_CALL(cliff_kernel<scalar_t>)(s.x.data(), n, d, t.data(), K, v.data(), K, cond.const_data_ptr<int64_t>(),
                                         cond.size(1), sigma, (b - a) / double(K), 0.0, 0.0, 0.0, &terms, nullptr);
     const scalar_t uni = static_cast<scalar_t>(terms[0]), biv = static_cast<scalar_t>(terms[1]),
                    kl = static_cast<scalar_t>(terms[2]);
     const scalar_t total = static_cast<scalar_t>(lu) * uni + static_cast<scalar_t>(lb) * biv + static_cast<scalar_t>(lk) * kl;
-    for (const scalar_t value : {total, uni, biv, kl}) out.push_back(at::scalar_tensor(value, z.options()));
+    for (const scalar_t value : {total, uni, biv, kl}) out.push_back(cpu_scalar_tensor(value, z.scalar_type(), z));
   });
   return {out[0], out[1], out[2], out[3]};
 }
@@ -137,16 +137,17 @@ Tensor cliff_loss_backward_cpu(const std::optional<Tensor>& g_total, const std::
                                double lk) {
   const std::optional<Tensor> grads[4] = {g_total, g_uni, g_biv, g_kl};
   check_cliff_loss_backward(grads, z_, cond_, sigma, a, b, K, "cliff_loss_backward");
-  const auto value = [](const std::optional<Tensor>& g) { return g.has_value() ? g->item<double>() : 0.0; };
+  const auto value = [](const std::optional<Tensor>& g) { return g.has_value() ? cpu_scalar(*g) : 0.0; };
   const double gt = value(g_total);
-  const Tensor z = z_.contiguous(), cond = cond_.contiguous();
+  const Tensor z = as_contiguous(z_), cond = as_contiguous(cond_);
   const int64_t n = z.size(0), d = z.size(1);
-  Tensor gz = at::empty_like(z);
-  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "cliff_loss_backward_cpu", [&] {
-    const Standardized<scalar_t> s = standardize(z.data_ptr<scalar_t>(), n, d);
+  Tensor gz = alloc_like(z);
+  dispatch_floating(z.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    const Standardized<scalar_t> s = standardize(z.const_data_ptr<scalar_t>(), n, d);
     const std::vector<scalar_t> t = linspace<scalar_t>(a, b, K), v = linspace<scalar_t>(-std::sqrt(3.0), std::sqrt(3.0), K);
     std::vector<scalar_t> gx(n * d);
-    QK_ISA_CALL(cliff_kernel<scalar_t>)(s.x.data(), n, d, t.data(), K, v.data(), K, cond.data_ptr<int64_t>(),
+    QK_ISA_CALL(cliff_kernel<scalar_t>)(s.x.data(), n, d, t.data(), K, v.data(), K, cond.const_data_ptr<int64_t>(),
                                         cond.size(1), sigma, (b - a) / double(K), lu * gt + value(g_uni),
                                         lb * gt + value(g_biv), lk * gt + value(g_kl), nullptr, gx.data());
     // x = (z - mean) / std: dz = (gx - mean(gx) - x mean(gx x)) / std (no last term where std is clamped)
@@ -156,7 +157,7 @@ Tensor cliff_loss_backward_cpu(const std::optional<Tensor>& g_total, const std::
         mg[j] += gx[r * d + j];
         mgx[j] += double(gx[r * d + j]) * double(s.x[r * d + j]);
       }
-    scalar_t* out = gz.data_ptr<scalar_t>();
+    scalar_t* out = gz.mutable_data_ptr<scalar_t>();
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < d; ++j) {
         const double proj = s.unclamped[j] ? mgx[j] / double(n) : 0.0;
@@ -194,43 +195,47 @@ std::tuple<Tensor, Tensor> klm_cpu(const Tensor& z_, const std::optional<Tensor>
   check_klm(z_, std_, "klm");
   check_finite(z_, "z", "klm");
   if (std_.has_value()) check_finite(*std_, "std", "klm", /*positive=*/true);
-  const Tensor z = z_.contiguous();
+  const Tensor z = as_contiguous(z_);
   const int64_t n = z.size(0), d = z.size(1);
-  Tensor lse = at::empty({n, d + 1}, z.options());
+  Tensor lse = alloc({n, d + 1}, z.scalar_type(), z);
   double loss = 0.0;
-  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "klm_cpu", [&] {
+  const std::optional<Tensor> given = std_.has_value() ? std::optional(as_contiguous(*std_)) : std::nullopt;
+  dispatch_floating(z.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
     std::vector<double> mean, var;
-    const Tensor given = std_.has_value() ? std_->contiguous() : Tensor();
-    const std::vector<scalar_t> own = std_.has_value() ? std::vector<scalar_t>() :
-                                      default_std(z.data_ptr<scalar_t>(), n, d, &mean, &var);
-    const scalar_t* s = std_.has_value() ? given.data_ptr<scalar_t>() : own.data();
-    loss = QK_ISA_CALL(klm_forward_kernel<scalar_t>)(z.data_ptr<scalar_t>(), s, n, d, lse.data_ptr<scalar_t>());
+    const std::vector<scalar_t> own = given.has_value() ? std::vector<scalar_t>() :
+                                      default_std(z.const_data_ptr<scalar_t>(), n, d, &mean, &var);
+    const scalar_t* s = given.has_value() ? given->const_data_ptr<scalar_t>() : own.data();
+    loss = QK_ISA_CALL(klm_forward_kernel<scalar_t>)(z.const_data_ptr<scalar_t>(), s, n, d,
+                                                     lse.mutable_data_ptr<scalar_t>());
   });
-  return {at::scalar_tensor(loss, z.options()), lse};
+  return {cpu_scalar_tensor(loss, z.scalar_type(), z), lse};
 }
 
 std::tuple<Tensor, Tensor> klm_backward_cpu(const Tensor& grad_loss, const Tensor& z_, const std::optional<Tensor>& std_,
                                             const Tensor& lse_) {
   check_klm_backward(grad_loss, z_, std_, lse_, "klm_backward");
-  const Tensor z = z_.contiguous(), lse = lse_.contiguous();
+  const Tensor z = as_contiguous(z_), lse = as_contiguous(lse_);
   const int64_t n = z.size(0), d = z.size(1);
-  Tensor gz = at::empty_like(z), gs = at::empty({std_.has_value() ? d : 0}, z.options());
-  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "klm_backward_cpu", [&] {
+  Tensor gz = alloc_like(z), gs = alloc({std_.has_value() ? d : 0}, z.scalar_type(), z);
+  const std::optional<Tensor> given = std_.has_value() ? std::optional(as_contiguous(*std_)) : std::nullopt;
+  const double grad = cpu_scalar(grad_loss);
+  dispatch_floating(z.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
     std::vector<double> mean, var;
-    const Tensor given = std_.has_value() ? std_->contiguous() : Tensor();
-    const std::vector<scalar_t> own = std_.has_value() ? std::vector<scalar_t>() :
-                                      default_std(z.data_ptr<scalar_t>(), n, d, &mean, &var);
-    const scalar_t* s = std_.has_value() ? given.data_ptr<scalar_t>() : own.data();
+    const std::vector<scalar_t> own = given.has_value() ? std::vector<scalar_t>() :
+                                      default_std(z.const_data_ptr<scalar_t>(), n, d, &mean, &var);
+    const scalar_t* s = given.has_value() ? given->const_data_ptr<scalar_t>() : own.data();
     std::vector<scalar_t> gstd(d);
-    scalar_t* out = gz.data_ptr<scalar_t>();
-    QK_ISA_CALL(klm_backward_kernel<scalar_t>)(grad_loss.item<double>(), z.data_ptr<scalar_t>(), s,
-                                               lse.data_ptr<scalar_t>(), n, d, out, gstd.data());
-    if (std_.has_value()) {
-      std::copy(gstd.begin(), gstd.end(), gs.data_ptr<scalar_t>());
+    scalar_t* out = gz.mutable_data_ptr<scalar_t>();
+    QK_ISA_CALL(klm_backward_kernel<scalar_t>)(grad, z.const_data_ptr<scalar_t>(), s,
+                                               lse.const_data_ptr<scalar_t>(), n, d, out, gstd.data());
+    if (given.has_value()) {
+      std::copy(gstd.begin(), gstd.end(), gs.mutable_data_ptr<scalar_t>());
       return;
     }
     // the default std's share: dstd_j / dz_rj = (z_rj - mean_j) / (n sqrt(var_j)), 0 where var_j = 0
-    const scalar_t* zz = z.data_ptr<scalar_t>();
+    const scalar_t* zz = z.const_data_ptr<scalar_t>();
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < d; ++j)
         if (var[j] > 0)
@@ -242,13 +247,13 @@ std::tuple<Tensor, Tensor> klm_backward_cpu(const Tensor& grad_loss, const Tenso
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
-  m.impl("kde_grid", &kde_grid_cpu);
-  m.impl("kde_grid_backward", &kde_grid_backward_cpu);
-  m.impl("cliff_loss", &cliff_loss_cpu);
-  m.impl("cliff_loss_backward", &cliff_loss_backward_cpu);
-  m.impl("klm", &klm_cpu);
-  m.impl("klm_backward", &klm_backward_cpu);
-}
-
 }  // namespace qkernels
+
+STABLE_TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
+  m.impl("kde_grid", TORCH_BOX(&qkernels::kde_grid_cpu));
+  m.impl("kde_grid_backward", TORCH_BOX(&qkernels::kde_grid_backward_cpu));
+  m.impl("cliff_loss", TORCH_BOX(&qkernels::cliff_loss_cpu));
+  m.impl("cliff_loss_backward", TORCH_BOX(&qkernels::cliff_loss_backward_cpu));
+  m.impl("klm", TORCH_BOX(&qkernels::klm_cpu));
+  m.impl("klm_backward", TORCH_BOX(&qkernels::klm_backward_cpu));
+}

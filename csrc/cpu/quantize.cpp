@@ -1,11 +1,10 @@
-// CPU (OpenMP via at::parallel_for) kernels of the quantization hot path (schemas:
-// csrc/schemas.cpp). Math lives in csrc/include/qkernels/quantize.h, shared with csrc/cuda.
+// CPU kernels of the quantization hot path, threaded by torch::stable::parallel_for (torch's
+// intra-op pool; schemas: csrc/schemas.cpp). Math lives in csrc/include/qkernels/quantize.h, shared
+// with csrc/cuda.
 //
 // Reductions (losses, codebook gradients) use a fixed row chunking whose partial sums are added in
 // chunk order, so results do not depend on the number of threads.
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
+#include "qkernels/stable.h"
 
 #include <algorithm>
 #include <limits>
@@ -17,12 +16,10 @@
 namespace qkernels {
 namespace {
 
-using at::Tensor;
-
 // Row chunks for deterministic reductions: at most kMaxChunks partial buffers.
 constexpr int64_t kMaxChunks = 64;
 int64_t chunk_rows(int64_t rows) { return std::max<int64_t>(64, (rows + kMaxChunks - 1) / kMaxChunks); }
-// Grain (in chunks) for at::parallel_for: problems below ~64k scalar operations run on the calling
+// Grain (in chunks) for parallel_for: problems below ~64k scalar operations run on the calling
 // thread, where waking the thread pool would cost more than the work.
 int64_t grain(int64_t n_chunks, int64_t ops_per_chunk) {
   return n_chunks * ops_per_chunk < (int64_t(1) << 16) ? std::max<int64_t>(n_chunks, 1) : 1;
@@ -30,10 +27,11 @@ int64_t grain(int64_t n_chunks, int64_t ops_per_chunk) {
 
 // Sum of per-chunk partials partial[c * size + e] in chunk order, times scale, as a (G, n) tensor.
 Tensor sum_partials(const std::vector<double>& partial, int64_t n_chunks, int64_t G, int64_t n, double scale,
-                    const at::TensorOptions& options) {
-  Tensor out = at::empty({G, n}, options);
-  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "sum_partials", [&] {
-    scalar_t* o = out.data_ptr<scalar_t>();
+                    const Tensor& like) {
+  Tensor out = alloc({G, n}, like.scalar_type(), like);
+  dispatch_floating(out.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
     for (int64_t e = 0; e < G * n; ++e) {
       double acc = 0.0;
       for (int64_t c = 0; c < n_chunks; ++c) acc += partial[c * G * n + e];
@@ -91,23 +89,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cpu(const Tensor& z_,
   check_finite(z_, "z", "latent_quantize");
   check_finite(values_, "values", "latent_quantize");
   const int64_t N = z_.size(0), d = z_.size(1);
-  const Tensor z = z_.contiguous(), values = values_.contiguous();
+  const Tensor z = as_contiguous(z_), values = as_contiguous(values_);
   const int64_t G = values.size(0), nv = values.size(1);
-  Tensor zq = at::empty_like(z);
-  Tensor idx = at::empty({N, d}, z.options().dtype(at::kLong));
+  Tensor zq = alloc_like(z);
+  Tensor idx = alloc({N, d}, ScalarType::Long, z);
   const int64_t rows = chunk_rows(N), n_chunks = (N + rows - 1) / rows;
   std::vector<double> partial(std::max<int64_t>(n_chunks, 1), 0.0);
-  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "latent_quantize_cpu", [&] {
-    const scalar_t* zp = z.data_ptr<scalar_t>();
-    const scalar_t* vp = values.data_ptr<scalar_t>();
-    scalar_t* qp = zq.data_ptr<scalar_t>();
-    int64_t* ip = idx.data_ptr<int64_t>();
+  dispatch_floating(z.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    const scalar_t* zp = z.const_data_ptr<scalar_t>();
+    const scalar_t* vp = values.const_data_ptr<scalar_t>();
+    scalar_t* qp = zq.mutable_data_ptr<scalar_t>();
+    int64_t* ip = idx.mutable_data_ptr<int64_t>();
     std::vector<scalar_t> sorted;
     std::vector<int32_t> order;
     sort_codebook(vp, G, nv, sorted, order);
     int32_t levels = 0;  // binary-search steps per element, for the parallel grain
     while ((int64_t(1) << levels) < nv) ++levels;
-    at::parallel_for(0, n_chunks, grain(n_chunks, rows * d * (levels + 2)), [&](int64_t c0, int64_t c1) {
+    torch::stable::parallel_for(0, n_chunks, grain(n_chunks, rows * d * (levels + 2)), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double acc = 0.0;
         const int64_t r1 = std::min(N, (c + 1) * rows);
@@ -130,8 +129,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> latent_quantize_cpu(const Tensor& z_,
   });
   double total = 0.0;
   for (double p : partial) total += p;
-  Tensor loss = at::scalar_tensor(total / static_cast<double>(N * d), z.options());
-  return {zq, idx, loss, loss.clone()};
+  const double loss = total / static_cast<double>(N * d);
+  return {zq, idx, cpu_scalar_tensor(loss, z.scalar_type(), z), cpu_scalar_tensor(loss, z.scalar_type(), z)};
 }
 
 std::tuple<Tensor, Tensor> latent_quantize_backward_cpu(const Tensor& grad_zq_, const Tensor& grad_lq,
@@ -139,21 +138,22 @@ std::tuple<Tensor, Tensor> latent_quantize_backward_cpu(const Tensor& grad_zq_, 
                                                         const Tensor& values_, const Tensor& idx_) {
   check_latent_quantize_backward(grad_zq_, grad_lq, grad_lc, z_, values_, idx_, "latent_quantize_backward");
   const int64_t N = z_.size(0), d = z_.size(1);
-  const Tensor z = z_.contiguous(), values = values_.contiguous(), idx = idx_.contiguous();
-  const Tensor grad_zq = grad_zq_.contiguous();
+  const Tensor z = as_contiguous(z_), values = as_contiguous(values_), idx = as_contiguous(idx_);
+  const Tensor grad_zq = as_contiguous(grad_zq_);
   const int64_t G = values.size(0), nv = values.size(1);
   const double scale = 2.0 / static_cast<double>(N * d);
-  const double s_c = grad_lc.item<double>() * scale, s_q = grad_lq.item<double>() * scale;
-  Tensor grad_z = at::empty_like(z);
+  const double s_c = cpu_scalar(grad_lc) * scale, s_q = cpu_scalar(grad_lq) * scale;
+  Tensor grad_z = alloc_like(z);
   const int64_t rows = chunk_rows(N), n_chunks = (N + rows - 1) / rows;
   std::vector<double> partial(n_chunks * G * nv, 0.0);
-  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "latent_quantize_backward_cpu", [&] {
-    const scalar_t* zp = z.data_ptr<scalar_t>();
-    const scalar_t* vp = values.data_ptr<scalar_t>();
-    const scalar_t* gp = grad_zq.data_ptr<scalar_t>();
-    const int64_t* ip = idx.data_ptr<int64_t>();
-    scalar_t* gz = grad_z.data_ptr<scalar_t>();
-    at::parallel_for(0, n_chunks, grain(n_chunks, rows * d * 4), [&](int64_t c0, int64_t c1) {
+  dispatch_floating(z.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    const scalar_t* zp = z.const_data_ptr<scalar_t>();
+    const scalar_t* vp = values.const_data_ptr<scalar_t>();
+    const scalar_t* gp = grad_zq.const_data_ptr<scalar_t>();
+    const int64_t* ip = idx.const_data_ptr<int64_t>();
+    scalar_t* gz = grad_z.mutable_data_ptr<scalar_t>();
+    torch::stable::parallel_for(0, n_chunks, grain(n_chunks, rows * d * 4), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double* part = partial.data() + c * G * nv;
         const int64_t r1 = std::min(N, (c + 1) * rows);
@@ -169,7 +169,7 @@ std::tuple<Tensor, Tensor> latent_quantize_backward_cpu(const Tensor& grad_zq_, 
       }
     });
   });
-  Tensor grad_values = sum_partials(partial, n_chunks, G, nv, s_q, values.options());
+  Tensor grad_values = sum_partials(partial, n_chunks, G, nv, s_q, values);
   return {grad_z, grad_values};
 }
 
@@ -180,18 +180,20 @@ std::tuple<Tensor, Tensor, Tensor> relaxed_categorical_cpu(const Tensor& logits_
   check_finite(logits_, "logits", "relaxed_categorical");
   check_finite(values_, "values", "relaxed_categorical");
   if (uniform_.has_value()) check_unit_interval(*uniform_, "uniform", "relaxed_categorical");
-  const Tensor logits = logits_.contiguous(), values = values_.contiguous();
-  const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();
+  const Tensor logits = as_contiguous(logits_), values = as_contiguous(values_);
+  const std::optional<Tensor> uniform = uniform_.has_value() ? std::optional(as_contiguous(*uniform_)) : std::nullopt;
   const int64_t N = logits.size(0), d = logits.size(1), K = logits.size(2), G = values.size(0);
-  Tensor z = at::empty({N, d}, logits.options());
-  Tensor y = at::empty_like(logits);
-  Tensor kl = at::empty({N, d}, logits.options());
-  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "relaxed_categorical_cpu", [&] {
-    const scalar_t* lp = logits.data_ptr<scalar_t>();
-    const scalar_t* up = uniform.defined() ? uniform.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* vp = values.data_ptr<scalar_t>();
-    scalar_t *zp = z.data_ptr<scalar_t>(), *yp = y.data_ptr<scalar_t>(), *kp = kl.data_ptr<scalar_t>();
-    at::parallel_for(0, N * d, std::max<int64_t>(256, (int64_t(1) << 16) / (8 * K)), [&](int64_t r0, int64_t r1) {
+  Tensor z = alloc({N, d}, logits.scalar_type(), logits);
+  Tensor y = alloc_like(logits);
+  Tensor kl = alloc({N, d}, logits.scalar_type(), logits);
+  dispatch_floating(logits.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    const scalar_t* lp = logits.const_data_ptr<scalar_t>();
+    const scalar_t* up = uniform.has_value() ? uniform->const_data_ptr<scalar_t>() : nullptr;
+    const scalar_t* vp = values.const_data_ptr<scalar_t>();
+    scalar_t *zp = z.mutable_data_ptr<scalar_t>(), *yp = y.mutable_data_ptr<scalar_t>(),
+             *kp = kl.mutable_data_ptr<scalar_t>();
+    torch::stable::parallel_for(0, N * d, std::max<int64_t>(256, (int64_t(1) << 16) / (8 * K)), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t g = G == 1 ? 0 : r % d;
         zp[r] = categorical_row_forward<scalar_t>(lp + r * K, up ? up + r * K : nullptr, vp + g * K,
@@ -208,22 +210,23 @@ std::tuple<Tensor, Tensor> relaxed_categorical_backward_cpu(
     const Tensor& values_, const std::optional<Tensor>& uniform_, const Tensor& y_, double tau,
     double noise_scale) {
   check_categorical_backward(grad_z_, grad_y_, grad_kl_, logits_, values_, uniform_, y_, "relaxed_categorical_backward");
-  const Tensor logits = logits_.contiguous(), values = values_.contiguous(), y = y_.contiguous();
-  const Tensor uniform = uniform_.has_value() ? uniform_->contiguous() : Tensor();
-  const Tensor grad_z = grad_z_.contiguous(), grad_y = grad_y_.contiguous(), grad_kl = grad_kl_.contiguous();
+  const Tensor logits = as_contiguous(logits_), values = as_contiguous(values_), y = as_contiguous(y_);
+  const std::optional<Tensor> uniform = uniform_.has_value() ? std::optional(as_contiguous(*uniform_)) : std::nullopt;
+  const Tensor grad_z = as_contiguous(grad_z_), grad_y = as_contiguous(grad_y_), grad_kl = as_contiguous(grad_kl_);
   const int64_t N = logits.size(0), d = logits.size(1), K = logits.size(2), G = values.size(0);
-  Tensor grad_logits = at::empty_like(logits);
+  Tensor grad_logits = alloc_like(logits);
   const int64_t rows = chunk_rows(N), n_chunks = (N + rows - 1) / rows;
   std::vector<double> partial(n_chunks * G * K, 0.0);
-  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "relaxed_categorical_backward_cpu", [&] {
-    const scalar_t* lp = logits.data_ptr<scalar_t>();
-    const scalar_t* up = uniform.defined() ? uniform.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* vp = values.data_ptr<scalar_t>();
-    const scalar_t* yp = y.data_ptr<scalar_t>();
-    const scalar_t *gzp = grad_z.data_ptr<scalar_t>(), *gyp = grad_y.data_ptr<scalar_t>(),
-                   *gkp = grad_kl.data_ptr<scalar_t>();
-    scalar_t* glp = grad_logits.data_ptr<scalar_t>();
-    at::parallel_for(0, n_chunks, grain(n_chunks, rows * d * K * 8), [&](int64_t c0, int64_t c1) {
+  dispatch_floating(logits.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    const scalar_t* lp = logits.const_data_ptr<scalar_t>();
+    const scalar_t* up = uniform.has_value() ? uniform->const_data_ptr<scalar_t>() : nullptr;
+    const scalar_t* vp = values.const_data_ptr<scalar_t>();
+    const scalar_t* yp = y.const_data_ptr<scalar_t>();
+    const scalar_t *gzp = grad_z.const_data_ptr<scalar_t>(), *gyp = grad_y.const_data_ptr<scalar_t>(),
+                   *gkp = grad_kl.const_data_ptr<scalar_t>();
+    scalar_t* glp = grad_logits.mutable_data_ptr<scalar_t>();
+    torch::stable::parallel_for(0, n_chunks, grain(n_chunks, rows * d * K * 8), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double* part = partial.data() + c * G * K;
         const int64_t i1 = std::min(N, (c + 1) * rows);
@@ -237,17 +240,17 @@ std::tuple<Tensor, Tensor> relaxed_categorical_backward_cpu(
       }
     });
   });
-  Tensor grad_values = sum_partials(partial, n_chunks, G, K, 1.0, values.options());
+  Tensor grad_values = sum_partials(partial, n_chunks, G, K, 1.0, values);
   return {grad_logits, grad_values};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
-  m.impl("latent_quantize", &latent_quantize_cpu);
-  m.impl("latent_quantize_backward", &latent_quantize_backward_cpu);
-  m.impl("relaxed_categorical", &relaxed_categorical_cpu);
-  m.impl("relaxed_categorical_backward", &relaxed_categorical_backward_cpu);
-}
-
 }  // namespace qkernels
+
+STABLE_TORCH_LIBRARY_IMPL(qkernels, CPU, m) {  // schemas: csrc/schemas.cpp
+  m.impl("latent_quantize", TORCH_BOX(&qkernels::latent_quantize_cpu));
+  m.impl("latent_quantize_backward", TORCH_BOX(&qkernels::latent_quantize_backward_cpu));
+  m.impl("relaxed_categorical", TORCH_BOX(&qkernels::relaxed_categorical_cpu));
+  m.impl("relaxed_categorical_backward", TORCH_BOX(&qkernels::relaxed_categorical_backward_cpu));
+}

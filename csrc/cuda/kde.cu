@@ -1,6 +1,7 @@
 // CUDA kernels of the KDE hot path (KLM, kde_grid; Cliff runs on the triton backend). The math
 // (windowing, exp, Silverman factor) is csrc/include/qkernels/kde.h, shared with csrc/cpu/kde.cpp. No torch headers: compile-checked with
 // plain nvcc in the tests.
+#include "block_reduce.cuh"
 #include "kde.cuh"
 #include "qkernels/kde.h"
 
@@ -119,6 +120,72 @@ __global__ void klm_bwd_kernel(const T* __restrict__ y, const T* __restrict__ ls
     for (int64_t j = 0; j < d; ++j) gy[b * d + j] *= scale;
 }
 
+// One block per latent j: s[j] (given, or the population std + 1e-6 with mean and var), then y = z / s.
+template <typename T>
+__global__ void klm_scale_kernel(const T* __restrict__ z, const T* __restrict__ std, T* __restrict__ s,
+                                 T* __restrict__ mean, T* __restrict__ var, T* __restrict__ y, int64_t n, int64_t d) {
+  using A = typename acc_type<T>::type;
+  __shared__ A shared[kThreads];
+  const int64_t j = blockIdx.x;
+  A sj;
+  if (std != nullptr) {
+    sj = A(std[j]);
+  } else {
+    A sum = 0;
+    for (int64_t b = threadIdx.x; b < n; b += kThreads) sum += A(z[b * d + j]);
+    const A m = block_sum<kThreads>(sum, shared) / A(n);
+    A sq = 0;
+    for (int64_t b = threadIdx.x; b < n; b += kThreads) {
+      const A dev = A(z[b * d + j]) - m;
+      sq += dev * dev;
+    }
+    const A v = block_sum<kThreads>(sq, shared) / A(n);
+    sj = (v > A(0) ? sqrt(v) : A(0)) + A(1e-6);
+    if (threadIdx.x == 0) {
+      mean[j] = T(m);
+      var[j] = T(v);
+    }
+  }
+  if (threadIdx.x == 0) s[j] = T(sj);
+  for (int64_t b = threadIdx.x; b < n; b += kThreads) y[b * d + j] = T(A(z[b * d + j]) / sj);
+}
+
+// One block: the loss from the log-sum-exps.
+template <typename T>
+__global__ void klm_loss_kernel(const T* __restrict__ lse, T* __restrict__ loss, int64_t n, int64_t d, double c) {
+  using A = typename acc_type<T>::type;
+  __shared__ A shared[kThreads];
+  const int64_t w = d + 1;
+  A acc = 0;
+  for (int64_t b = threadIdx.x; b < n; b += kThreads) {
+    A row = A(lse[b * w]);
+    for (int64_t j = 1; j < w; ++j) row -= A(lse[b * w + j]);
+    acc += row;
+  }
+  const A total = block_sum<kThreads>(acc, shared);
+  if (threadIdx.x == 0) *loss = T(total / A(n) + A(c));
+}
+
+// One block per latent j: gs_j, then gz[:, j].
+template <typename T>
+__global__ void klm_unscale_kernel(const T* __restrict__ gy, const T* grad_loss, const T* __restrict__ z,
+                                   const T* __restrict__ y, const T* __restrict__ s, const T* __restrict__ mean,
+                                   const T* __restrict__ var, bool default_std, T* __restrict__ gz,
+                                   T* __restrict__ gs, int64_t n, int64_t d) {
+  using A = typename acc_type<T>::type;
+  __shared__ A shared[kThreads];
+  const int64_t j = blockIdx.x;
+  const A g = A(*grad_loss), sj = A(s[j]);
+  A part = 0;
+  for (int64_t b = threadIdx.x; b < n; b += kThreads) part += A(gy[b * d + j]) * g * A(y[b * d + j]);
+  const A gsj = -block_sum<kThreads>(part, shared) / sj;
+  if (gs != nullptr && threadIdx.x == 0) gs[j] = T(gsj);
+  const A vj = default_std ? A(var[j]) : A(0);
+  const A coef = vj > A(0) ? gsj / (A(n) * sqrt(vj)) : A(0), mj = default_std ? A(mean[j]) : A(0);
+  for (int64_t b = threadIdx.x; b < n; b += kThreads)
+    gz[b * d + j] = T(A(gy[b * d + j]) * g / sj + coef * (A(z[b * d + j]) - mj));
+}
+
 // Unnormalized kernel term of u = (p - x) / sigma: N(u) = exp(-u^2 / 2) or D(u) = -u N(u); with
 // grad, its derivative d/dp. Terms beyond kWindow sigma are dropped (kde.h).
 template <typename T>
@@ -182,6 +249,26 @@ cudaError_t klm_bwd(const T* y, const T* lse, T* gy, int64_t n, int64_t d, doubl
 }
 
 template <typename T>
+cudaError_t klm_scale(const T* z, const T* std, T* s, T* mean, T* var, T* y, int64_t n, int64_t d,
+                      cudaStream_t stream) {
+  klm_scale_kernel<T><<<d, kThreads, 0, stream>>>(z, std, s, mean, var, y, n, d);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t klm_loss(const T* lse, T* loss, int64_t n, int64_t d, double c, cudaStream_t stream) {
+  klm_loss_kernel<T><<<1, kThreads, 0, stream>>>(lse, loss, n, d, c);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t klm_unscale(const T* gy, const T* grad_loss, const T* z, const T* y, const T* s, const T* mean,
+                        const T* var, bool default_std, T* gz, T* gs, int64_t n, int64_t d, cudaStream_t stream) {
+  klm_unscale_kernel<T><<<d, kThreads, 0, stream>>>(gy, grad_loss, z, y, s, mean, var, default_std, gz, gs, n, d);
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t kde_grid_fwd(const T* points, const T* samples, T* out, int64_t n, int64_t d, int64_t K,
                          double sigma, bool derivative, cudaStream_t stream) {
   kde_grid_points_kernel<T><<<blocks_for(d * K), kThreads, 0, stream>>>(
@@ -206,6 +293,10 @@ cudaError_t kde_grid_bwd(const T* grad, const T* points, const T* samples, T* gr
   template cudaError_t klm_fwd<T>(const T*, T*, int64_t, int64_t, double, cudaStream_t);                 \
   template cudaError_t klm_bwd<T>(const T*, const T*, T*, int64_t, int64_t, double, double, double,       \
                                   cudaStream_t);                                                          \
+  template cudaError_t klm_scale<T>(const T*, const T*, T*, T*, T*, T*, int64_t, int64_t, cudaStream_t);  \
+  template cudaError_t klm_loss<T>(const T*, T*, int64_t, int64_t, double, cudaStream_t);                  \
+  template cudaError_t klm_unscale<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*, \
+                                      bool, T*, T*, int64_t, int64_t, cudaStream_t);                       \
   template cudaError_t kde_grid_fwd<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, double, bool,   \
                                        cudaStream_t);                                                     \
   template cudaError_t kde_grid_bwd<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t,  \

@@ -22,6 +22,24 @@ template <typename T>
 cudaError_t klm_bwd(const T* y, const T* lse, T* gy, int64_t n, int64_t d, double c_joint, double inv_f2,
                     double scale, cudaStream_t stream);
 
+// The O(n d) work around the KLM kernels (one block per latent, sums in a fixed order):
+// klm_scale: s (d,) = std, or when std is nullptr the population std of z + 1e-6 (0 + 1e-6 for a constant
+//   column), with the column mean and variance in mean, var (d,); y (n, d) = z / s.
+template <typename T>
+cudaError_t klm_scale(const T* z, const T* std, T* s, T* mean, T* var, T* y, int64_t n, int64_t d,
+                      cudaStream_t stream);
+
+// loss (a device scalar) = mean over b of (lse[b, 0] - sum_j lse[b, 1 + j]) + c.
+template <typename T>
+cudaError_t klm_loss(const T* lse, T* loss, int64_t n, int64_t d, double c, cudaStream_t stream);
+
+// From gy (n, d), the gradient of the loss in y = z / s per unit of *grad_loss (a device scalar), with g = gy *
+// *grad_loss: gz = g / s, plus with default_std the default std's share (z - mean) gs / (n sqrt(var)) where
+// var > 0; gs_j = -sum_b g_bj y_bj / s_j into gs (nullable).
+template <typename T>
+cudaError_t klm_unscale(const T* gy, const T* grad_loss, const T* z, const T* y, const T* s, const T* mean,
+                        const T* var, bool default_std, T* gz, T* gs, int64_t n, int64_t d, cudaStream_t stream);
+
 // points (d, K), samples (n, d): out[j, k] = 1/n sum_s N(points[j, k]; samples[s, j], sigma^2) (or d/dt).
 template <typename T>
 cudaError_t kde_grid_fwd(const T* points, const T* samples, T* out, int64_t n, int64_t d, int64_t K,

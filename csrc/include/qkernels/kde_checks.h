@@ -1,18 +1,16 @@
 // Argument checks of the KDE ops, shared by the CPU kernels (csrc/cpu/kde.cpp) and the CUDA glue
-// (csrc/cuda/kde_glue.cpp). Uses torch: never include from a .cu kernel file.
+// (csrc/cuda/kde_glue.cpp). Uses torch's stable ABI: never include from a .cu kernel file.
 #pragma once
-
-#include <ATen/ATen.h>
 
 #include "qkernels/checks.h"
 
 namespace qkernels {
 
 inline void check_klm(const Tensor& z, const std::optional<Tensor>& std, const char* op) {
-  TORCH_CHECK(z.dim() == 2 && z.size(0) >= 1 && z.size(1) >= 1, op, ": z must be (n, d), got ", z.sizes());
+  QK_CHECK(z.dim() == 2 && z.size(0) >= 1 && z.size(1) >= 1, op, ": z must be (n, d), got ", shape(z));
   check_floating(z, "z", op);
   if (!std.has_value()) return;
-  TORCH_CHECK(std->dim() == 1 && std->size(0) == z.size(1), op, ": std must be (d,), got ", std->sizes());
+  QK_CHECK(std->dim() == 1 && std->size(0) == z.size(1), op, ": std must be (d,), got ", shape(*std));
   check_like(*std, "std", z, "z", op);
 }
 
@@ -20,39 +18,39 @@ inline void check_klm_backward(const Tensor& grad_loss, const Tensor& z, const s
                                const Tensor& lse, const char* op) {
   check_klm(z, std, op);
   check_scalar_grad(grad_loss, "grad_loss", z, op);
-  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == z.size(0) && lse.size(1) == z.size(1) + 1, op,
-              ": lse must be (n, d + 1) = (", z.size(0), ", ", z.size(1) + 1, "), got ", lse.sizes());
+  QK_CHECK(lse.dim() == 2 && lse.size(0) == z.size(0) && lse.size(1) == z.size(1) + 1, op,
+           ": lse must be (n, d + 1) = (", z.size(0), ", ", z.size(1) + 1, "), got ", shape(lse));
   check_like(lse, "lse", z, "z", op);
 }
 
 inline void check_kde_grid(const Tensor& points, const Tensor& samples, double sigma, const char* op) {
-  TORCH_CHECK(points.dim() == 2 && samples.dim() == 2 && samples.size(1) == points.size(0), op,
-              ": points must be (d, K) and samples (n, d), got ", points.sizes(), " and ", samples.sizes());
+  QK_CHECK(points.dim() == 2 && samples.dim() == 2 && samples.size(1) == points.size(0), op,
+           ": points must be (d, K) and samples (n, d), got ", shape(points), " and ", shape(samples));
   check_floating(points, "points", op);
   check_like(samples, "samples", points, "points", op);
-  TORCH_CHECK(samples.size(0) >= 1 && points.numel() >= 1, op, ": empty points or samples");
-  TORCH_CHECK(sigma > 0, op, ": sigma must be > 0");
+  QK_CHECK(samples.size(0) >= 1 && points.numel() >= 1, op, ": empty points or samples");
+  QK_CHECK(sigma > 0, op, ": sigma must be > 0");
 }
 
 inline void check_kde_grid_backward(const Tensor& grad, const Tensor& points, const Tensor& samples, double sigma,
                                     const char* op) {
   check_kde_grid(points, samples, sigma, op);
-  TORCH_CHECK(grad.sizes() == points.sizes(), op, ": grad must be shaped like points ", points.sizes(), ", got ",
-              grad.sizes());
-  TORCH_CHECK(grad.device() == points.device(), op, ": grad is on ", grad.device(), " but points is on ",
-              points.device());
+  QK_CHECK(grad.sizes().equals(points.sizes()), op, ": grad must be shaped like points ", shape(points), ", got ",
+           shape(grad));
+  QK_CHECK(device_of(grad) == device_of(points), op, ": grad is on ", device_of(grad), " but points is on ",
+           device_of(points));
 }
 
 inline void check_cliff_loss(const Tensor& z, const Tensor& cond, double sigma, double a, double b, int64_t num_points,
                              const char* op) {
-  TORCH_CHECK(z.dim() == 2 && z.size(0) >= 1 && z.size(1) >= 1, op, ": z must be (n, d), got ", z.sizes());
+  QK_CHECK(z.dim() == 2 && z.size(0) >= 1 && z.size(1) >= 1, op, ": z must be (n, d), got ", shape(z));
   check_floating(z, "z", op);
-  TORCH_CHECK(cond.dim() == 2 && cond.size(0) == z.size(1) && cond.size(1) >= 1, op,
-              ": cond_index must be (d, M), got ", cond.sizes());
+  QK_CHECK(cond.dim() == 2 && cond.size(0) == z.size(1) && cond.size(1) >= 1, op,
+           ": cond_index must be (d, M), got ", shape(cond));
   check_index(cond, "cond_index", z, op);
   check_index_range(cond, z.size(0), "cond_index", op);
-  TORCH_CHECK(sigma > 0 && a < b && num_points >= 2, op, ": need sigma > 0, a < b and num_points >= 2, got sigma ",
-              sigma, ", a ", a, ", b ", b, ", num_points ", num_points);
+  QK_CHECK(sigma > 0 && a < b && num_points >= 2, op, ": need sigma > 0, a < b and num_points >= 2, got sigma ",
+           sigma, ", a ", a, ", b ", b, ", num_points ", num_points);
 }
 
 // The one-element upstream gradients of (total, uni, biv, kl), each optional (absent: 0).
