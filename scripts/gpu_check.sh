@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# One-shot GPU check: build the extension for the local GPU in place, run the whole test suite on
-# the GPU, run `qkernels bench --all` there (GPU peak memory, torch.compile baseline), and write one
-# markdown report to OUT_DIR/gpu_check.md (logs beside it).
+# One-shot GPU check: put the native extension in place (from a prebuilt wheel, or built for the local GPU), run
+# the whole test suite on the GPU, run `qkernels bench --all` there (GPU peak memory, torch.compile baseline), and
+# write one markdown report to OUT_DIR/gpu_check.md (logs beside it).
 #
 #   bash scripts/gpu_check.sh OUT_DIR
+#   WHEEL=dist/cuda/qkernels-<v>-cp310-abi3-manylinux_2_28_x86_64.whl bash scripts/gpu_check.sh OUT_DIR
+#
+# WHEEL: the CUDA wheel of scripts/build_wheels.sh (built without a GPU; sm_80, sm_90 + PTX): its libraries
+# (qkernels/_C.abi3.so, qkernels/_C_cuda.abi3.so) are unpacked into this checkout instead of compiling on the device
+# (minutes of device time); the checkout's Python code runs with them. Without WHEEL, or when its CUDA kernels do
+# not load here, the extension is built in place for the local GPU as before.
 #
 # Works offline with the torch already installed (no pip install): set PYTHON to its interpreter
 # (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
@@ -43,8 +49,34 @@ step() { echo "[gpu_check $(($(date +%s) - T0))s] $*"; }
     echo "- nvcc: $(nvcc --version 2>/dev/null | tail -1); cores: $(nproc)"
 } > "$REPORT"
 
-# ---------------------------------------------------------------- build in place for this GPU
-if want build; then
+# ---------------------------------------------------------------- the native extension: prebuilt wheel or build
+BUILT=""
+if want build && [ -n "${WHEEL:-}" ]; then
+    step "libraries of $WHEEL"
+    rm -f qkernels/_C*.so
+    W0=$(date +%s)
+    "$PYTHON" - "$WHEEL" > "$OUT/wheel.log" 2>&1 <<'EOF'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as zf:
+    for name in zf.namelist():
+        if name.startswith("qkernels/_C") and name.endswith(".so") or name == "qkernels/_build_info.py":
+            zf.extract(name, ".")
+            print("unpacked", name)
+EOF
+    BACKENDS=$("$PYTHON" -c 'import qkernels; from qkernels import _ext; print(qkernels.available_backends("cuda"), "- cuda kernels:", _ext.CUDA_REASON or "loaded")' 2>&1 | tail -1)
+    {
+        echo
+        echo "## Extension: prebuilt wheel"
+        echo
+        echo "\`$(basename "$WHEEL")\`: $(grep -c unpacked "$OUT/wheel.log") files unpacked in $(($(date +%s) - W0)) s; backends on cuda: $BACKENDS"
+    } >> "$REPORT"
+    if "$PYTHON" -c 'from qkernels import _ext; assert _ext.cuda_built()' 2>/dev/null; then
+        BUILT=wheel
+    else
+        echo "the wheel's CUDA kernels do not load here: building in place instead" >> "$REPORT"
+    fi
+fi
+if want build && [ -z "$BUILT" ]; then
 step "build"
 ARCH=$("$PYTHON" -c 'import torch; c = torch.cuda.get_device_capability(); print(f"{c[0]}.{c[1]}")')
 mv pyproject.toml pyproject.toml.gpu_check  # setup.py alone: no PEP 517 metadata checks, no pip
