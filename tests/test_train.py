@@ -1008,7 +1008,10 @@ def test_cli_every_train_flag_reaches_its_config_field(tmp_path):
     run.mkdir()
     TrainConfig(model="dvae", steps=5, out=str(run)).save(run / "config.json")
     assert cfg_of("--resume", "--out", str(run), "--device", "cuda:1").device == "cuda:1"
-    assert cfg_of("--resume", "--out", str(tmp_path / "new"), "--model", "ae").model == "ae"  # nothing to resume
+    from qkernels.cli import UsageError
+
+    with pytest.raises(UsageError, match="--resume needs a run"):  # nothing to resume: refused (issue 39)
+        cfg_of("--resume", "--out", str(tmp_path / "new"), "--model", "ae")
 
 
 @pytest.mark.parametrize("argv, says", [
