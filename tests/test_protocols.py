@@ -7,6 +7,7 @@ import importlib
 
 import numpy as np
 import pytest
+import torch
 from test_metrics import TinyDataset, encode_pixels, random_sources
 
 from qkernels.metrics import METHOD_PROTOCOL, PROTOCOLS, Protocol, dci, evaluate, infomec
@@ -174,3 +175,121 @@ def test_iqr_rule_at_its_boundaries(discrete):
     np.testing.assert_allclose(_iqr(z), [2.0, 0.15, 0.1, 0.05] if discrete else [0.5, 0.08, 0.05, 0.03])
     out = infomec(s, z, discrete_latents=discrete, prune="iqr")
     np.testing.assert_array_equal(out["active"], want)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 40 (review): each protocol's sample counts and splits, as evaluate(protocol=...) hands them to the metrics
+
+
+class RowIdData:
+    """Two random factors and a third that is the row's place in the draw (so a metric's rows can be told apart);
+    an observation is its three factors, encoded as they are."""
+
+    factor_sizes = (3, 4, 20_000)
+
+    def sample_factors(self, n, generator):
+        two = torch.stack([torch.randint(0, k, (n,), generator=generator) for k in self.factor_sizes[:2]], 1)
+        return torch.cat([two, torch.arange(n)[:, None]], 1)
+
+    def observations_from_factors(self, f):
+        return f.float()[:, :, None, None]
+
+
+def _flat(x):
+    return x.flatten(1)
+
+
+# The authors' numbers, written out (not read from PROTOCOLS): rows per metric; DCI's (fit, validation) rows when the
+# depth is searched, its (train, test) rows. QLAE: configs/train_ae.yaml num_val_data 10000, App. C.5 90/10 with the
+# depth tuned on held-out rows (80/10/10); Tripod: configs/train_autoencoder.yaml num_val 10000, dci.py 90/10;
+# FactorQVAE: metrics/infomec.py and dci.py num_train 10000 (+ num_test 5000 for DCI); dlib: 10000 + 5000, MIG on
+# 10000; fast: 2,000 rows, 90/10.
+PROTOCOL_ROWS = {
+    "qlae": ({"infomec": 10_000, "dci": 10_000}, (8_000, 1_000), (9_000, 1_000)),
+    "tripod": ({"infomec": 10_000, "dci": 10_000}, None, (9_000, 1_000)),
+    "factorqvae": ({"infomec": 10_000, "dci": 15_000}, None, (10_000, 5_000)),
+    "dlib": ({"dci": 15_000, "mig": 10_000}, None, (10_000, 5_000)),
+    "fast": ({"infomec": 2_000, "dci": 2_000}, None, (1_800, 200)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROTOCOL_ROWS))
+def test_each_protocol_hands_each_metric_its_rows_options_and_split(monkeypatch, name):
+    """evaluate(protocol=name) as a user calls it: one draw of factors from the seed, each metric on its first
+    samples[m] rows with the protocol's options and the seed; DCI's classifiers fitted on the train rows and scored
+    on the disjoint test rows of the sizes above (QLAE: the depth chosen on a validation part of the train rows),
+    the same split for every source, another split for another seed. The metric functions are spies (the metrics
+    themselves are tested elsewhere); DCI runs with recording classifiers."""
+    import functools
+
+    evaluate_module = importlib.import_module("qkernels.metrics.evaluate")  # (the package exports the function)
+    D = importlib.import_module("qkernels.metrics.dci")
+    counts, search, split = PROTOCOL_ROWS[name]
+    proto = PROTOCOLS[name]
+    calls, fits = [], []
+
+    def spy(metric, real):
+        @functools.wraps(real)
+        def wrapper(sources, latents, **kw):
+            calls.append((metric, np.array(sources), np.array(latents), kw))
+            return real(sources, latents, **kw) if metric == "dci" else {}
+        return wrapper
+
+    class Recorder:  # the classifier: records the rows (latent 2 is the row's id) it is fitted on and scores
+        def __init__(self, **kw):
+            fits.append({"kw": kw})
+
+        def fit(self, x, y):
+            fits[-1]["fit"] = x[:, 2].astype(int)
+            self.feature_importances_ = np.full(x.shape[1], 1 / x.shape[1])
+            self.y0 = y[0]
+            return self
+
+        def predict(self, x):
+            fits[-1]["test"] = x[:, 2].astype(int)
+            return np.full(len(x), self.y0)
+
+    searched = []
+
+    def best_depth(x_fit, y_fit, x_val, y_val, depths, seed, n_jobs):
+        searched.append((x_fit[:, 2].astype(int), x_val[:, 2].astype(int)))
+        return 4
+
+    for metric in ("infomec", "dci", "mig"):
+        monkeypatch.setitem(evaluate_module.METRICS, metric, spy(metric, evaluate_module.METRICS[metric]))
+    for cls in ("RandomForestClassifier", "GradientBoostingClassifier"):
+        monkeypatch.setattr(D, cls, Recorder)
+    monkeypatch.setattr(D, "_best_depth", best_depth)
+
+    ds = RowIdData()
+    draw = ds.sample_factors(max(counts.values()), torch.Generator().manual_seed(3)).numpy()
+    out = evaluate(_flat, ds, protocol=name, seed=3, batch_size=1024)
+    assert [c[0] for c in calls] == list(proto.metrics) and set(counts) == set(proto.metrics)
+    for metric, s, z, kw in calls:
+        n = counts[metric]
+        assert s.shape == (n, 3) and out[f"{metric}.num_samples"] == n, metric
+        np.testing.assert_array_equal(s, draw[:n])  # the first n rows of the one draw
+        np.testing.assert_array_equal(z[:, 2], np.arange(n))
+        assert kw == {**proto.options.get(metric, {}), **({"seed": 3} if metric != "mig" else {})}, metric
+    assert out["protocol"] == name
+
+    n = counts["dci"]
+    train, test = split
+    assert len(fits) == 3  # one classifier per source
+    for f in fits:
+        assert (len(f["fit"]), len(f["test"])) == (train, test)
+        assert not set(f["fit"].tolist()) & set(f["test"].tolist()) and set(f["fit"].tolist()) | set(
+            f["test"].tolist()) <= set(range(n))
+        np.testing.assert_array_equal(f["fit"], fits[0]["fit"])  # one split for every source
+    if search is None:
+        assert not searched
+    else:  # QLAE: the depth chosen on a validation part of the train rows, the forest refitted on all of them
+        assert len(searched) == 3 and all(f["kw"]["max_depth"] == 4 for f in fits)
+        for fit_rows, val_rows in searched:
+            assert (len(fit_rows), len(val_rows)) == search
+            assert set(fit_rows.tolist()) | set(val_rows.tolist()) == set(fits[0]["fit"].tolist())
+            assert not set(fit_rows.tolist()) & set(val_rows.tolist())
+    first = fits[0]["fit"]
+    fits.clear(), calls.clear(), searched.clear()
+    evaluate(_flat, ds, protocol=name, metrics=("dci",), seed=4, batch_size=1024)
+    assert not np.array_equal(np.sort(fits[0]["fit"]), np.sort(first))  # the seed reaches the split
