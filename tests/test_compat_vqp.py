@@ -568,3 +568,56 @@ def test_latent_quantize_under_autocast_matches_package():
     assert torch.equal(ia, ib)
     assert_bitwise(ga, gb)
     assert lb.dtype == torch.float32
+
+
+# ----------------------------------------------------------------------------- options one by one (issue 40 review)
+
+
+def _every_bfloat16(limit: float = 4.0) -> torch.Tensor:
+    """Every finite bfloat16 value in [-limit, limit], as (1, N, 4): each value on each latent in turn."""
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    every = every[torch.isfinite(every) & (every.abs() <= limit)]
+    return every[: every.numel() // 4 * 4].reshape(1, -1, 4)
+
+
+@pytest.mark.parametrize("levels", [[7, 5, 5, 5], [8, 5, 6, 3]])  # all odd (no shift), and with even levels
+@pytest.mark.parametrize("preserve_symmetry", [False, True])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"force_quantization_f32": False}, {"allowed_dtypes": (torch.float32, torch.float64, torch.bfloat16)}],
+    ids=["forced", "not-forced", "bf16-allowed"],
+)
+def test_fsq_quantization_dtype_options_match_package(levels, preserve_symmetry, options):
+    """force_quantization_f32 / allowed_dtypes on every bfloat16 input in [-4, 4] (no autocast): the default
+    quantizes in float32 (= the float32 module on x.float(), cast back); not forced, or with bfloat16 allowed, a
+    bfloat16 input is quantized as the package quantizes it (its int32 L - 1 keeps the symmetric bracket in
+    bfloat16, its float32 shift promotes the bound's tanh): outputs, indices and input gradients bitwise."""
+    kw = {"preserve_symmetry": preserve_symmetry, **options}
+    theirs, mine = pair("FSQ", levels, **kw)
+    x = _every_bfloat16()
+    upstream = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).bfloat16()
+    (qa, ia), ga, _ = run(theirs, x, upstream)
+    (qb, ib), gb, _ = run(mine, x, upstream)
+    assert qb.dtype == torch.bfloat16
+    assert_bitwise(qa, qb)
+    assert torch.equal(ia, ib)
+    assert_bitwise(ga, gb)
+    forced = ours.FSQ(levels, preserve_symmetry=preserve_symmetry)(x.float())[0].bfloat16()
+    if not options:
+        assert torch.equal(qb, forced)
+    elif preserve_symmetry:  # a bracket rounded to bfloat16 lands on another level for some inputs
+        assert not torch.equal(qb, forced)
+
+
+def test_fsq_allowed_dtypes_without_float64_quantizes_in_float32():
+    """allowed_dtypes=(float32,): a float64 input is quantized in float32 and returned as float64 (the package's)."""
+    theirs, mine = pair("FSQ", [8, 5, 6, 3], allowed_dtypes=(torch.float32,))
+    theirs.double(), mine.double()
+    x = torch.randn(2, 300, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 2
+    upstream = torch.randn(x.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    (qa, ia), ga, _ = run(theirs, x, upstream)
+    (qb, ib), gb, _ = run(mine, x, upstream)
+    assert_bitwise(qa, qb)
+    assert torch.equal(ia, ib)
+    assert_bitwise(ga, gb)
+    assert qb.dtype == torch.float64 and torch.equal(qb, ours.FSQ([8, 5, 6, 3])(x.float())[0].double())

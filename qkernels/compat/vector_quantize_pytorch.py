@@ -25,11 +25,12 @@ half up and :func:`qkernels.fsq` half to even) with fewer passes over memory tha
 autograd graph.
 
 Agreement (tests/test_compat_vqp.py, against the package on identical inputs and parameters): FSQ
-outputs, indices and gradients are bitwise the package's (float32, float64, bfloat16 under autocast);
-LatentQuantize indices and straight-through gradients bitwise, outputs bitwise where the values are
-dyadic (see the table), its loss value to summation order (relative 1e-6) without a projection. The
-package's own test cases pass on both (tests/test_compat_vqp_upstream.py). Where the package has a
-bug we follow the QLAE paper (shared/papers/qlae-*, eq. 5 and Alg. 1):
+outputs, indices and gradients are bitwise the package's (float32, float64, bfloat16 under autocast, and
+bfloat16 quantized in bfloat16: ``force_quantization_f32=False`` or ``allowed_dtypes``); LatentQuantize
+indices and straight-through gradients bitwise, outputs bitwise where the values are dyadic (see the
+table), its loss value to summation order (relative 1e-6) without a projection. The package's own test
+cases pass on both (tests/test_compat_vqp_upstream.py). Where the package has a bug we follow the QLAE
+paper (shared/papers/qlae-*, eq. 5 and Alg. 1):
 
 ================================  ==========================================  ==========================================
 what                              vector-quantize-pytorch 1.32.0              qkernels.compat
@@ -246,9 +247,13 @@ class _FSQSymmetric(torch.autograd.Function):
     def forward(ctx, z, levels_minus_1, scale, hard, basis):
         y = _clamp_or_tanh(ctx, z, hard)
         ctx.save_for_backward(None if hard else y, levels_minus_1, scale)
-        level = (levels_minus_1 * (y + 1)).div_(2.0).add_(0.5).floor_()
+        # the package's dtypes: its int32 L - 1 keeps the bracket in f(z)'s dtype (a half-precision z's too, when
+        # quantized in it), its float32 scale promotes the codes
+        ctx.dtype = y.dtype
+        level = (y + 1).mul_(levels_minus_1).div_(2.0).add_(0.5).floor_()
         index = None if basis is None else _combine(level, basis, 0)
-        codes = level.mul_(scale).sub_(1.0)  # scale * level - 1
+        same = level.dtype == torch.promote_types(level.dtype, scale.dtype)
+        codes = (level.mul_(scale) if same else level * scale).sub_(1.0)  # scale * level - 1
         if index is not None:
             ctx.mark_non_differentiable(index)
         return codes, index
@@ -256,7 +261,7 @@ class _FSQSymmetric(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_index):
         y, levels_minus_1, scale = ctx.saved_tensors
-        g = (grad * scale).div_(2.0).mul_(levels_minus_1)  # the package's order
+        g = (grad * scale).to(ctx.dtype).div_(2.0).mul_(levels_minus_1)  # the package's order and dtypes
         return _clamp_or_tanh_backward(ctx, g, y), None, None, None, None
 
 
@@ -411,7 +416,9 @@ class FSQ(nn.Module):
 
     def _bound(self, z: Tensor, eps: float, hard_clamp: bool, indices: bool = False) -> tuple[Tensor, Tensor | None]:
         c = self._const.get(z.device) if eps == 1e-3 else _fsq_constants(self._levels, eps)
-        shift = (c["shift_hard"] if hard_clamp else c["shift"]) if self._even else None
+        shift = c["shift_hard"] if hard_clamp else c["shift"]
+        if not self._even and torch.promote_types(z.dtype, shift.dtype) == z.dtype:
+            shift = None  # zero; the package's z + 0 only promotes a half-precision z to float32
         basis = self._basis_for(z, c["half_l"]) if indices else None
         return _FSQBound.apply(
             z, shift, c["half_l"], c["offset"], c["half_width"], c["zero"], hard_clamp, basis, self._index_offset
