@@ -621,3 +621,27 @@ def test_fsq_allowed_dtypes_without_float64_quantizes_in_float32():
     assert torch.equal(ia, ib)
     assert_bitwise(ga, gb)
     assert qb.dtype == torch.float64 and torch.equal(qb, ours.FSQ([8, 5, 6, 3])(x.float())[0].double())
+
+
+@pytest.mark.parametrize("p", [0.2, 0.9])
+def test_fsq_noise_dropout_noises_a_fraction_p(p):
+    """noise_dropout p (the option's meaning, arXiv 2411.19842 sec. 3.2 as the package's docs cite it): each code
+    moves off its level with probability p (uniform noise in [-1/2, 1/2), clamped to [-1, 1]: a code at +-1 pushed
+    outward, half of its draws, stays), so about p (1 - (the share at +-1) / 2) of them move. The
+    package noises every code with probability 1/2 whatever p (its full_like(z, p).bernoulli_() ignores the p's):
+    the same share at p and at 1/2 (checked, so a fixed upstream shows up here). At p = 1/2 ours draws as the
+    package (test_fsq_noise_dropout_draws_like_package)."""
+    x = torch.randn(2, 4000, 4, generator=torch.Generator().manual_seed(6))
+
+    def moved(q):
+        q.eval()
+        grid = q(x)[0]
+        q.train()
+        torch.manual_seed(3)
+        noised, _ = q(x)
+        return (noised != grid).double().mean().item(), (grid.abs() == 1).double().mean().item()
+
+    share, edge = moved(ours.FSQ([8, 5, 5, 5], preserve_symmetry=True, noise_dropout=p))
+    assert abs(share - p * (1 - edge / 2)) < 0.015 and 0.1 < edge < 0.4
+    theirs = moved(vqp.FSQ([8, 5, 5, 5], preserve_symmetry=True, noise_dropout=p))[0]
+    assert abs(theirs - moved(vqp.FSQ([8, 5, 5, 5], preserve_symmetry=True, noise_dropout=0.5))[0]) < 0.02

@@ -30,7 +30,7 @@ bfloat16 quantized in bfloat16: ``force_quantization_f32=False`` or ``allowed_dt
 indices and straight-through gradients bitwise, outputs bitwise where the values are dyadic (see the
 table), its loss value to summation order (relative 1e-6) without a projection. The package's own test
 cases pass on both (tests/test_compat_vqp_upstream.py). Where the package has a bug we follow the QLAE
-paper (shared/papers/qlae-*, eq. 5 and Alg. 1):
+paper (shared/papers/qlae-*, eq. 5 and Alg. 1), and for FSQ's noise dropout its stated probability:
 
 ================================  ==========================================  ==========================================
 what                              vector-quantize-pytorch 1.32.0              qkernels.compat
@@ -73,6 +73,9 @@ codebooks of 2^31+ codes          construction fails (the product codebook    Va
                                   is materialized; integer overflow)          ``return_indices=False`` (a keyword
                                                                               LatentQuantize gains) it builds
 FSQ indices past 2^24 codes       a float32 sum: wrong indices                exact
+FSQ ``noise_dropout`` p           probability 1/2 for every code, whatever p  probability p (at p = 1/2, the package's
+                                  (``bernoulli_()`` ignores its tensor of     draws)
+                                  p's)
 FSQ ``(B, D)`` input              einops error unless ``channel_first``       accepted
 bad arguments                     AssertionError, einops errors               ValueError / TypeError naming the argument
                                                                               (an int ``levels`` without
@@ -449,11 +452,13 @@ class FSQ(nn.Module):
         return self._bound(z, 1e-3, self.bound_hard_clamp, indices)
 
     def maybe_apply_noise(self, bounded_z: Tensor) -> Tensor:
-        """In training with ``noise_dropout`` p > 0: a fraction p of the codes gets uniform noise in
-        [-1/2, 1/2), then everything is clamped to [-1, 1] (random draws in the package's order)."""
+        """In training with ``noise_dropout`` p > 0: each code gets uniform noise in [-1/2, 1/2) with
+        probability p, then everything is clamped to [-1, 1] (random draws in the package's order; the
+        package's own probability is 1/2 whatever p)."""
         if not self.training or self.noise_dropout == 0:
             return bounded_z
-        mask = torch.full_like(bounded_z, self.noise_dropout).bernoulli_().bool()
+        # (the package's full_like(z, p).bernoulli_() draws with probability 1/2 whatever p: bernoulli_'s default)
+        mask = torch.empty_like(bounded_z).bernoulli_(self.noise_dropout).bool()
         noise = torch.rand_like(bounded_z) - 0.5
         return torch.where(mask, bounded_z + noise, bounded_z).clamp(-1.0, 1.0)
 
