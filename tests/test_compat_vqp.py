@@ -70,6 +70,8 @@ FSQ_CASES = [  # (levels, kwargs, input shape): the package's test shapes, plus 
     ([8, 5, 5, 5], {"dim": 12, "projection_has_bias": False}, (2, 50, 12)),
     ([7, 5, 5, 5], {"orthogonal_rotation": True}, (2, 100, 4)),
     ([8, 5, 5, 5], {"return_indices": False}, (1, 1024, 4)),
+    ([8, 5, 5, 5], {"channel_first": True}, (2, 4, 50)),  # a channel-first sequence, no projection
+    ([8, 5, 5, 5], {"scale": 0.5}, (2, 50, 4)),  # stored, unused (as in the package)
 ]
 
 
@@ -144,7 +146,7 @@ def test_fsq_helpers_match_package(preserve_symmetry):
 
 
 def test_fsq_interface_attributes():
-    theirs, mine = pair("FSQ", [8, 5, 5, 5], dim=16, num_codebooks=2, orthogonal_rotation=True)
+    theirs, mine = pair("FSQ", [8, 5, 5, 5], dim=16, num_codebooks=2, orthogonal_rotation=True, scale=0.5)
     for attr in (
         "dim",
         "codebook_dim",
@@ -207,6 +209,8 @@ LQ_CASES = [  # (levels, kwargs, input shape): the package's test and README sha
     ([9, 3], {"dim": 2}, (300, 2)),
     ([6, 7, 12], {"dim": 3}, (4, 3, 200)),  # values off the dyadic grid
     ([6, 7, 12], {"dim": 8}, (4, 8, 200)),
+    ([5, 5, 8], {"dim": 16, "codebook_dim": 3}, (1, 16, 64)),  # codebook_dim = len(levels): accepted
+    ([5, 5, 8], {"dim": 12, "num_codebooks": 2, "keep_num_codebooks_dim": False}, (2, 12, 50)),  # kept anyway
 ]
 
 
@@ -645,3 +649,37 @@ def test_fsq_noise_dropout_noises_a_fraction_p(p):
     assert abs(share - p * (1 - edge / 2)) < 0.015 and 0.1 < edge < 0.4
     theirs = moved(vqp.FSQ([8, 5, 5, 5], preserve_symmetry=True, noise_dropout=p))[0]
     assert abs(theirs - moved(vqp.FSQ([8, 5, 5, 5], preserve_symmetry=True, noise_dropout=0.5))[0]) < 0.02
+
+
+def test_latent_quantize_return_indices_false_changes_only_the_indices():
+    """return_indices=False (ours): the same output and loss, gradients alike, indices None."""
+    torch.manual_seed(0)
+    with_idx = ours.LatentQuantize([5, 6, 8], dim=16)
+    torch.manual_seed(0)
+    without = ours.LatentQuantize([5, 6, 8], dim=16, return_indices=False)
+    x, upstream = _lq_input((2, 16, 40))
+    (qa, ia, la), ga, pa = run(with_idx, x, upstream, with_loss=True)
+    (qb, ib, lb), gb, pb = run(without, x, upstream, with_loss=True)
+    assert ia is not None and ib is None
+    assert_bitwise(qa, qb)
+    assert_bitwise(la, lb)
+    assert_bitwise(ga, gb)
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        assert_bitwise(pa[name], pb[name])
+
+
+@pytest.mark.parametrize("name", ["commitment_loss_weight", "quantization_loss_weight"])
+def test_latent_quantize_loss_weight_none_is_zero(name):
+    """A weight of None (the signature's ``float | None``) is 0: the other loss alone, its value and gradients those
+    of weight 0.0 (the package raises TypeError on None)."""
+    x, upstream = _lq_input((2, 3, 40))
+    with pytest.raises(TypeError):
+        vqp.LatentQuantize([5, 5, 8], dim=3, **{name: None})
+    none = ours.LatentQuantize([5, 5, 8], dim=3, **{name: None})
+    zero = ours.LatentQuantize([5, 5, 8], dim=3, **{name: 0.0})
+    (_, _, la), ga, pa = run(none, x, upstream, with_loss=True)
+    (_, _, lb), gb, pb = run(zero, x, upstream, with_loss=True)
+    assert la.item() > 0 and torch.equal(la, lb) and torch.equal(ga, gb)
+    for n in pa:
+        assert torch.equal(pa[n], pb[n])
