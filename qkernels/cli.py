@@ -336,9 +336,6 @@ def _add_train(sub) -> None:
     p.set_defaults(func=_train)
     p = _debug_flag(sub.add_parser("eval", help="re-evaluate a saved run (metrics.json + figures)"))
     p.add_argument("run_dir")
-    p.add_argument("--data-order", choices=("auto", "iid", "epochs", "split"),
-                   help="how batches read the dataset (default auto: the method's authors': epochs for "
-                        "tripod/qlae/ae, an 80%% split for qvae/factorqvae, iid draws for the rest)")
     p.add_argument("--protocol", choices=("auto", *sorted(PROTOCOLS)), help="instead of the run's")
     p.add_argument("--eval-samples", type=_int_at_least(20))
     p.add_argument("--device")

@@ -1192,3 +1192,87 @@ def test_compare_table_wraps_to_120_columns(tmp_path, monkeypatch):
     assert [c for h in heads for c in h.split() if c in COLUMNS] == list(COLUMNS)  # each column once, in order
     assert sum(line.split()[:1] == ["runs/qlae"] for line in lines) == len(heads)  # each run's row in every table
     assert compare_runs(["runs/qlae"], columns=["mig.mig"]).count("\n") == 2  # narrow: one table, as before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 40 (review): the data orders and FactorQVAE's schedules, as the trainer and the command line run them
+
+
+def test_data_order_flag_reaches_the_trainers_batches(tmp_path, monkeypatch):
+    """`qkernels train --data-order X` -> config.json's data_order X -> every batch the trainer reads is read in
+    order X (the model step's and the discriminator's); auto: the method's authors' (qlae: shuffled epochs,
+    factorqvae: the 80% split). `qkernels eval` trains nothing: it has no --data-order."""
+    from qkernels.cli import _train_config, parser
+    from qkernels.train import loop
+
+    seen = []
+    real = loop.get_batch
+    monkeypatch.setattr(loop, "get_batch", lambda *a, **kw: seen.append((kw["order"], kw["streams"])) or real(*a, **kw))
+    for model, flag, want in (("qlae", "auto", "epochs"), ("qlae", "iid", "iid"), ("qlae", "split", "split"),
+                              ("factorqvae", None, "split"), ("factorqvae", "epochs", "epochs")):
+        argv = ["train", "--model", model, "--dataset", "sprites", "--image-size", "16", "--batch-size", "8",
+                "--out", str(tmp_path / f"{model}-{flag}"), *(["--data-order", flag] if flag else [])]
+        cfg = _train_config(parser().parse_args(argv))
+        assert cfg.data_order == (flag or "auto")
+        if model == "factorqvae":
+            cfg.model_kwargs = {**cfg.model_kwargs, **DISC}
+        seen.clear()
+        Trainer(cfg).train_step(5)
+        streams = 2 if model == "factorqvae" else 1
+        assert seen == [(want, streams)] * streams, (model, flag)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["eval", str(tmp_path), "--data-order", "iid"])
+
+
+class _FlatIndexData:
+    """A ground-truth dataset of the given factor sizes whose observation is the combination's flat index."""
+
+    def __init__(self, sizes):
+        self.factor_sizes = sizes
+        self.bases = torch.tensor([math.prod(sizes[i + 1:]) for i in range(len(sizes))])
+
+    def sample_factors(self, n, generator):
+        return torch.stack([torch.randint(0, k, (n,), generator=generator) for k in self.factor_sizes], 1)
+
+    def observations_from_factors(self, f):
+        return (f * self.bases).sum(1)[:, None]
+
+
+@pytest.mark.parametrize("sizes", [(10, 10, 10, 8, 4, 15), (4, 4, 2, 3, 3, 40, 40), (3, 8, 5, 4, 3, 4, 4, 4, 4, 2)],
+                         ids=["shapes3d", "mpi3d-complex", "isaac3d"])
+def test_split_order_reads_the_authors_random_split(sizes):
+    """FactorQVAE data/shapes3d.py, mpi3d_complex.py, isaac3d.py: torch.utils.data.random_split(dataset, [0.8, 0.1,
+    0.1], generator=torch.Generator().manual_seed(1)) (configs' train.seed 1), trained on the first part. The oracle is
+    that call itself, on each dataset's size: one epoch of the "split" order (one batch of the whole part here) reads
+    exactly its indices, each once, for every run seed."""
+    from torch.utils.data import random_split
+
+    n = math.prod(sizes)
+    part = torch.tensor(random_split(range(n), [0.8, 0.1, 0.1], generator=torch.Generator().manual_seed(1))[0].indices)
+    ds = _FlatIndexData(sizes)
+    for seed in (0, 5):
+        epoch = get_batch(ds, len(part), seed, 0, order="split")[:, 0]
+        assert epoch.shape == part.shape and torch.equal(epoch.sort().values, part.sort().values)
+
+
+@pytest.mark.parametrize("model", ["factorqvae", "qvae"])
+def test_factorqvae_schedules_by_iteration_in_the_trainer(tmp_path, monkeypatch, model):
+    """The trainer's iteration s reaches FactorQVAE's schedules as the authors' Lightning global step: tau =
+    exp(-1e-5 global_step) with two optimizer steps per FactorQVAE iteration (exp(-2e-5 s)) and one per QVAE
+    iteration (exp(-1e-5 s)), the tau the quantizer is given and the one logged; both optimizers' learning rate
+    CosineAnnealingLR(T_max=50000, eta_min=1.25e-6) from 1e-3 at iteration s (train.py), whatever the run length."""
+    tr = Trainer(tiny_cfg(model, tmp_path))
+    taus = []
+    quantizer = tr.model.quantizer
+    real = quantizer.forward
+    monkeypatch.setattr(quantizer, "forward", lambda z, tau=1.0, **kw: taus.append(tau) or real(z, tau, **kw))
+    rate = {"factorqvae": 2e-5, "qvae": 1e-5}[model]
+    for s in (0, 12_345, 49_999):
+        taus.clear()
+        terms = tr.train_step(s)
+        tau = math.exp(-rate * s)
+        lr = 1.25e-6 + (1e-3 - 1.25e-6) * (1 + math.cos(math.pi * s / 50_000)) / 2
+        assert taus and all(t == pytest.approx(tau, rel=1e-12) for t in taus), s
+        assert terms["tau"] == pytest.approx(tau, rel=1e-12) and terms["lr"] == pytest.approx(lr, rel=1e-12)
+        optimizers = [tr.opt] + ([tr.disc_opt] if model == "factorqvae" else [])
+        assert all(g["lr"] == pytest.approx(lr, rel=1e-12) for o in optimizers for g in o.param_groups)
