@@ -3,6 +3,7 @@
 
 import importlib.util
 import io
+import json
 import os
 import pathlib
 import types
@@ -355,3 +356,117 @@ def test_a_variant_has_one_colour_in_every_figure():
     assert len({plot.colour(n) for n in names}) == len(names)  # told apart
     assert plot.colour("cpu raw") == plot.colour("cpu")
     assert plot.colour("some new variant") == plot.colour("some new variant")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 40 (review): the results files and benchmarks/summarize.py, recomputed by hand from fabricated records
+
+_INFO_A = {"date": "2026-03-01T10:00:00Z", "machine": "cpu-a", "cpu": "AMD EPYC", "cores": 2, "threads": 2, "gpu": "",
+           "gpu_driver": "", "torch": "2.11.0", "triton": "", "qkernels_commit": "0123456789ab-dirty", "load_avg": 0.48}
+
+
+def _bench_row(hotpath, case, variant, vb, vc, *, cb=True, cc=True, mem=None, baseline="reference", error=None):
+    return {"hotpath": hotpath, "case": case, "variant": variant, "baseline": baseline, "min_s": 1e-3, "median_s":
+            None if error else 2e-3, "q1_s": 1.5e-3, "q3_s": 3e-3, "rounds": 11, "vs_baseline": vb,
+            "vs_baseline_clear": cb, "vs_compiled": vc, "vs_compiled_clear": cc, "peak_bytes": 4096,
+            "memory_ratio": mem, "launches": None, "error": error}
+
+
+def test_results_saved_csv_and_json_read_back_as_measured(tmp_path):
+    """qkernels bench --save: DIR/<machine>/<date without colons>.csv and .json; results.load (of the directory, or
+    of the file) gives back every field as measured: numbers exact (floats written with repr), None as None,
+    the *_clear flags as bools (False stays False), strings as written, an error's text; iqr_pct = 100 (q3 - q1) /
+    median by hand; the JSON holds the machine and the rows. A CSV that is not a bench file is skipped."""
+    from qkernels.bench import results
+
+    rows = [
+        {**_bench_row("quantize", "latent_quantize n=7", "cpu", 1.7512345678901234, 0.8, cb=True, cc=False,
+                      mem=0.5), "launches": 3, "peak_bytes": 123456789, "min_s": 1.2345678901234567e-05},
+        _bench_row("quantize", "latent_quantize n=7", "triton", None, None, error="RuntimeError: no GPU, said it"),
+    ]
+    path = results.save(rows, tmp_path, _INFO_A)
+    assert path == tmp_path / "cpu-a" / "2026-03-01T100000Z.csv" and path.with_suffix(".json").is_file()
+    (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
+    for loaded in (results.load([tmp_path]), results.load([path])):
+        assert len(loaded) == 2
+        for rec, row in zip(loaded, rows, strict=True):
+            for k, v in {**_INFO_A, **row}.items():
+                if k == "error":
+                    assert rec[k] == (v or ""), k
+                else:
+                    assert rec[k] == v and type(rec[k]) in ((type(v), float) if v is not None else (type(None),)), k
+        assert loaded[0]["iqr_pct"] == pytest.approx(100 * (3e-3 - 1.5e-3) / 2e-3) and loaded[1]["iqr_pct"] is None
+        assert loaded[0]["vs_compiled_clear"] is False and loaded[0]["vs_baseline_clear"] is True
+    saved = json.loads(path.with_suffix(".json").read_text())
+    assert saved["machine"] == _INFO_A
+    assert [{k: v for k, v in r.items() if k != "iqr_pct"} for r in saved["rows"]] == rows
+    assert saved["rows"][0]["iqr_pct"] == pytest.approx(75.0)
+
+
+def _summarize_module():
+    spec = importlib.util.spec_from_file_location("summarize", pathlib.Path(__file__).parents[1] / "benchmarks" /
+                                                  "summarize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summary_table_by_hand(tmp_path, capsys):
+    """benchmarks/summarize.py --markdown on saved fabricated runs, every cell worked out by hand: per op x device the
+    best of qkernels' variants (the baseline, the reference and its compile, materialized formulations and failed
+    runs are no candidates; bf16 cases and the per-call overhead left out) by the geometric mean over shapes of the
+    speed-up over reference_compiled, ties and missing compiled ratios by the one over the baseline; geometric means
+    with the range over shapes; '?' where no shape was a clear win or loss; memory as the geometric mean of peak
+    ratios; the latest run per machine and hot path (an older run's hot path that the newer one did not measure
+    still counts); rows in hot-path order."""
+    from qkernels.bench import results
+
+    r = _bench_row
+    old = {**_INFO_A, "date": "2026-02-01T10:00:00Z"}
+    results.save([r("quantize", "latent_quantize n=1", "reference", 1.0, 0.5),
+                  r("quantize", "latent_quantize n=1", "auto", 100.0, 100.0),  # superseded by the newer run
+                  r("hessian", "hessian_penalty k=2", "sequential", 1.0, None, baseline="sequential"),
+                  r("hessian", "hessian_penalty k=2", "fused", 2.5, None, baseline="sequential")], tmp_path, old)
+    results.save([
+        r("quantize", "latent_quantize n=1", "reference", 1.0, 0.5),
+        r("quantize", "latent_quantize n=1", "reference_compiled", 2.0, 1.0),
+        r("quantize", "latent_quantize n=1", "cpu", 2.0, 1.0, mem=0.5),
+        r("quantize", "latent_quantize n=1", "auto", 3.0, 0.5, mem=1.0),
+        r("quantize", "latent_quantize n=1", "materialized", 50.0, 50.0),
+        r("quantize", "latent_quantize n=1", "triton", 90.0, 90.0, error="RuntimeError: no GPU"),
+        r("quantize", "latent_quantize n=2", "reference", 1.0, 0.5),
+        r("quantize", "latent_quantize n=2", "cpu", 8.0, 4.0, mem=2.0),
+        r("quantize", "latent_quantize n=2", "auto", 3.0, 0.5, mem=1.0),
+        r("quantize", "latent_quantize bf16 n=1", "cpu", 100.0, 100.0, baseline="float32"),
+        r("quantize", "fsq n=1", "reference", 1.0, None),
+        r("quantize", "fsq n=1", "cpu", 1.5, None, cb=False),
+        r("quantize", "fsq n=1", "auto", 3.0, None, cb=False),
+        r("kde", "cliff n=64", "reference", 1.0, 0.8),
+        r("kde", "cliff n=64", "cpu", 1.25, 0.8, cc=False),
+        r("overhead", "add", "cpu", 5.0, 5.0),
+        r("step", "cliff_vae batch=64", "reference", 1.0, 1.0),
+        r("step", "cliff_vae batch=64", "auto", 1.6, 1.1, mem=0.25),
+    ], tmp_path, _INFO_A)
+    gpu = {**_INFO_A, "date": "2026-03-02T11:00:00Z", "machine": "gpu-b", "cpu": "Xeon", "cores": 16,
+           "gpu": "NVIDIA H200"}
+    results.save([
+        r("quantize", "latent_quantize n=1", "reference", 1.0, 0.5),
+        r("quantize", "latent_quantize n=1", "triton", 4.0, 2.0, mem=0.5),
+        r("quantize", "latent_quantize n=1", "cuda", 6.0, 1.5),  # faster than eager, slower than triton vs compile
+        r("quantize", "fsq n=1", "reference", 1.0, 1.0),
+        r("quantize", "fsq n=1", "triton", 2.0, 1.5),
+        r("quantize", "fsq n=1", "cuda", 3.0, 1.5),  # tie over the compiled reference: the one over eager decides
+    ], tmp_path, gpu)
+    assert _summarize_module().main([str(tmp_path), "--markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == [
+        "| latent_quantize | AMD EPYC (2 cores) | cpu | 4.00x faster (2-8x) | 2.00x faster (1-4x) | 1.00x | 2 | "
+        "2026-03-01 |",
+        "| latent_quantize | NVIDIA H200 | triton | 4.00x faster | 2.00x faster | 2.00x less | 1 | 2026-03-02 |",
+        "| fsq | AMD EPYC (2 cores) | auto | 3.00x faster? | - | - | 1 | 2026-03-01 |",
+        "| fsq | NVIDIA H200 | cuda | 3.00x faster | 1.50x faster | - | 1 | 2026-03-02 |",
+        "| cliff | AMD EPYC (2 cores) | cpu | 1.25x faster | 1.25x slower? | - | 1 | 2026-03-01 |",
+        "| hessian_penalty | AMD EPYC (2 cores) | fused | 2.50x faster | - | - | 1 | 2026-02-01 |",
+        "| cliff_vae step | AMD EPYC (2 cores) | auto | 1.60x faster | 1.10x faster | 4.00x less | 1 | 2026-03-01 |",
+    ]
+    assert lines[0].startswith("| op | device | best backend | vs eager | vs torch.compile | memory vs eager |")
