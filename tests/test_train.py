@@ -1238,8 +1238,9 @@ class _FlatIndexData:
         return (f * self.bases).sum(1)[:, None]
 
 
-@pytest.mark.parametrize("sizes", [(10, 10, 10, 8, 4, 15), (4, 4, 2, 3, 3, 40, 40), (3, 8, 5, 4, 3, 4, 4, 4, 4, 2)],
-                         ids=["shapes3d", "mpi3d-complex", "isaac3d"])
+@pytest.mark.parametrize("sizes", [(10, 10, 10, 8, 4, 15), (4, 4, 2, 3, 3, 40, 40), (3, 8, 5, 4, 3, 4, 4, 4, 4, 2),
+                                   (4096,), (6144,), (7,)],
+                         ids=["shapes3d", "mpi3d-complex", "isaac3d", "balls", "sprites", "n=7"])
 def test_split_order_reads_the_authors_random_split(sizes):
     """FactorQVAE data/shapes3d.py, mpi3d_complex.py, isaac3d.py: torch.utils.data.random_split(dataset, [0.8, 0.1,
     0.1], generator=torch.Generator().manual_seed(1)) (configs' train.seed 1), trained on the first part. The oracle is

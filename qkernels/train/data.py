@@ -18,6 +18,7 @@ one permutation per epoch seeded from (seed, epoch).
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 from qkernels.data.base import row_major_bases
 
 DATA_ORDERS = ("iid", "epochs", "split")
-SPLIT_FRACTION = 0.8
+SPLIT_FRACTIONS = (0.8, 0.1, 0.1)  # FactorQVAE data/*.py: random_split(dataset, [0.8, 0.1, 0.1]); trains on the first
 SPLIT_SEED = 1  # FactorQVAE configs/*/qvae.yaml, factorqvae.yaml: train.seed
 
 
@@ -94,4 +95,8 @@ def _pool(sizes: tuple[int, ...], split: bool) -> torch.Tensor:
     n = int(np.prod(sizes))
     if not split:
         return torch.arange(n)
-    return torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))[: int(SPLIT_FRACTION * n)]
+    # random_split's lengths: each part floor(fraction * n), the rows left over given to the parts in turn from the
+    # first (so the first part is one row longer than int(0.8 n) where 0.8 n is not whole)
+    lengths = [math.floor(f * n) for f in SPLIT_FRACTIONS]
+    first = lengths[0] + (n - sum(lengths) > 0)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))[:first]
