@@ -130,8 +130,8 @@ __global__ void latent_quantize_fwd_kernel(const T* __restrict__ z, const T* __r
 }
 
 template <typename T>
-__global__ void latent_quantize_bwd_kernel(const T* __restrict__ grad_zq, const T* grad_quantize,
-                                           const T* grad_commit, const T* __restrict__ z,
+__global__ void latent_quantize_bwd_kernel(const T* __restrict__ grad_zq, const T* grad_commit,
+                                           const T* __restrict__ z,
                                            const T* __restrict__ values,
                                            const int64_t* __restrict__ idx, T* __restrict__ grad_z,
                                            int64_t total, int64_t d, int64_t G, int64_t nv, T scale) {
@@ -199,7 +199,7 @@ cudaError_t latent_quantize_bwd(const T* grad_zq, const T* grad_quantize, const 
   const int64_t total = N * d;
   const T scale = T(2.0 / static_cast<double>(total));
   latent_quantize_bwd_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
-      grad_zq, grad_quantize, grad_commit, z, values, idx, grad_z, total, d, G, nv, scale);
+      grad_zq, grad_commit, z, values, idx, grad_z, total, d, G, nv, scale);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   // grad_values = -grad_quantize * 2/(N d) * sum (z - q) over the entries that chose each value

@@ -70,10 +70,13 @@ inline void check_finite(const Tensor& t, const char* name, const char* op, bool
   dispatch_floating(c.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     const scalar_t* p = c.const_data_ptr<scalar_t>();
+    bool all_finite = true, all_pos = true;  // locals, not the captured flags: the loop stays in registers
     for (int64_t i = 0; i < numel; ++i) {
-      finite &= std::isfinite(p[i]);
-      pos &= p[i] > 0;
+      all_finite &= std::isfinite(p[i]);
+      all_pos &= p[i] > 0;
     }
+    finite = all_finite;
+    pos = all_pos;
   });
   QK_CHECK_VALUE(finite, op, ": ", name, " contains NaN or inf");
   QK_CHECK_VALUE(!positive || pos, op, ": ", name, " must be > 0 everywhere");
@@ -88,7 +91,9 @@ inline void check_unit_interval(const Tensor& t, const char* name, const char* o
   dispatch_floating(c.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     const scalar_t* p = c.const_data_ptr<scalar_t>();
-    for (int64_t i = 0; i < numel; ++i) ok &= p[i] >= 0 && p[i] <= 1;
+    bool all_in = true;
+    for (int64_t i = 0; i < numel; ++i) all_in &= p[i] >= 0 && p[i] <= 1;
+    ok = all_in;
   });
   QK_CHECK_VALUE(ok, op, ": ", name, " must hold values in [0, 1]");
 }
