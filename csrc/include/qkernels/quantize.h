@@ -108,9 +108,9 @@ QK_HOST_DEVICE T categorical_row_forward(const T* logits, const T* uniform, cons
 // straight-through: y_hard + y_soft - sg(y_soft)). The codebook gradient, sum over rows of
 // g_z * y_out, is reduced by the caller from the forward's y.
 template <typename T, typename A = typename acc_type<T>::type>
-QK_HOST_DEVICE void categorical_row_backward(const T* logits, const T* uniform, const T* values,
-                                             int K, T tau, T noise_scale, T g_z, const T* g_y,
-                                             T g_kl, T* grad_logits) {
+QK_HOST_DEVICE void categorical_row_backward(const T* __restrict__ logits, const T* __restrict__ uniform,
+                                             const T* __restrict__ values, int K, T tau, T noise_scale, T g_z,
+                                             const T* __restrict__ g_y, T g_kl, T* __restrict__ grad_logits) {
   T* y = grad_logits;
   perturbed_softmax(logits, uniform, K, tau, noise_scale, y);
   A lm, lse;
