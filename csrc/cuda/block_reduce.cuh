@@ -10,6 +10,7 @@ namespace cuda {
 // every thread. shared: Threads values.
 template <int Threads, typename A>
 __device__ A block_sum(A v, A* shared) {
+  static_assert(Threads > 0 && (Threads & (Threads - 1)) == 0, "block_sum: Threads must be a power of two");
   shared[threadIdx.x] = v;
   __syncthreads();
   for (int s = Threads / 2; s > 0; s >>= 1) {

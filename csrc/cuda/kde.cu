@@ -155,13 +155,11 @@ template <typename T>
 __global__ void klm_loss_kernel(const T* __restrict__ lse, T* __restrict__ loss, int64_t n, int64_t d, double c) {
   using A = typename acc_type<T>::type;
   __shared__ A shared[kThreads];
+  // flat over the n (d + 1) entries, so that neighbouring threads read neighbouring entries (coalesced): + each
+  // row's joint entry, - its d marginal ones
   const int64_t w = d + 1;
   A acc = 0;
-  for (int64_t b = threadIdx.x; b < n; b += kThreads) {
-    A row = A(lse[b * w]);
-    for (int64_t j = 1; j < w; ++j) row -= A(lse[b * w + j]);
-    acc += row;
-  }
+  for (int64_t e = threadIdx.x; e < n * w; e += kThreads) acc += e % w == 0 ? A(lse[e]) : -A(lse[e]);
   const A total = block_sum<kThreads>(acc, shared);
   if (threadIdx.x == 0) *loss = T(total / A(n) + A(c));
 }
