@@ -155,11 +155,12 @@ template <typename T>
 __global__ void klm_loss_kernel(const T* __restrict__ lse, T* __restrict__ loss, int64_t n, int64_t d, double c) {
   using A = typename acc_type<T>::type;
   __shared__ A shared[kThreads];
-  // flat over the n (d + 1) entries, so that neighbouring threads read neighbouring entries (coalesced): + each
-  // row's joint entry, - its d marginal ones
+  // sum_b (joint_b - sum_j marginal_bj) = 2 sum_b joint_b - (sum of all n (d + 1) entries): the second sum flat, so
+  // that neighbouring threads read neighbouring entries (coalesced), without a 64-bit modulo per entry
   const int64_t w = d + 1;
   A acc = 0;
-  for (int64_t e = threadIdx.x; e < n * w; e += kThreads) acc += e % w == 0 ? A(lse[e]) : -A(lse[e]);
+  for (int64_t e = threadIdx.x; e < n * w; e += kThreads) acc -= A(lse[e]);
+  for (int64_t b = threadIdx.x; b < n; b += kThreads) acc += A(2) * A(lse[b * w]);
   const A total = block_sum<kThreads>(acc, shared);
   if (threadIdx.x == 0) *loss = T(total / A(n) + A(c));
 }
