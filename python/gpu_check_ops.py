@@ -91,8 +91,13 @@ def _loss_and_grads(loss, inputs, backend):
     return value.detach().double(), [g.double() for g in grads if g is not None]
 
 
+CORRECT_SKIP = {"klm n=4096 d=64"}  # the dense float64 reference holds d (n, n) tensors: ~20 GB; 1024 x 32 is checked
+
+
 def correct(path: str, device: str, scale: int) -> None:
     for op, name, make, loss in _cases(device):
+        if name in CORRECT_SKIP:
+            continue
         inputs = make(scale)
         want, want_g = _loss_and_grads(loss, _cast(inputs, torch.float64), "reference")
         for backend in kernels(op, device):
