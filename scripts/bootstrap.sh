@@ -61,4 +61,18 @@ else
     echo "$stamp" > "$stamp_file"
     say "done"
 fi
+# Triton 3.6 (torch 2.11's, the GPU machines' release) beside the installed one, for tests/test_triton_sm90.py's
+# sm_90 compiles (issue 44): about 640 MB, 20-60 s once; not imported by anything else. QKERNELS_NO_SM90_TRITON=1
+# skips it (the test then compiles with the installed Triton). A failed install does not fail the set-up.
+SM90_TRITON=3.6.0
+if [ "${QKERNELS_NO_SM90_TRITON:-0}" != 1 ] && [ "$(cat .venv/triton36/.version 2>/dev/null)" != "$SM90_TRITON" ]; then
+    say "installing triton==$SM90_TRITON into .venv/triton36 (sm_90 compile checks; 20-60 s once)"
+    rm -rf .venv/triton36
+    if python -m pip install -q --no-deps --target .venv/triton36 "triton==$SM90_TRITON"; then
+        echo "$SM90_TRITON" > .venv/triton36/.version
+    else
+        rm -rf .venv/triton36
+        say "could not install triton==$SM90_TRITON: tests/test_triton_sm90.py compiles with the installed Triton"
+    fi
+fi
 python -c "import qkernels; print('qkernels', qkernels.__version__, 'backends:', qkernels.available_backends())"

@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
-# One-shot GPU check: put the native extension in place (from a prebuilt wheel, or built for the local GPU), run
-# the whole test suite on the GPU, run `qkernels bench --all` there (GPU peak memory, torch.compile baseline), and
-# write one markdown report to OUT_DIR/gpu_check.md (logs beside it).
+# One-shot GPU check (issue 44's plan for the next GPU window): put the native extension in place (from a prebuilt
+# wheel, or built for the local GPU), then every op and backend against float64 on CUDA, the issue's speed table
+# with the torch.compile baseline (variants interleaved), one torch.profiler table per slow case, the GPU test files,
+# and KLM against KeOps; each step writes its files under OUT_DIR as it goes (a step cut by its timeout keeps its
+# rows) and the report OUT_DIR/gpu_check.md. Never needs the network.
 #
 #   bash scripts/gpu_check.sh OUT_DIR
 #   WHEEL=dist/cuda/qkernels-<v>-cp310-abi3-manylinux_2_28_x86_64.whl bash scripts/gpu_check.sh OUT_DIR
+#   DRY_RUN=1 bash scripts/gpu_check.sh OUT_DIR     # rehearsal on a CPU: every step at tiny shapes, no build
 #
 # WHEEL: the CUDA wheel of scripts/build_wheels.sh (built without a GPU; sm_80, sm_90 + PTX): its libraries
 # (qkernels/_C.abi3.so, qkernels/_C_cuda.abi3.so) are unpacked into this checkout instead of compiling on the device
 # (minutes of device time); the checkout's Python code runs with them. Without WHEEL, or when its CUDA kernels do
 # not load here, the extension is built in place for the local GPU as before.
+# KEOPS_WHEELS: a folder of pykeops / keopscore wheels (`pip download pykeops keopscore -d DIR` on a machine with
+# network; carry DIR to the device), installed with --no-index for the keops step; without it the step reports why.
 #
 # Works offline with the torch already installed (no pip install): set PYTHON to its interpreter
 # (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
-# the suite runs in one process), pytest-benchmark, triton. Time limits per step (seconds):
-# SUITE_TIMEOUT (default 330), BENCH_TIMEOUT (default 150, each hot path); a step that runs over is
-# reported as such and the report is still written. STEPS picks the steps (default "build probe
-# tests roofline bench"; a second call on a warm machine can leave out "build"), BENCH_HOTPATHS the hot
-# paths (default "kde quantize hessian overhead"; "step" adds the training step), BENCH_ARGS_<hotpath>
-# extra `qkernels bench` arguments for one hot path (e.g. BENCH_ARGS_kde="--case cliff --case klm"),
-# TESTS the pytest arguments (default "tests"), so that a short device lease can split the check over
-# two calls on a warm machine. Results are saved after every case (a timed-out bench keeps its rows).
-# Target: under 10 minutes on an H100/H200 with 16 cores.
+# the suite runs in one process), triton. STEPS picks the steps (default "build probe correct speed profile tests
+# keops"; also "roofline" and "bench", the `qkernels bench` tables); time limits per step (seconds):
+# CORRECT_TIMEOUT (75), SPEED_TIMEOUT (210), PROFILE_TIMEOUT (45), SUITE_TIMEOUT (120), KEOPS_TIMEOUT (45),
+# BENCH_TIMEOUT (150 per hot path): with a ~40 s build, 9 minutes at most; a step that runs over is reported as
+# such (its rows so far kept) and the report is still written.
+# TESTS: the pytest arguments (default: the GPU test files of issue 44), BENCH_HOTPATHS / BENCH_ARGS_<hotpath> as
+# before. Target: under 9 minutes on an H100/H200 with 16 cores.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,8 +37,16 @@ fi
 export PYTHONUNBUFFERED=1  # a step cut by its timeout still leaves its partial output
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 REPORT="$OUT/gpu_check.md"
-STEPS=${STEPS:-build probe tests roofline bench}
+STEPS=${STEPS:-build probe correct speed profile tests keops}
+DRY_RUN=${DRY_RUN:-0}
+DRY=""
+if [ "$DRY_RUN" = 1 ]; then  # rehearsal: no build, the steps' scripts at tiny shapes on the CPU
+    STEPS=$(echo " $STEPS " | sed 's/ build / /')
+    DRY="--dry-run"
+fi
 want() { [[ " $STEPS " == *" $1 "* ]]; }
+GPU_TESTS="tests/test_kde.py tests/test_quantize.py tests/test_hessian.py tests/test_launches.py tests/test_backend.py
+tests/test_precision.py tests/test_raw_ops.py tests/test_compile.py"
 T0=$(date +%s)
 step() { echo "[gpu_check $(($(date +%s) - T0))s] $*"; }
 
@@ -47,6 +58,7 @@ step() { echo "[gpu_check $(($(date +%s) - T0))s] $*"; }
     echo "- gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
     echo "- $("$PYTHON" -c 'import torch, triton, sys; print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}")' 2>&1 | tail -1)"
     echo "- nvcc: $(nvcc --version 2>/dev/null | tail -1); cores: $(nproc)"
+    [ "$DRY_RUN" = 1 ] && echo "- DRY RUN: a rehearsal on the CPU, tiny shapes, no build, tests only collected"
 } > "$REPORT"
 
 # ---------------------------------------------------------------- the native extension: prebuilt wheel or build
@@ -123,6 +135,29 @@ torch.ops.qkernels.finite_difference_curvature(torch.randn(10, 3), 2, 2, 0.1, 2,
     } >> "$REPORT"
 fi
 
+# ---------------------------------------------------------------- issue 44: values, speed, profiles (python/gpu_check_ops.py)
+ops_step() {  # ops_step STEP FILE TIMEOUT: one step of python/gpu_check_ops.py, its rows in OUT/FILE as it goes
+    local name=$1 file=$2 limit=$3 t0 rc
+    step "$name"
+    t0=$(date +%s)
+    # shellcheck disable=SC2086  # DRY is one optional word
+    TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$limit" "$PYTHON" python/gpu_check_ops.py "$name" "$OUT/$file" $DRY \
+        > "$OUT/$name.log" 2>&1
+    rc=$?
+    {
+        echo
+        echo "## \`gpu_check_ops.py $name\` ($OUT/$file): exit $rc in $(($(date +%s) - t0)) s$([ $rc -eq 124 ] && echo ' (TIMED OUT: partial)')"
+        echo
+        echo '```'
+        if [ "$name" = profile ]; then grep -c "^=====" "$OUT/$file" 2>/dev/null | sed 's/$/ profiler tables/'; else cat "$OUT/$file" 2>/dev/null; fi
+        tail -3 "$OUT/$name.log"
+        echo '```'
+    } >> "$REPORT"
+}
+want correct && ops_step correct correct.jsonl "${CORRECT_TIMEOUT:-75}"
+want speed && ops_step speed speed.jsonl "${SPEED_TIMEOUT:-210}"
+want profile && ops_step profile profiles.txt "${PROFILE_TIMEOUT:-45}"
+
 # ---------------------------------------------------------------- the whole suite on the GPU
 if want tests; then
     step "tests"
@@ -133,8 +168,10 @@ if want tests; then
     # makes pytest print its summary; its own process group, killed afterwards, takes the xdist workers
     # with it (2026-11-26 H100: orphaned workers kept loading the GPU and CPUs after a timeout);
     # one inductor compile thread per worker (16 workers x 16 threads overloaded 16 cores)
-    TORCHINDUCTOR_COMPILE_THREADS=1 setsid timeout -s INT -k 20 "${SUITE_TIMEOUT:-330}" "$PYTHON" -m pytest ${TESTS:-tests} \
-        $XDIST -v -rfE -p no:cacheprovider --durations=25 > "$OUT/tests.log" 2>&1 &
+    # shellcheck disable=SC2086  # TESTS / GPU_TESTS hold several words
+    TORCHINDUCTOR_COMPILE_THREADS=1 setsid timeout -s INT -k 20 "${SUITE_TIMEOUT:-120}" "$PYTHON" -m pytest ${TESTS:-$GPU_TESTS} \
+        $XDIST -v -rfE -p no:cacheprovider --durations=25 $([ "$DRY_RUN" = 1 ] && echo --collect-only -q) \
+        > "$OUT/tests.log" 2>&1 &
     SUITE_PID=$!
     wait $SUITE_PID
     SUITE_RC=$?
@@ -142,7 +179,7 @@ if want tests; then
     SUITE_S=$(($(date +%s) - S0))
     {
         echo
-        echo "## Test suite (\`pytest ${TESTS:-tests} $XDIST\`): exit $SUITE_RC in ${SUITE_S} s$([ $SUITE_RC -eq 124 ] && echo ' (TIMED OUT)')"
+        echo "## Tests (\`pytest ${TESTS:-the GPU test files} $XDIST\`): exit $SUITE_RC in ${SUITE_S} s$([ $SUITE_RC -eq 124 ] && echo ' (TIMED OUT)')"
         echo
         echo "$(grep -cE ' PASSED ' "$OUT/tests.log") passed, $(grep -cE ' FAILED ' "$OUT/tests.log") failed, $(grep -cE ' SKIPPED ' "$OUT/tests.log") skipped (per-test lines)"
         echo
@@ -189,6 +226,13 @@ if want bench; then
             echo '```'
         } >> "$REPORT"
     done
+fi
+# ---------------------------------------------------------------- issue 44: KLM against KeOps (carried wheels, no network)
+if want keops; then
+    if [ -n "${KEOPS_WHEELS:-}" ]; then
+        "$PYTHON" -m pip install -q --no-index --find-links "$KEOPS_WHEELS" pykeops keopscore > "$OUT/keops_install.log" 2>&1
+    fi
+    ops_step keops keops.jsonl "${KEOPS_TIMEOUT:-45}"
 fi
 step "done: $REPORT ($(($(date +%s) - T0)) s)"
 echo "- total: $(($(date +%s) - T0)) s" >> "$REPORT"

@@ -382,6 +382,8 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(klm, "KLM_SUPER", 8)  # n > 8: several super-blocks, off-diagonal tile pairs
     monkeypatch.setattr(grid, "BLOCK_K_GRID", 4)
     monkeypatch.setattr(grid, "BLOCK_S_GRID", 4)
+    monkeypatch.setattr(grid, "POINT_BLOCKS", (4,))
+    monkeypatch.setattr(grid, "POINT_TILE", 16)
 
 
 def _grads_vs_reference(fn, inputs, up=None):
@@ -397,7 +399,7 @@ def _grads_vs_reference(fn, inputs, up=None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(7, 3), (13, 2), (5, 1), (9, 5)])
+@pytest.mark.parametrize("shape", [(7, 3), (13, 2), (5, 1), (9, 5), (17, 2)])  # 17: 3 super-blocks, 6 programs
 def test_triton_klm_matches_reference(small_tiles, shape, dtype):
     n, d = shape
     z0 = latents(n, d, dtype)

@@ -3,6 +3,7 @@
 // plain nvcc in the tests.
 #include "block_reduce.cuh"
 #include "kde.cuh"
+#include "launch.cuh"
 #include "qkernels/kde.h"
 
 #include <math.h>
@@ -39,26 +40,53 @@ __device__ void load_tile(const T* y, const T* lse, int64_t n, int64_t d, int64_
     }
 }
 
-// One thread per row b; the marginal sums accumulate in the thread's own row of lse (fp32 for
-// fp32, fp64 for fp64: acc_type<T> is T), then become logs. Exponents are <= 0 and the a = b term is
-// 1, so the sums lie in [1, n] and need no running maximum.
+// KLM grids (issue 44): block (i, s) takes rows [i kThreads, (i + 1) kThreads) against the samples a of column slice
+// s, [s len, (s + 1) len): slices x row blocks >= 2 per SM (at n = 4096: 32 row blocks x 9 slices, was 32 blocks).
+// Each (slice, row) writes its partial sums to ws[s][b][:]; the last block of a row block to finish (an int
+// ticket per row block, zeroed by klm_scale_kernel, which runs first on the stream) adds the slices in order:
+// deterministic, one launch, no float atomics.
+struct KlmSlices {
+  int64_t count, len;  // slices, samples per slice (a multiple of the shared tile)
+};
+
+inline KlmSlices klm_slices(int64_t n, int ta) {
+  const int64_t rows = blocks_for(n), want = (2 * int64_t(device_sms()) + rows - 1) / rows;
+  const int64_t tiles = (n + ta - 1) / ta, count = want < 1 ? 1 : (want > tiles ? tiles : want);
+  const int64_t len = ((tiles + count - 1) / count) * ta;
+  return {(n + len - 1) / len, len};
+}
+
+// True in every thread of the block that finished its row block last (all its partials then visible).
+__device__ bool last_of_row_block(int* tickets) {
+  __shared__ bool last;
+  __threadfence();  // this block's partials before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&tickets[blockIdx.x], 1) == int(gridDim.y) - 1;
+  __syncthreads();
+  return last;
+}
+
+// One thread per row b of a slice; the marginal and joint sums of the slice accumulate in the thread's own row of
+// ws (fp32 for fp32, fp64 for fp64: acc_type<T> is T), then the last block adds the slices and takes the logs.
+// Exponents are <= 0 and the a = b term is 1, so the sums lie in [1, n] and need no running maximum.
 template <typename T>
-__global__ void klm_fwd_kernel(const T* __restrict__ y, T* __restrict__ lse, int64_t n, int64_t d, T c_joint,
-                               int ta) {
+__global__ void klm_fwd_kernel(const T* __restrict__ y, T* __restrict__ lse, T* __restrict__ ws, int* tickets,
+                               int64_t n, int64_t d, T c_joint, int ta, KlmSlices sl) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* ys = reinterpret_cast<T*>(smem);
   const int64_t b = blockIdx.x * int64_t(kThreads) + threadIdx.x;
   const bool live = b < n;
-  const int64_t w = d + 1;
+  const int64_t w = d + 1, a_lo = blockIdx.y * sl.len, a_hi = a_lo + sl.len < n ? a_lo + sl.len : n;
+  T* acc = ws + (int64_t(blockIdx.y) * n + b) * w;
   if (live)
-    for (int64_t j = 0; j < w; ++j) lse[b * w + j] = T(0);
+    for (int64_t j = 0; j < w; ++j) acc[j] = T(0);
   T sq[kTileA];
-  for (int64_t a0 = 0; a0 < n; a0 += ta) {
+  for (int64_t a0 = a_lo; a0 < a_hi; a0 += ta) {
     __syncthreads();
     load_tile<T>(y, nullptr, n, d, a0, ta, ys, nullptr);
     __syncthreads();
     if (!live) continue;
-    const int na = int(n - a0 < ta ? n - a0 : ta);
+    const int na = int(a_hi - a0 < ta ? a_hi - a0 : ta);
     for (int a = 0; a < na; ++a) sq[a] = T(0);
     for (int64_t j = 0; j < d; ++j) {
       const T yb = y[b * d + j];
@@ -68,35 +96,42 @@ __global__ void klm_fwd_kernel(const T* __restrict__ y, T* __restrict__ lse, int
         sq[a] += dd * dd;
         m += vexp(T(-0.5) * dd * dd);
       }
-      lse[b * w + 1 + j] += m;
+      acc[1 + j] += m;
     }
     T s = 0;
     for (int a = 0; a < na; ++a) s += vexp(c_joint * sq[a]);
-    lse[b * w] += s;
+    acc[0] += s;
   }
-  if (live)
-    for (int64_t j = 0; j < w; ++j) lse[b * w + j] = qk_log(lse[b * w + j]);
+  if (!last_of_row_block(tickets) || !live) return;
+  for (int64_t j = 0; j < w; ++j) {
+    T total = 0;
+    for (int64_t q = 0; q < gridDim.y; ++q) total += __ldcg(ws + (q * n + b) * w + j);
+    lse[b * w + j] = qk_log(total);
+  }
 }
 
+// The backward by the same slices: the gradient's partial sums in ws[s][b][:d], added in order by the last block.
 template <typename T>
-__global__ void klm_bwd_kernel(const T* __restrict__ y, const T* __restrict__ lse, T* __restrict__ gy, int64_t n,
-                               int64_t d, T c_joint, T inv_f2, T scale, int ta) {
+__global__ void klm_bwd_kernel(const T* __restrict__ y, const T* __restrict__ lse, T* __restrict__ gy,
+                               T* __restrict__ ws, int* tickets, int64_t n, int64_t d, T c_joint, T inv_f2, T scale,
+                               int ta, KlmSlices sl) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* ys = reinterpret_cast<T*>(smem);
   T* els = ys + int64_t(ta) * d;  // (ta, d + 1): exp(-lse[a, :])
   const int64_t b = blockIdx.x * int64_t(kThreads) + threadIdx.x;
   const bool live = b < n;
-  const int64_t w = d + 1;
+  const int64_t w = d + 1, a_lo = blockIdx.y * sl.len, a_hi = a_lo + sl.len < n ? a_lo + sl.len : n;
+  T* acc = ws + (int64_t(blockIdx.y) * n + b) * d;
   if (live)
-    for (int64_t j = 0; j < d; ++j) gy[b * d + j] = T(0);
+    for (int64_t j = 0; j < d; ++j) acc[j] = T(0);
   const T elb = live ? qk_exp(-lse[b * w]) : T(0);
   T sq[kTileA], wj[kTileA];
-  for (int64_t a0 = 0; a0 < n; a0 += ta) {
+  for (int64_t a0 = a_lo; a0 < a_hi; a0 += ta) {
     __syncthreads();
     load_tile<T>(y, lse, n, d, a0, ta, ys, els);
     __syncthreads();
     if (!live) continue;
-    const int na = int(n - a0 < ta ? n - a0 : ta);
+    const int na = int(a_hi - a0 < ta ? a_hi - a0 : ta);
     for (int a = 0; a < na; ++a) sq[a] = T(0);
     for (int64_t j = 0; j < d; ++j) {
       const T yb = y[b * d + j];
@@ -113,20 +148,27 @@ __global__ void klm_bwd_kernel(const T* __restrict__ y, const T* __restrict__ ls
         const T dd = yb - ys[a * d + j];
         s += (wj[a] + vexp(T(-0.5) * dd * dd) * (eb + els[a * w + 1 + j])) * dd;
       }
-      gy[b * d + j] += s;
+      acc[j] += s;
     }
   }
-  if (live)
-    for (int64_t j = 0; j < d; ++j) gy[b * d + j] *= scale;
+  if (!last_of_row_block(tickets) || !live) return;
+  for (int64_t j = 0; j < d; ++j) {
+    T total = 0;
+    for (int64_t q = 0; q < gridDim.y; ++q) total += __ldcg(ws + (q * n + b) * d + j);
+    gy[b * d + j] = total * scale;
+  }
 }
 
 // One block per latent j: s[j] (given, or the population std + 1e-6 with mean and var), then y = z / s.
 template <typename T>
 __global__ void klm_scale_kernel(const T* __restrict__ z, const T* __restrict__ std, T* __restrict__ s,
-                                 T* __restrict__ mean, T* __restrict__ var, T* __restrict__ y, int64_t n, int64_t d) {
+                                 T* __restrict__ mean, T* __restrict__ var, T* __restrict__ y, int64_t n, int64_t d,
+                                 int* tickets, int64_t num_tickets) {
   using A = typename acc_type<T>::type;
   __shared__ A shared[kThreads];
   const int64_t j = blockIdx.x;
+  if (j == 0)  // the tickets of the KLM kernel that follows on the stream
+    for (int64_t t = threadIdx.x; t < num_tickets; t += kThreads) tickets[t] = 0;
   A sj;
   if (std != nullptr) {
     sj = A(std[j]);
@@ -231,26 +273,39 @@ double kde_scale(int64_t n, double sigma, bool deriv) {
 
 }  // namespace
 
+int64_t klm_workspace(int64_t n, int64_t d, bool is_double, bool backward) {
+  const int64_t floats = backward ? 2 * d + 1 : d;
+  const KlmSlices sl = klm_slices(n, is_double ? tile_a<double>(floats) : tile_a<float>(floats));
+  return sl.count * n * (backward ? d : d + 1);
+}
+
+int64_t klm_tickets(int64_t n) { return blocks_for(n); }
+
 template <typename T>
-cudaError_t klm_fwd(const T* y, T* lse, int64_t n, int64_t d, double c_joint, cudaStream_t stream) {
+cudaError_t klm_fwd(const T* y, T* lse, T* ws, int* tickets, int64_t n, int64_t d, double c_joint,
+                    cudaStream_t stream) {
   const int ta = tile_a<T>(d);
-  klm_fwd_kernel<T><<<blocks_for(n), kThreads, size_t(ta) * d * sizeof(T), stream>>>(y, lse, n, d, T(c_joint), ta);
+  const KlmSlices sl = klm_slices(n, ta);
+  klm_fwd_kernel<T><<<dim3(unsigned(blocks_for(n)), unsigned(sl.count)), kThreads, size_t(ta) * d * sizeof(T),
+                      stream>>>(y, lse, ws, tickets, n, d, T(c_joint), ta, sl);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t klm_bwd(const T* y, const T* lse, T* gy, int64_t n, int64_t d, double c_joint, double inv_f2,
-                    double scale, cudaStream_t stream) {
+cudaError_t klm_bwd(const T* y, const T* lse, T* gy, T* ws, int* tickets, int64_t n, int64_t d, double c_joint,
+                    double inv_f2, double scale, cudaStream_t stream) {
   const int ta = tile_a<T>(2 * d + 1);
-  klm_bwd_kernel<T><<<blocks_for(n), kThreads, size_t(ta) * (2 * d + 1) * sizeof(T), stream>>>(
-      y, lse, gy, n, d, T(c_joint), T(inv_f2), T(scale), ta);
+  const KlmSlices sl = klm_slices(n, ta);
+  klm_bwd_kernel<T><<<dim3(unsigned(blocks_for(n)), unsigned(sl.count)), kThreads,
+                      size_t(ta) * (2 * d + 1) * sizeof(T), stream>>>(y, lse, gy, ws, tickets, n, d, T(c_joint),
+                                                                      T(inv_f2), T(scale), ta, sl);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t klm_scale(const T* z, const T* std, T* s, T* mean, T* var, T* y, int64_t n, int64_t d,
+cudaError_t klm_scale(const T* z, const T* std, T* s, T* mean, T* var, T* y, int* tickets, int64_t n, int64_t d,
                       cudaStream_t stream) {
-  klm_scale_kernel<T><<<d, kThreads, 0, stream>>>(z, std, s, mean, var, y, n, d);
+  klm_scale_kernel<T><<<d, kThreads, 0, stream>>>(z, std, s, mean, var, y, n, d, tickets, klm_tickets(n));
   return cudaGetLastError();
 }
 
@@ -289,10 +344,11 @@ cudaError_t kde_grid_bwd(const T* grad, const T* points, const T* samples, T* gr
 }
 
 #define QK_INSTANTIATE(T)                                                                                 \
-  template cudaError_t klm_fwd<T>(const T*, T*, int64_t, int64_t, double, cudaStream_t);                 \
-  template cudaError_t klm_bwd<T>(const T*, const T*, T*, int64_t, int64_t, double, double, double,       \
-                                  cudaStream_t);                                                          \
-  template cudaError_t klm_scale<T>(const T*, const T*, T*, T*, T*, T*, int64_t, int64_t, cudaStream_t);  \
+  template cudaError_t klm_fwd<T>(const T*, T*, T*, int*, int64_t, int64_t, double, cudaStream_t);       \
+  template cudaError_t klm_bwd<T>(const T*, const T*, T*, T*, int*, int64_t, int64_t, double, double,     \
+                                  double, cudaStream_t);                                                  \
+  template cudaError_t klm_scale<T>(const T*, const T*, T*, T*, T*, T*, int*, int64_t, int64_t,           \
+                                    cudaStream_t);                                                        \
   template cudaError_t klm_loss<T>(const T*, T*, int64_t, int64_t, double, cudaStream_t);                  \
   template cudaError_t klm_unscale<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*, \
                                       bool, T*, T*, int64_t, int64_t, cudaStream_t);                       \

@@ -12,21 +12,28 @@ namespace cuda {
 
 // y = z / std (n, d) row-major. Writes lse (n, d + 1): lse[b, 0] = log sum_a exp(c_joint *
 // |y_b - y_a|^2) (c_joint = -1 / (2 f^2)), lse[b, 1 + j] = log sum_a exp(-(y_bj - y_aj)^2 / 2).
-// Streams tiles of samples a through shared memory; memory O(n d).
+// Streams tiles of samples a through shared memory; rows x column slices of blocks (>= 2 per SM of the current
+// device), the slices' partial sums in ws (klm_workspace(n, d, T is double, false) values), added in order by the
+// last block of each row block: tickets (klm_tickets(n) ints) must be zeroed by klm_scale just before, on the stream.
 template <typename T>
-cudaError_t klm_fwd(const T* y, T* lse, int64_t n, int64_t d, double c_joint, cudaStream_t stream);
+cudaError_t klm_fwd(const T* y, T* lse, T* ws, int* tickets, int64_t n, int64_t d, double c_joint,
+                    cudaStream_t stream);
 
 // gy (n, d) = scale * sum_a [-(P_ba + P_ab) inv_f2 + (Pj_ba + Pj_ab)] (y_bj - y_aj) with the softmaxes
-// P_ba = exp(c_joint |y_b - y_a|^2 - lse[b, 0]), Pj_ba = exp(-(y_bj - y_aj)^2 / 2 - lse[b, 1 + j]).
+// P_ba = exp(c_joint |y_b - y_a|^2 - lse[b, 0]), Pj_ba = exp(-(y_bj - y_aj)^2 / 2 - lse[b, 1 + j]). The same slices
+// (ws: klm_workspace(n, d, T is double, true) values; tickets zeroed by klm_scale just before).
 template <typename T>
-cudaError_t klm_bwd(const T* y, const T* lse, T* gy, int64_t n, int64_t d, double c_joint, double inv_f2,
-                    double scale, cudaStream_t stream);
+cudaError_t klm_bwd(const T* y, const T* lse, T* gy, T* ws, int* tickets, int64_t n, int64_t d, double c_joint,
+                    double inv_f2, double scale, cudaStream_t stream);
+int64_t klm_workspace(int64_t n, int64_t d, bool is_double, bool backward);
+int64_t klm_tickets(int64_t n);
 
 // The O(n d) work around the KLM kernels (one block per latent, sums in a fixed order):
 // klm_scale: s (d,) = std, or when std is nullptr the population std of z + 1e-6 (0 + 1e-6 for a constant
-//   column), with the column mean and variance in mean, var (d,); y (n, d) = z / s.
+//   column), with the column mean and variance in mean, var (d,); y (n, d) = z / s; zeroes the klm_tickets(n)
+//   tickets of the klm_fwd / klm_bwd launch that follows.
 template <typename T>
-cudaError_t klm_scale(const T* z, const T* std, T* s, T* mean, T* var, T* y, int64_t n, int64_t d,
+cudaError_t klm_scale(const T* z, const T* std, T* s, T* mean, T* var, T* y, int* tickets, int64_t n, int64_t d,
                       cudaStream_t stream);
 
 // loss (a device scalar) = mean over b of (lse[b, 0] - sum_j lse[b, 1 + j]) + c.

@@ -14,14 +14,16 @@ namespace {
 
 // y = z / s with s the given std or the default one; s, mean and var (the default std's, for its backward)
 // are the rows of `stats` (3, d).
+// Also zeroes `tickets` for the KLM kernel that follows.
 template <typename scalar_t>
 void scale(const Tensor& z, const std::optional<Tensor>& std, const Tensor& stats, const Tensor& y,
-           cudaStream_t stream, const char* op) {
+           const Tensor& tickets, cudaStream_t stream, const char* op) {
   const int64_t n = z.size(0), d = z.size(1);
   scalar_t* st = stats.mutable_data_ptr<scalar_t>();
   check_cuda(cuda::klm_scale<scalar_t>(z.const_data_ptr<scalar_t>(),
                                        std.has_value() ? std->const_data_ptr<scalar_t>() : nullptr, st, st + d,
-                                       st + 2 * d, y.mutable_data_ptr<scalar_t>(), n, d, stream),
+                                       st + 2 * d, y.mutable_data_ptr<scalar_t>(), tickets.mutable_data_ptr<int>(),
+                                       n, d, stream),
              op);
 }
 
@@ -36,10 +38,13 @@ std::tuple<Tensor, Tensor> klm_cuda(const Tensor& z_, const std::optional<Tensor
   const double c = double(d - 1) * std::log(double(n)) - double(d) * std::log(f);
   Tensor stats = alloc({3, d}, dtype, z), y = alloc_like(z), lse = alloc({n, d + 1}, dtype, z);
   Tensor loss = alloc({}, dtype, z);
+  Tensor ws = alloc({cuda::klm_workspace(n, d, dtype == ScalarType::Double, false)}, dtype, z);
+  Tensor tickets = alloc({cuda::klm_tickets(n)}, ScalarType::Int, z);
   dispatch_floating(dtype, [&](auto zero) {
     using scalar_t = decltype(zero);
-    scale<scalar_t>(z, std, stats, y, on.stream(), "klm");
-    check_cuda(cuda::klm_fwd<scalar_t>(y.const_data_ptr<scalar_t>(), lse.mutable_data_ptr<scalar_t>(), n, d,
+    scale<scalar_t>(z, std, stats, y, tickets, on.stream(), "klm");
+    check_cuda(cuda::klm_fwd<scalar_t>(y.const_data_ptr<scalar_t>(), lse.mutable_data_ptr<scalar_t>(),
+                                       ws.mutable_data_ptr<scalar_t>(), tickets.mutable_data_ptr<int>(), n, d,
                                        -0.5 / (f * f), on.stream()),
                "klm");
     check_cuda(cuda::klm_loss<scalar_t>(lse.const_data_ptr<scalar_t>(), loss.mutable_data_ptr<scalar_t>(), n, d, c,
@@ -61,11 +66,14 @@ std::tuple<Tensor, Tensor> klm_backward_cuda(const Tensor& grad_loss, const Tens
   const double f = silverman_factor(double(n), double(d));
   Tensor stats = alloc({3, d}, dtype, z), y = alloc_like(z), gy = alloc_like(z), gz = alloc_like(z);
   Tensor gs = alloc({std.has_value() ? d : 0}, dtype, z);
+  Tensor ws = alloc({cuda::klm_workspace(n, d, dtype == ScalarType::Double, true)}, dtype, z);
+  Tensor tickets = alloc({cuda::klm_tickets(n)}, ScalarType::Int, z);
   dispatch_floating(dtype, [&](auto zero) {
     using scalar_t = decltype(zero);
-    scale<scalar_t>(z, std, stats, y, on.stream(), "klm_backward");
+    scale<scalar_t>(z, std, stats, y, tickets, on.stream(), "klm_backward");
     check_cuda(cuda::klm_bwd<scalar_t>(y.const_data_ptr<scalar_t>(), lse.const_data_ptr<scalar_t>(),
-                                       gy.mutable_data_ptr<scalar_t>(), n, d, -0.5 / (f * f), 1.0 / (f * f),
+                                       gy.mutable_data_ptr<scalar_t>(), ws.mutable_data_ptr<scalar_t>(),
+                                       tickets.mutable_data_ptr<int>(), n, d, -0.5 / (f * f), 1.0 / (f * f),
                                        1.0 / double(n), on.stream()),
                "klm_backward");
     // z = y * std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j, plus the default std's share in dz

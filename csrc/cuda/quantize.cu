@@ -1,6 +1,7 @@
 // CUDA kernels of the quantization hot path; the math is csrc/include/qkernels/quantize.h,
 // shared with the CPU kernels. No torch headers: compile-checked with plain nvcc in the tests.
 #include "block_reduce.cuh"
+#include "launch.cuh"
 #include "quantize.cuh"
 #include "qkernels/quantize.h"
 
@@ -9,15 +10,20 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// Codebook gradients: elements per chunk of a codebook group, and at most this many chunks. Partial sums
-// over fixed chunks, added in chunk order, give results independent of the launch (deterministic, no
-// atomics) while the (slots x chunks) grid fills the GPU.
-constexpr int64_t kChunk = 4096, kMaxChunks = 64;
+// Codebook gradients by row chunks (issue 44): each block reads its chunk of rows once and writes one partial row
+// of the (G, K) gradient; codebook_finish_kernel adds the partial rows in order. Deterministic without atomics,
+// and every index / sample read once (the previous kernels had one block per codebook slot, each scanning all of
+// its group's indices: n_v reads of each). kCbThreads threads per block; kCbShared bytes of shared accumulators.
+constexpr int kCbThreads = 128;
+constexpr int64_t kCbShared = 32 * 1024;
 
 inline int64_t blocks_for(int64_t n) { return (n + kThreads - 1) / kThreads; }
-inline int64_t chunks_for(int64_t per_group) {
-  const int64_t c = (per_group + kChunk - 1) / kChunk;
-  return c < 1 ? 1 : (c > kMaxChunks ? kMaxChunks : c);
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Rows per chunk for a grid of `per_chunk` blocks per chunk: about 4 blocks per SM of the current device in all.
+inline int64_t chunk_rows(int64_t N, int64_t per_chunk) {
+  const int64_t want = ceil_div(4 * int64_t(device_sms()), per_chunk);
+  return ceil_div(N, want < 1 ? 1 : (want > N ? N : want));
 }
 
 // One block: out0 = out1 = scale * sum of the n values in[] (fixed order).
@@ -35,70 +41,93 @@ __global__ void sum_scaled_kernel(const T* __restrict__ in, int64_t n, double sc
   }
 }
 
-// Codebook gradients as grouped sums: slot s = g * K + k of a (G, K) codebook collects f(p, g, k) over the
-// positions p of group g's elements (p = t for G = 1, p = t * d + g for G = d; t < per_group). Block
-// (s, c) sums chunk c of them into partial[s * C + c].
-template <typename T, typename F>
-__global__ void codebook_partials_kernel(F f, int64_t d, int64_t G, int64_t K, int64_t per_group, int64_t C,
-                                         T* __restrict__ partial) {
-  using A = typename acc_type<T>::type;
-  __shared__ A shared[kThreads];
-  const int64_t s = blockIdx.x, c = blockIdx.y, g = s / K, k = s % K;
-  const int64_t len = (per_group + C - 1) / C, t0 = c * len, t1 = t0 + len < per_group ? t0 + len : per_group;
-  A acc = 0;
-  for (int64_t t = t0 + threadIdx.x; t < t1; t += kThreads) acc += f(G == 1 ? t : t * d + g, g, k);
-  const A total = block_sum<kThreads>(acc, shared);
-  if (threadIdx.x == 0) partial[s * C + c] = T(total);
-}
-
-// out[s] = scale (times *dev_scale when given) * sum over c of partial[s * C + c], in chunk order.
+// out[s] = scale (times *dev_scale when given) * sum over p < P of partial[p * S + s], in row order.
 template <typename T>
-__global__ void codebook_finish_kernel(const T* __restrict__ partial, int64_t slots, int64_t C, const T* dev_scale,
+__global__ void codebook_finish_kernel(const T* __restrict__ partial, int64_t P, int64_t S, const T* dev_scale,
                                        T scale, T* __restrict__ out) {
   using A = typename acc_type<T>::type;
   const int64_t s = blockIdx.x * (int64_t)kThreads + threadIdx.x;
-  if (s >= slots) return;
+  if (s >= S) return;
   A acc = 0;
-  for (int64_t c = 0; c < C; ++c) acc += A(partial[s * C + c]);
+  for (int64_t p = 0; p < P; ++p) acc += A(partial[p * S + s]);
   out[s] = T(acc) * (dev_scale != nullptr ? *dev_scale * scale : scale);
 }
 
-// latent_quantize: z - q over the entries that chose value k (an invalid index chooses none).
-template <typename T>
-struct ChosenResidual {
-  const T* z;
-  const T* values;
-  const int64_t* idx;
-  int64_t nv;
-  __device__ typename acc_type<T>::type operator()(int64_t p, int64_t g, int64_t k) const {
-    using A = typename acc_type<T>::type;
-    return idx[p] == k ? A(z[p]) - A(values[g * nv + k]) : A(0);
-  }
+// Tiles of latent_quantize's codebook kernel: jt latents x kt values of accumulators per block, row chunks.
+struct ChosenTiles {
+  int64_t kt, jt, tiles_j, tiles_k, rows, chunks;
 };
 
-// relaxed_categorical: grad_z * y of row r, category k.
-template <typename T>
-struct WeightedSample {
-  const T* grad_z;
-  const T* y;
-  int64_t K;
-  __device__ typename acc_type<T>::type operator()(int64_t r, int64_t, int64_t k) const {
-    using A = typename acc_type<T>::type;
-    return A(grad_z[r]) * A(y[r * K + k]);
-  }
-};
+inline ChosenTiles chosen_tiles(int64_t N, int64_t d, int64_t K, int64_t acc_bytes) {
+  ChosenTiles t{};
+  t.kt = K < kCbShared / acc_bytes ? K : kCbShared / acc_bytes;
+  const int64_t jt = kCbShared / (t.kt * acc_bytes), cap = d < kCbThreads ? d : kCbThreads;
+  t.jt = jt < cap ? jt : cap;
+  t.tiles_j = ceil_div(d, t.jt);
+  t.tiles_k = ceil_div(K, t.kt);
+  t.rows = chunk_rows(N, t.tiles_j * t.tiles_k);
+  t.chunks = ceil_div(N, t.rows);
+  return t;
+}
 
-// Launches the two codebook kernels for f over N rows of d latents into out (G, K).
-template <typename T, typename F>
-cudaError_t codebook_grad(F f, int64_t N, int64_t d, int64_t G, int64_t K, const T* dev_scale, T scale,
-                          T* workspace, T* out, cudaStream_t stream) {
-  const int64_t per_group = G == 1 ? N * d : N, C = chunks_for(per_group);
-  codebook_partials_kernel<T><<<dim3(unsigned(G * K), unsigned(C)), kThreads, 0, stream>>>(f, d, G, K, per_group, C,
-                                                                                       workspace);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  codebook_finish_kernel<T><<<blocks_for(G * K), kThreads, 0, stream>>>(workspace, G * K, C, dev_scale, scale, out);
-  return cudaGetLastError();
+// latent_quantize's codebook gradient: partial sums of z - q over the entries that chose each value. Block
+// (c, tj, tk) reads rows [c rows, (c + 1) rows) of latents [tj jt, (tj + 1) jt) once; thread j owns latent
+// tj jt + j and adds each of its entries to acc[j][k] in shared memory in row order (values k in [tk kt,
+// (tk + 1) kt): more than one k tile only for codebooks beyond kCbShared). Writes, per-latent codebooks (G = d),
+// partial[c][latent][k] (P = chunks rows of S = d K); a global one (G = 1), partial[c tiles_j + tj][k], its
+// latents added in order (P = chunks tiles_j rows of S = K). An invalid index chooses no value.
+template <typename T>
+__global__ void chosen_partials_kernel(const T* __restrict__ z, const T* __restrict__ values,
+                                       const int64_t* __restrict__ idx, int64_t N, int64_t d, int64_t G,
+                                       int64_t K, ChosenTiles t, T* __restrict__ partial) {
+  using A = typename acc_type<T>::type;
+  extern __shared__ __align__(16) unsigned char smem[];
+  A* acc = reinterpret_cast<A*>(smem);  // (jt, kt)
+  const int64_t c = blockIdx.x, tj = blockIdx.y, k0 = blockIdx.z * t.kt;
+  const int64_t j0 = tj * t.jt, kt = K - k0 < t.kt ? K - k0 : t.kt, jt = d - j0 < t.jt ? d - j0 : t.jt;
+  for (int64_t e = threadIdx.x; e < jt * t.kt; e += blockDim.x) acc[e] = A(0);
+  __syncthreads();
+  const int64_t r0 = c * t.rows, r1 = r0 + t.rows < N ? r0 + t.rows : N;
+  if (threadIdx.x < jt) {
+    const int64_t j = j0 + threadIdx.x;
+    const T* vrow = values + (G == 1 ? 0 : j) * K;
+    A* mine = acc + threadIdx.x * t.kt;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t k = idx[r * d + j] - k0;  // neighbouring threads read neighbouring latents of a row
+      if (k >= 0 && k < kt) mine[k] += A(z[r * d + j]) - A(vrow[k0 + k]);
+    }
+  }
+  __syncthreads();
+  if (G == 1) {
+    for (int64_t k = threadIdx.x; k < kt; k += blockDim.x) {
+      A s = 0;
+      for (int64_t j = 0; j < jt; ++j) s += acc[j * t.kt + k];
+      partial[(c * t.tiles_j + tj) * K + k0 + k] = T(s);
+    }
+  } else {
+    for (int64_t e = threadIdx.x; e < jt * kt; e += blockDim.x) {
+      const int64_t j = e / kt, k = e % kt;
+      partial[(c * d + j0 + j) * K + k0 + k] = T(acc[j * t.kt + k]);
+    }
+  }
+}
+
+// relaxed_categorical's codebook gradient: partial sums of grad_z * y. Block (c, i) reads samples [c rows,
+// (c + 1) rows); thread s owns slots s = j K + k of a sample's (d, K) rows (neighbouring threads read
+// neighbouring entries of y) and adds its samples in order. Writes partial[c][j][k]: per-latent codebooks
+// P = chunks rows of S = d K; a global one P = chunks d rows of S = K (the finish adds the latents, in order).
+template <typename T>
+__global__ void weighted_partials_kernel(const T* __restrict__ grad_z, const T* __restrict__ y, int64_t N,
+                                         int64_t d, int64_t K, int64_t rows, T* __restrict__ partial) {
+  using A = typename acc_type<T>::type;
+  const int64_t c = blockIdx.x, dk = d * K;
+  const int64_t r0 = c * rows, r1 = r0 + rows < N ? r0 + rows : N;
+  for (int64_t s = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; s < dk; s += int64_t(gridDim.y) * blockDim.x) {
+    const int64_t j = s / K;
+    A acc = 0;
+    for (int64_t r = r0; r < r1; ++r) acc += A(grad_z[r * d + j]) * A(y[r * dk + s]);
+    partial[c * dk + s] = T(acc);
+  }
 }
 
 template <typename T>
@@ -175,8 +204,21 @@ __global__ void relaxed_categorical_bwd_kernel(const T* grad_z, const T* grad_y,
 }  // namespace
 
 int64_t latent_quantize_num_blocks(int64_t N, int64_t d) { return blocks_for(N * d); }
-int64_t codebook_workspace(int64_t N, int64_t d, int64_t G, int64_t K) {
-  return G * K * chunks_for(G == 1 ? N * d : N);
+int64_t latent_quantize_workspace(int64_t N, int64_t d, int64_t G, int64_t nv, bool is_double) {
+  const ChosenTiles t = chosen_tiles(N, d, nv, is_double ? sizeof(double) : sizeof(float));
+  return (G == 1 ? t.chunks * t.tiles_j : t.chunks * d) * nv;
+}
+
+// relaxed_categorical's codebook kernel: grid (chunks, slot blocks), chunks of `rows` samples.
+static dim3 weighted_grid(int64_t N, int64_t d, int64_t K, int64_t* rows) {
+  const int64_t slot_blocks = ceil_div(d * K, kCbThreads);
+  *rows = chunk_rows(N, slot_blocks);
+  return dim3(unsigned(ceil_div(N, *rows)), unsigned(slot_blocks));
+}
+
+int64_t categorical_workspace(int64_t N, int64_t d, int64_t K) {
+  int64_t rows = 0;
+  return int64_t(weighted_grid(N, d, K, &rows).x) * d * K;
 }
 
 template <typename T>
@@ -203,8 +245,16 @@ cudaError_t latent_quantize_bwd(const T* grad_zq, const T* grad_quantize, const 
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   // grad_values = -grad_quantize * 2/(N d) * sum (z - q) over the entries that chose each value
-  return codebook_grad<T>(ChosenResidual<T>{z, values, idx, nv}, N, d, G, nv, grad_quantize, T(-scale), workspace,
-                          grad_values, stream);
+  using A = typename acc_type<T>::type;
+  const ChosenTiles t = chosen_tiles(N, d, nv, sizeof(A));
+  chosen_partials_kernel<T><<<dim3(unsigned(t.chunks), unsigned(t.tiles_j), unsigned(t.tiles_k)), kCbThreads,
+                              size_t(t.jt * t.kt) * sizeof(A), stream>>>(z, values, idx, N, d, G, nv, t, workspace);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int64_t P = G == 1 ? t.chunks * t.tiles_j : t.chunks, S = G * nv;
+  codebook_finish_kernel<T><<<blocks_for(S), kThreads, 0, stream>>>(workspace, P, S, grad_quantize, T(-scale),
+                                                                  grad_values);
+  return cudaGetLastError();
 }
 
 template <typename T>
@@ -226,8 +276,15 @@ cudaError_t relaxed_categorical_bwd(const T* grad_z, const T* grad_y, const T* g
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   // grad_values (G, K) = sum over each group's rows of grad_z * y
-  return codebook_grad<T>(WeightedSample<T>{grad_z, y, K}, rows / d, d, G, K, nullptr, T(1), workspace,
-                          grad_values, stream);
+  int64_t chunk = 0;
+  const int64_t N = rows / d;
+  const dim3 grid = weighted_grid(N, d, K, &chunk);
+  weighted_partials_kernel<T><<<grid, kCbThreads, 0, stream>>>(grad_z, y, N, d, K, chunk, workspace);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int64_t P = G == 1 ? int64_t(grid.x) * d : int64_t(grid.x), S = G * K;
+  codebook_finish_kernel<T><<<blocks_for(S), kThreads, 0, stream>>>(workspace, P, S, nullptr, T(1), grad_values);
+  return cudaGetLastError();
 }
 
 #define QK_INSTANTIATE(T)                                                                         \

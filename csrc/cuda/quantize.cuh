@@ -17,18 +17,19 @@ cudaError_t latent_quantize_fwd(const T* z, const T* values, T* zq, int64_t* idx
 int64_t latent_quantize_num_blocks(int64_t N, int64_t d);
 
 // grad_z = grad_zq + grad_commit * 2/(N d) * (z - q); grad_values (G, nv) = grad_quantize * 2/(N d) *
-// sum (q - z) over the entries that chose each value, without atomics (deterministic: per-chunk partials in
-// the workspace, codebook_workspace(N, d, G, nv) values, summed in a fixed order). grad_quantize /
-// grad_commit are device scalars.
+// sum (q - z) over the entries that chose each value, without atomics (deterministic: per row-chunk partials in
+// the workspace, latent_quantize_workspace(N, d, G, nv, T is double) values, summed in a fixed order; every index
+// read once). grad_quantize / grad_commit are device scalars.
 template <typename T>
 cudaError_t latent_quantize_bwd(const T* grad_zq, const T* grad_quantize, const T* grad_commit,
                                 const T* z, const T* values, const int64_t* idx, T* grad_z,
                                 T* grad_values, T* workspace, int64_t N, int64_t d, int64_t G, int64_t nv,
                                 cudaStream_t stream);
 
-// Workspace of the codebook gradients (latent_quantize_bwd, relaxed_categorical_bwd): values per
-// (G, K)-shaped codebook over N rows of d latents.
-int64_t codebook_workspace(int64_t N, int64_t d, int64_t G, int64_t K);
+// Workspaces of the codebook gradients (values), for N rows of d latents: latent_quantize_bwd's ((G, nv)
+// codebook) and relaxed_categorical_bwd's (K categories); sized for the current device's SM count.
+int64_t latent_quantize_workspace(int64_t N, int64_t d, int64_t G, int64_t nv, bool is_double);
+int64_t categorical_workspace(int64_t N, int64_t d, int64_t K);
 
 // logits, uniform (nullable), y: (N*d, K) rows; values (G, K). One thread per row.
 template <typename T>
@@ -38,7 +39,7 @@ cudaError_t relaxed_categorical_fwd(const T* logits, const T* uniform, const T* 
 
 // grad_logits (rows, K) and the codebook gradient grad_values (G, K) = sum over the rows of each
 // group of grad_z * y (the forward's y), deterministic through the workspace
-// (codebook_workspace(rows / d, d, G, K) values).
+// (categorical_workspace(rows / d, d, K) values).
 template <typename T>
 cudaError_t relaxed_categorical_bwd(const T* grad_z, const T* grad_y, const T* grad_kl,
                                     const T* logits, const T* uniform, const T* values, const T* y,

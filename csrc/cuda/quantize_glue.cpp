@@ -41,7 +41,7 @@ std::tuple<Tensor, Tensor> latent_quantize_backward_cuda(const Tensor& grad_zq, 
   const Tensor glq = as_contiguous(to_dtype(grad_lq, dtype)), glc = as_contiguous(to_dtype(grad_lc, dtype));
   const int64_t N = z.size(0), d = z.size(1), G = values.size(0), nv = values.size(1);
   Tensor grad_z = alloc_like(z), grad_values = alloc_like(values);
-  Tensor workspace = alloc({cuda::codebook_workspace(N, d, G, nv)}, dtype, z);
+  Tensor workspace = alloc({cuda::latent_quantize_workspace(N, d, G, nv, dtype == ScalarType::Double)}, dtype, z);
   dispatch_floating(dtype, [&](auto zero) {
     using scalar_t = decltype(zero);
     check_cuda(cuda::latent_quantize_bwd<scalar_t>(
@@ -88,7 +88,7 @@ std::tuple<Tensor, Tensor> relaxed_categorical_backward_cuda(
   const int64_t N = logits.size(0), d = logits.size(1), K = logits.size(2), G = values.size(0);
   const ScalarType dtype = logits.scalar_type();
   Tensor grad_logits = alloc_like(logits), grad_values = alloc_like(values);
-  Tensor workspace = alloc({cuda::codebook_workspace(N, d, G, K)}, dtype, logits);
+  Tensor workspace = alloc({cuda::categorical_workspace(N, d, K)}, dtype, logits);
   dispatch_floating(dtype, [&](auto zero) {
     using scalar_t = decltype(zero);
     check_cuda(cuda::relaxed_categorical_bwd<scalar_t>(

@@ -62,24 +62,60 @@ def register_autograd(fwd: str, backward: Callable[..., Any], setup_context: Cal
     _FORMULAS[fwd] = (setup_context, backward)
 
 
+# Triton ops' launch functions by qualified op name, for :func:`op_callable`
+_LAUNCHERS: dict[str, Kernel] = {}
+
+
+def _plain(args: tuple) -> bool:
+    """Eager arguments a launch function can take as they are: no compile, fake, functional or functorch tensors."""
+    if torch.compiler.is_compiling():
+        return False
+    return all(type(a) in (torch.Tensor, torch.nn.Parameter) and not torch._C._functorch.is_functorch_wrapped_tensor(a)
+               for a in args if isinstance(a, torch.Tensor))
+
+
+def op_callable(name: str) -> Kernel:
+    """The op ``name`` ("qkernels::...") as the public functions and the autograd formulas call it: a Triton op's
+    launch function directly on plain eager tensors (the public functions validated them; the custom op's Python
+    dispatch, with its dynamo-disable wrapper, cost more than the launches at small sizes: issue 44), the op
+    through the dispatcher otherwise (torch.compile, fake tensors, C++ ops, raw ``torch.ops`` calls)."""
+    op = getattr(torch.ops.qkernels, name.split("::")[1])
+    launcher = _LAUNCHERS.get(name)
+    if launcher is None:
+        return op
+
+    def run(*args: Any) -> Any:
+        return launcher(*args) if _plain(args) else op(*args)
+
+    return run
+
+
 def thin_autograd(fwd: str, op: Kernel) -> Kernel:
     """``op`` (the op ``fwd``) behind a plain ``torch.autograd.Function`` with the same formula, for the eager
     public functions: the op runs below the autograd dispatch key, which skips the Python autograd kernel
     that ``register_autograd`` installs (on 8 x 3 inputs, 1 CPU thread: latent_quantize forward + backward
-    78 -> 55 us; benchmarks/RESULTS.md "Per-call overhead"). Without gradients the op runs below autograd
-    directly; under ``torch.compile`` the registered op is traced as before."""
+    78 -> 55 us; benchmarks/RESULTS.md "Per-call overhead"), and a Triton op's launch function runs directly
+    (:func:`op_callable`). Without gradients the op runs below autograd directly; under ``torch.compile``
+    the registered op is traced as before."""
     setup_context, backward = _FORMULAS[fwd]
+    eager = op_callable(fwd)
 
     def forward(ctx: Any, *args: Any) -> Any:
         with torch._C._AutoDispatchBelowAutograd():
-            out = op(*args)
+            out = eager(*args)
         setup_context(ctx, args, out)
         return out
+
+    def node_backward(ctx: Any, *grads: Any) -> Any:
+        if torch.is_grad_enabled():  # create_graph: the backward op's own autograd kernel says what it supports
+            return backward(ctx, *grads)
+        with torch._C._AutoDispatchBelowAutograd():  # as the forward: no Python autograd kernel of the backward op
+            return backward(ctx, *grads)
 
     # named after the op: its backward node shows as "<op>_nodeBackward" in grad_fn and profiles
     Node: type[torch.autograd.Function] = type(
         f"{fwd.split('::')[1]}_node", (torch.autograd.Function,),
-        {"forward": staticmethod(forward), "backward": staticmethod(lambda ctx, *g: backward(ctx, *g))})
+        {"forward": staticmethod(forward), "backward": staticmethod(node_backward)})
 
     def run(*args: Any) -> Any:
         if torch.compiler.is_compiling():
@@ -87,7 +123,7 @@ def thin_autograd(fwd: str, op: Kernel) -> Kernel:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return Node.apply(*args)
         with torch._C._AutoDispatchBelowAutograd():
-            return op(*args)
+            return eager(*args)
 
     return run
 
@@ -132,6 +168,7 @@ def define_backends(
         fwd, bwd = f"qkernels::{op}_triton", f"qkernels::{op}_backward_triton"
         forward = torch.library.custom_op(fwd, _checked(checks[0], getattr(triton, op)), mutates_args=())
         torch.library.custom_op(bwd, _checked(checks[1], getattr(triton, f"{op}_backward")), mutates_args=())
+        _LAUNCHERS[fwd], _LAUNCHERS[bwd] = getattr(triton, op), getattr(triton, f"{op}_backward")
         wire(fwd, bwd)
         compute_in_float32_under_autocast(fwd, bwd)
         register(op, "triton")(thin_autograd(fwd, forward))

@@ -76,7 +76,7 @@ def wire_finite_difference_curvature(fwd: str, bwd: str) -> None:
     def _(grad, stacked, argmax, n, num_perturbations, eps, groups, unbiased, reduce):
         return stacked.new_empty(stacked.shape)
 
-    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+    backward_op = lib.op_callable(bwd)
 
     def setup_context(ctx, inputs, output):
         stacked, *args = inputs
@@ -136,7 +136,7 @@ def wire_perturbed_batch(fwd: str, bwd: str) -> None:
     def _(grad, z, draws, std, eps, signs, scale):
         return z.new_empty(z.shape), z.new_empty(z.shape[1])
 
-    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+    backward_op = lib.op_callable(bwd)
 
     def setup_context(ctx, inputs, output):
         z, draws, std, *args = inputs
@@ -201,7 +201,7 @@ def wire_curvature_penalty(fwd: str, bwd: str) -> None:
     def _(grad, values, ratio, reduction):
         return values.new_empty(values.shape)
 
-    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+    backward_op = lib.op_callable(bwd)
 
     def setup_context(ctx, inputs, output):
         values, *args = inputs

@@ -89,7 +89,7 @@ def wire_kde_grid(fwd: str, bwd: str) -> None:
     def _(grad, points, samples, sigma, derivative):
         return torch.empty_like(points), torch.empty_like(samples)
 
-    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+    backward_op = lib.op_callable(bwd)
 
     def setup_context(ctx, inputs, output):
         points, samples, sigma, derivative = inputs
@@ -144,7 +144,7 @@ def wire_cliff_loss(fwd: str, bwd: str) -> None:
     def _(grad_total, grad_uni, grad_biv, grad_kl, z, cond_index, sigma, a, b, num_points, lu, lb, lk):
         return torch.empty_like(z)
 
-    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+    backward_op = lib.op_callable(bwd)
 
     def setup_context(ctx, inputs, output):
         z, cond_index, *ctx.args = inputs
@@ -200,7 +200,7 @@ def wire_klm(fwd: str, bwd: str) -> None:
     def _(grad_loss, z, std, lse):
         return torch.empty_like(z), z.new_empty(0 if std is None else z.shape[1])
 
-    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+    backward_op = lib.op_callable(bwd)
 
     def setup_context(ctx, inputs, output):
         z, std = inputs

@@ -160,7 +160,7 @@ def wire_latent_quantize(fwd: str, bwd: str) -> None:
     def _(grad_zq, grad_lq, grad_lc, z, values, indices):
         return torch.empty_like(z), torch.empty_like(values)
 
-    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+    backward_op = lib.op_callable(bwd)
 
     def setup_context(ctx, inputs, output):
         z, values = inputs
@@ -219,7 +219,7 @@ def wire_relaxed_categorical(fwd: str, bwd: str) -> None:
     def _(grad_z, grad_y, grad_kl, logits, values, uniform, y, tau, noise_scale):
         return torch.empty_like(logits), torch.empty_like(values)
 
-    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+    backward_op = lib.op_callable(bwd)
 
     def setup_context(ctx, inputs, output):
         logits, values, uniform, tau, noise_scale, _hard = inputs
@@ -289,7 +289,7 @@ def wire_gumbel_quantize(fwd: str, bwd: str) -> None:
     def _(grad_zq, grad_y, grad_logits, grad_kl, z, values, uniform, y, tau):
         return torch.empty_like(z), torch.empty_like(values)
 
-    backward_op = getattr(torch.ops.qkernels, bwd.split("::")[1])
+    backward_op = lib.op_callable(bwd)
 
     def setup_context(ctx, inputs, output):
         z, values, uniform, tau, _hard = inputs

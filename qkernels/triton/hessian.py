@@ -19,8 +19,11 @@ import triton
 import triton.language as tl
 
 from qkernels.reference.hessian import NHP_DENOM_EPS, STD_EPS
+from qkernels.triton._grid import cdiv, next_pow2
 
-BLOCK_C = 128  # activation columns per program
+BLOCK_C = 128  # activation columns per program (backward); per step of the forward's column loop ...
+FWD_BLOCK_C = 512  # ... up to this many for wide activations: 4x the bytes in flight per step of its one
+# program per (sample, group) (n = 64, M = 8192: 16 steps, not 64, of a latency-bound loop)
 
 
 @triton.jit
@@ -126,7 +129,7 @@ def _fdc_bwd(
 def _launch_shape(stacked, n, k, groups):
     """(M columns, center rows before the perturbed blocks, backward launch grid)."""
     rows, m = stacked.shape
-    return m, rows - n * 2 * k * groups, (n, triton.cdiv(m, BLOCK_C), groups)
+    return m, rows - n * 2 * k * groups, (n, cdiv(m, BLOCK_C), groups)
 
 
 def finite_difference_curvature(
@@ -155,7 +158,7 @@ def finite_difference_curvature(
         1.0 / (eps * eps),
         float(k - 1 if unbiased else k),
         USE_MAX=reduce == "max",
-        BLOCK_C=BLOCK_C,
+        BLOCK_C=min(FWD_BLOCK_C, max(BLOCK_C, next_pow2(m))),
     )
     return values, argmax
 
@@ -383,7 +386,7 @@ def perturbed_batch(
     n, d = z.shape
     count = draws.shape[0]
     out = torch.empty(2 * count * n, d, dtype=z.dtype, device=z.device)
-    _pb_fwd[(triton.cdiv(n, BLOCK_N), triton.cdiv(d, BLOCK_D))](
+    _pb_fwd[(cdiv(n, BLOCK_N), cdiv(d, BLOCK_D))](
         z, draws, _std_arg(std, z, scale), out, n, d, count, signs, *draws.stride(), eps, STD_EPS,
         SCALE=SCALE_CODES[scale], BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )
@@ -404,7 +407,7 @@ def perturbed_batch_backward(
     grad = grad.to(z.dtype).contiguous()
     n, d = z.shape
     grad_z, grad_s = torch.empty_like(z), torch.empty(d, dtype=z.dtype, device=z.device)
-    _pb_bwd[(triton.cdiv(d, BLOCK_D),)](
+    _pb_bwd[(cdiv(d, BLOCK_D),)](
         grad, z, draws, grad_z, grad_s, n, d, draws.shape[0], signs, *draws.stride(), eps,
         SCALE=SCALE_CODES[scale], BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
     )
@@ -510,7 +513,7 @@ def curvature_penalty(values: torch.Tensor, ratio: bool, reduction: str) -> torc
     n = values.shape[1]
     none = reduction == "none"
     out = torch.empty((n,) if none else (), dtype=values.dtype, device=values.device)
-    _cp_fwd[(triton.cdiv(n, BLOCK_P) if none else 1,)](
+    _cp_fwd[(cdiv(n, BLOCK_P) if none else 1,)](
         values, out, n, NHP_DENOM_EPS, RATIO=ratio, REDUCTION=REDUCTION_CODES[reduction], BLOCK_P=BLOCK_P
     )
     return out
@@ -522,7 +525,7 @@ def curvature_penalty_backward(grad: torch.Tensor, values: torch.Tensor, ratio: 
     grad = grad.to(values.dtype).contiguous()
     n = values.shape[1]
     grad_values = torch.empty_like(values)
-    _cp_bwd[(triton.cdiv(n, BLOCK_P),)](
+    _cp_bwd[(cdiv(n, BLOCK_P),)](
         grad, values, grad_values, n, NHP_DENOM_EPS, RATIO=ratio, REDUCTION=REDUCTION_CODES[reduction],
         BLOCK_P=BLOCK_P,
     )

@@ -22,9 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N, BLOCK_D = 64, 32  # latent_quantize tile: rows x latents
+from qkernels.triton._grid import cdiv, next_pow2, rows_per_program
+
+BLOCK_NS, BLOCK_D = (64, 32, 16), 32  # latent_quantize tile: rows (the largest giving 2 programs per SM) x latents
 BLOCK_R = 32  # relaxed_categorical forward: rows of K categories per program
-BLOCK_S = 32  # relaxed_categorical backward: rows (samples of one latent, per-latent codebooks) per program
+BLOCK_S = 32  # relaxed_categorical backward: rows (samples of one latent, per-latent codebooks) per program, ...
+CATEGORICAL_TILE = 1024  # ... at most this many (rows x categories) per program (more spill registers on sm_90)
 SUM_ROWS, SUM_COLS = 32, 64  # _sum_rows: rows added per step, most columns per program
 
 
@@ -57,8 +60,8 @@ def _sum_rows(
 def _sum_rows_launch(part: torch.Tensor, out: torch.Tensor, rows: int, cols: int, scale: float,
                      g: torch.Tensor | None = None, out2: torch.Tensor | None = None) -> None:
     """Launch :func:`_sum_rows` on the contiguous workspace ``part`` viewed as (rows, cols)."""
-    block_c = min(max(triton.next_power_of_2(cols), 16), SUM_COLS)
-    _sum_rows[(triton.cdiv(cols, block_c),)](
+    block_c = min(max(next_pow2(cols), 16), SUM_COLS)
+    _sum_rows[(cdiv(cols, block_c),)](
         part, out, out if out2 is None else out2, out if g is None else g, rows, cols, scale,
         HAS_G=g is not None, SECOND=out2 is not None, BLOCK_R=SUM_ROWS, BLOCK_C=block_c,
     )
@@ -126,24 +129,28 @@ def _latent_quantize_bwd(
             tl.store(part_ptr + (pid_n * D + cols) * NV + k, contrib, mask=cmask)
 
 
-def _grid(n: int, d: int) -> tuple[int, int]:
-    return triton.cdiv(n, BLOCK_N), triton.cdiv(d, BLOCK_D)
+def _grid(z: torch.Tensor) -> tuple[int, tuple[int, int]]:
+    """(BLOCK_N, grid) of the latent_quantize tile kernels for z (N, d): at least two programs per SM where
+    16-row tiles allow it (4096 x 64: 32 x 2 = 64 x 2 before, a sixth of an H100's SMs busy twice)."""
+    n, d = z.shape
+    block_n = rows_per_program(n, cdiv(d, BLOCK_D), z, BLOCK_NS)
+    return block_n, (cdiv(n, block_n), cdiv(d, BLOCK_D))
 
 
 def latent_quantize(
     z: torch.Tensor, values: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """2 launches: the (cdiv(N, 64), cdiv(d, 32)) tile kernel writes z_q, indices and one partial
-    sum of (z - z_q)^2 per program; one :func:`_sum_rows` program turns them into both losses."""
+    """2 launches: the (cdiv(N, BLOCK_N), cdiv(d, 32)) tile kernel (:func:`_grid`) writes z_q, indices and one
+    partial sum of (z - z_q)^2 per program; one :func:`_sum_rows` program turns them into both losses."""
     z, values = z.contiguous(), values.contiguous()
     n, d = z.shape
-    grid = _grid(n, d)
+    block_n, grid = _grid(z)
     z_q = torch.empty_like(z)
     idx = torch.empty(z.shape, dtype=torch.long, device=z.device)
     part = torch.empty(grid, dtype=z.dtype, device=z.device)
     _latent_quantize_fwd[grid](
         z, values, z_q, idx, part, n, d, values.shape[1],
-        GLOBAL=values.shape[0] == 1, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        GLOBAL=values.shape[0] == 1, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
     )
     loss_q, loss_c = z.new_empty(()), z.new_empty(())
     _sum_rows_launch(part, loss_q, grid[0] * grid[1], 1, 1.0 / (n * d), out2=loss_c)
@@ -163,14 +170,14 @@ def latent_quantize_backward(
     z, values, indices, grad_zq = z.contiguous(), values.contiguous(), indices.contiguous(), grad_zq.contiguous()
     n, d = z.shape
     g, nv = values.shape
-    grid = _grid(n, d)
+    block_n, grid = _grid(z)
     grad_z = torch.empty_like(z)
     part_shape = (grid[0], grid[1], nv) if g == 1 else (grid[0], d, nv)
     part = torch.empty(part_shape, dtype=z.dtype, device=z.device)
     scale = 2.0 / (n * d)
     _latent_quantize_bwd[grid](
         grad_zq, grad_loss_commit, z, values, indices, grad_z, part,
-        n, d, nv, scale, GLOBAL=g == 1, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        n, d, nv, scale, GLOBAL=g == 1, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
     )
     grad_values = torch.empty_like(values)
     rows, cols = (grid[0] * grid[1], nv) if g == 1 else (grid[0], d * nv)
@@ -323,22 +330,24 @@ def _relaxed_forward(x, values, uniform, tau, noise_scale, hard, k, lo):
     z = x.new_empty(n, d)
     y = x.new_empty(n, d, k)
     kl = x.new_empty(n, d)
-    _relaxed_categorical_fwd[(triton.cdiv(r, BLOCK_R),)](
+    _relaxed_categorical_fwd[(cdiv(r, BLOCK_R),)](
         x, x if uniform is None else uniform, values, z, y, kl, y if lo is None else lo, r, d, k,
         tau, noise_scale, math.log(k),
         HAS_NOISE=uniform is not None, HARD=hard, GLOBAL=values.shape[0] == 1, FROM_Z=lo is not None,
-        BLOCK_R=BLOCK_R, BLOCK_K=triton.next_power_of_2(k),
+        BLOCK_R=BLOCK_R, BLOCK_K=next_pow2(k),
     )
     return z, y, kl
 
 
 def _relaxed_backward(grad_z, grad_y, grad_kl, grad_lo, x, values, uniform, y, tau, noise_scale, from_z):
-    """Launch the backward kernel, grid (cdiv(N d, 32), 1) for a global codebook, else
-    (cdiv(N, 32), d), and the codebook reduction (over the grid's first axis). A None upstream
-    gradient is zero (nothing is read for it)."""
+    """Launch the backward kernel, grid (cdiv(N d, S), 1) for a global codebook, else (cdiv(N, S), d), S = 32
+    rows (16 for K = 64: at most 1024 entries per program), and the codebook reduction (over the grid's first
+    axis). A None upstream gradient is zero (nothing is read for it)."""
     n, d = x.shape[0], x.shape[1]
     g, k = values.shape
-    grid = (triton.cdiv(n * d, BLOCK_S), 1) if g == 1 else (triton.cdiv(n, BLOCK_S), d)
+    block_k = next_pow2(k)
+    block_s = max(1, min(BLOCK_S, CATEGORICAL_TILE // block_k))  # K = 64: 16 rows (32 spilled on sm_90)
+    grid = (cdiv(n * d, block_s), 1) if g == 1 else (cdiv(n, block_s), d)
     grad_x = torch.empty_like(x)
     part = x.new_empty(grid[0], grid[1], k)
     _relaxed_categorical_bwd[grid](
@@ -346,7 +355,7 @@ def _relaxed_backward(grad_z, grad_y, grad_kl, grad_lo, x, values, uniform, y, t
         values, y, grad_x, part, n, d, k, tau, noise_scale,
         HAS_NOISE=uniform is not None, GLOBAL=g == 1, FROM_Z=from_z, HAS_GZ=grad_z is not None,
         HAS_GY=grad_y is not None, HAS_GKL=grad_kl is not None, HAS_GLO=grad_lo is not None,
-        BLOCK_S=BLOCK_S, BLOCK_K=triton.next_power_of_2(k),
+        BLOCK_S=block_s, BLOCK_K=block_k,
     )
     grad_values = torch.empty_like(values)
     _sum_rows_launch(part, grad_values, grid[0], grid[1] * k, 1.0)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from qkernels.triton._grid import cdiv, rows_per_program
+
 WINDOW = tl.constexpr(10.0)  # kde_grid drops kernel terms beyond WINDOW sigma (as the cpu backend, kde.h)
 SQRT_2PI = math.sqrt(2.0 * math.pi)
 
@@ -78,7 +80,16 @@ def _kde_grid_samples_grad(
     tl.store(gs_ptr + ss * D + j, -acc * scale, mask=smask)
 
 
-BLOCK_K_GRID, BLOCK_S_GRID = 32, 32
+BLOCK_K_GRID, BLOCK_S_GRID = 32, 32  # the samples' gradient: points x samples per step
+POINT_BLOCKS, POINT_TILE = (32, 16, 8), 1024  # by points: the largest point block giving 2 programs per SM
+
+
+def _by_points(points: torch.Tensor) -> tuple[tuple[int, int], dict]:
+    """Grid and blocks of :func:`_kde_grid_by_points`: (cdiv(K, BLOCK_K), d) programs, BLOCK_K x BLOCK_S =
+    1024 terms per step (d = 32, K = 128: 16 x 32 programs of 8 points, was 4 x 32 of 32)."""
+    d, k = points.shape
+    block_k = rows_per_program(k, d, points, POINT_BLOCKS)
+    return (cdiv(k, block_k), d), {"BLOCK_K": block_k, "BLOCK_S": POINT_TILE // block_k}
 
 
 def _kde_scale(n: int, sigma: float, derivative: bool) -> float:
@@ -89,9 +100,10 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, derivati
     points, samples = points.contiguous(), samples.contiguous()
     (d, k), n = points.shape, samples.shape[0]
     out = torch.empty_like(points)
-    _kde_grid_by_points[(triton.cdiv(k, BLOCK_K_GRID), d)](
+    grid, blocks = _by_points(points)
+    _kde_grid_by_points[grid](
         points, samples, points, out, n, d, k, 1.0 / sigma, _kde_scale(n, sigma, derivative),
-        DERIV=derivative, GRAD=False, BLOCK_K=BLOCK_K_GRID, BLOCK_S=BLOCK_S_GRID,
+        DERIV=derivative, GRAD=False, **blocks,
     )
     return out
 
@@ -103,11 +115,12 @@ def kde_grid_backward(
     (d, k), n = points.shape, samples.shape[0]
     scale = _kde_scale(n, sigma, derivative)
     gp, gs = torch.empty_like(points), torch.empty_like(samples)
-    _kde_grid_by_points[(triton.cdiv(k, BLOCK_K_GRID), d)](
+    grid, blocks = _by_points(points)
+    _kde_grid_by_points[grid](
         points, samples, grad, gp, n, d, k, 1.0 / sigma, scale,
-        DERIV=derivative, GRAD=True, BLOCK_K=BLOCK_K_GRID, BLOCK_S=BLOCK_S_GRID,
+        DERIV=derivative, GRAD=True, **blocks,
     )
-    _kde_grid_samples_grad[(triton.cdiv(n, BLOCK_S_GRID), d)](
+    _kde_grid_samples_grad[(cdiv(n, BLOCK_S_GRID), d)](
         points, samples, grad, gs, n, d, k, 1.0 / sigma, scale,
         DERIV=derivative, BLOCK_K=BLOCK_K_GRID, BLOCK_S=BLOCK_S_GRID,
     )

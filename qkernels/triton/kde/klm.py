@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from qkernels.reference.kde import silverman_factor
+from qkernels.triton._grid import cdiv, next_pow2
 
 # Flash-style and symmetric (issue 26): the kernel matrices are symmetric, so each pair of sample
 # tiles is computed once. Samples are grouped in super-blocks of KLM_SUPER rows; program (p, q),
@@ -33,14 +34,14 @@ LOG2E = 1.4426950408889634
 
 
 def _klm_super(n: int, block: int) -> int:
-    """Rows per super-block: about n / 16 (so that small batches still spread over ~136 programs),
-    a power of 2 between BLOCK_B and KLM_SUPER."""
-    return min(KLM_SUPER, max(block, triton.next_power_of_2(triton.cdiv(n, 16))))
+    """Rows per super-block: about n / 32 (nsb ~ 32 super-blocks, nsb (nsb + 1) / 2 ~ 528 programs: two per SM
+    of an H100 from n = 1024 on; was n / 16, 136 programs), a power of 2 between BLOCK_B and KLM_SUPER."""
+    return min(KLM_SUPER, max(block, next_pow2(cdiv(n, 32))))
 
 
 def _klm_blocks(d: int) -> tuple[int, int, int]:
     """(BLOCK_B rows, BLOCK_A streamed samples, BLOCK_D latents): the pair tile is B x A x D."""
-    block_d = triton.next_power_of_2(d)
+    block_d = next_pow2(d)
     block = 32 if block_d <= 4 else 16 if block_d <= 16 else 8  # B * A * D <= 4096 up to d = 64
     return block, block, block_d
 
@@ -109,13 +110,17 @@ def _klm_tiles(
     inv_f2: tl.float64, BACKWARD: tl.constexpr, HAS_STD: tl.constexpr, SUPER: tl.constexpr, BLOCK: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Program (p, q), q <= p (others return): for every row b of super-block p and sample a of q,
+    """Program t of the lower triangle of super-block pairs, (p, q) with q <= p, t = p (p + 1) / 2 + q (the
+    grid launches no idle program): for every row b of super-block p and sample a of q,
     forward: ws[p, q, b] = [sum_a exp(-(y_bj - y_aj)^2 / 2) for each j | sum_a exp(c_joint |y_b - y_a|^2)]
     (W = d + 1); BACKWARD: ws[p, q, b, j] = sum_a [-(P_ba + P_ab) / f^2 + (Pj_ba + Pj_ab)] (y_bj - y_aj)
     (W = d) with the joint softmax P_ba = exp(J_ba - L_b) and the per-latent ones Pj_ba from the
     forward's lse. For q < p also ws[q, p] (the tiles' column sums, the terms being symmetric)."""
-    p = tl.program_id(0)
-    q = tl.program_id(1)
+    t = tl.program_id(0)
+    p = ((tl.sqrt((8 * t + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)  # then exact in integers
+    p = tl.where(p * (p + 1) // 2 > t, p - 1, p)
+    p = tl.where((p + 1) * (p + 2) // 2 <= t, p + 1, p)
+    q = t - p * (p + 1) // 2
     if q <= p:
         dt = z_ptr.dtype.element_ty
         cj, cj2, cm2, if2 = (tl.full((), c_joint, dt), tl.full((), c2_joint, dt), tl.full((), c2_marg, dt),
@@ -253,13 +258,15 @@ def _klm_launch(z, std, lse, backward):
     n, d = z.shape
     f = silverman_factor(n, d)
     block, _, block_d = _klm_blocks(d)
+    if backward and z.dtype == torch.float64 and block * block * block_d > 2048:
+        block //= 2  # the float64 backward's pair tile spilled registers on sm_90 at 32 x 32 x 4
     sup = _klm_super(n, block)
-    nsb = triton.cdiv(n, sup)
+    nsb = cdiv(n, sup)
     ws = z.new_empty(nsb * nsb * sup * (d if backward else d + 1))
     c_joint = -0.5 / (f * f)
-    _klm_tiles[(nsb, nsb)](z, z if std is None else std, lse, ws, n, d, nsb, c_joint, c_joint * LOG2E, -0.5 * LOG2E,
-                           1.0 / (f * f), BACKWARD=backward, HAS_STD=std is not None, SUPER=sup, BLOCK=block,
-                           BLOCK_D=block_d)
+    _klm_tiles[(nsb * (nsb + 1) // 2,)](
+        z, z if std is None else std, lse, ws, n, d, nsb, c_joint, c_joint * LOG2E, -0.5 * LOG2E, 1.0 / (f * f),
+        BACKWARD=backward, HAS_STD=std is not None, SUPER=sup, BLOCK=block, BLOCK_D=block_d)
     return ws, nsb, sup, block, block_d
 
 
@@ -269,7 +276,7 @@ def klm(z: torch.Tensor, std: torch.Tensor | None) -> tuple[torch.Tensor, torch.
     n, d = z.shape
     lse = z.new_empty(n, d + 1)
     ws, nsb, sup, block, block_d = _klm_launch(z, std, lse, False)
-    grid = (triton.cdiv(n, block),)
+    grid = (cdiv(n, block),)
     part = z.new_empty(grid[0])
     _klm_fwd_rows[grid](ws, lse, part, n, d, nsb, SUPER=sup, BLOCK=block, BLOCK_D=block_d)
     loss = z.new_empty(())
@@ -285,7 +292,7 @@ def klm_backward(
     std = None if std is None else std.contiguous()
     n, d = z.shape
     ws, nsb, sup, block, block_d = _klm_launch(z, std, lse, True)
-    grid = (triton.cdiv(n, block),)
+    grid = (cdiv(n, block),)
     gz = torch.empty_like(z)
     part = z.new_empty(grid[0], d)
     gstd = z.new_empty(0 if std is None else d)
