@@ -235,7 +235,7 @@ def kernels(op: str, device: torch.device | str | None = None) -> list[str]:
 
 
 def warm() -> None:
-    """Probe every backend now (called once by ``import qkernels``), so that backend selection is
+    """Probe every backend now (called once by ``import qkernels.ops``), so that backend selection is
     a table lookup, also while torch.compile traces."""
     for backend in BACKENDS:
         for dev in (None, "cpu", "cuda"):
