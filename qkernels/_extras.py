@@ -74,6 +74,10 @@ def require(feature: str, extra: str, *modules: str) -> None:
     import importlib.util
 
     for name in modules:
-        if importlib.util.find_spec(name) is None:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a finder that refuses it, a module without a spec
+            found = False
+        if not found:
             dist = DISTRIBUTIONS.get(name, name)
             raise MissingExtraError(f"{feature} needs {dist}: pip install 'qkernels[{extra}]'", name=name)

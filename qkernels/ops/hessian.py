@@ -304,27 +304,29 @@ def _penalty(values: torch.Tensor, ratio: bool, reduction: str) -> torch.Tensor:
 
 
 def _warn_at_floor(values: torch.Tensor, name: str) -> None:
-    """Warn (once per process) when (2, n) numerator / denominator values have denominators at or below the constant
-    added to them (NHP_DENOM_EPS): the penalty is then that constant's doing, not fn's. Eager calls only; CPU values
+    """Warn (once per process) when (2, n) numerator / denominator values have positive numerators over
+    denominators at or below the constant added to them (NHP_DENOM_EPS): the penalty is then that constant's doing,
+    not fn's. Eager calls only; CPU values
     are read in place (NumPy: no kernel, no dispatch) at every call until the warning, GPU values at the first call
     only (one read-back)."""
     if _FLOOR_CHECK["warned"] or torch.compiler.is_compiling():
         return
-    den = values[1].detach()
-    if den.device.type != "cpu":
+    pair = values.detach()
+    if pair.device.type != "cpu":
         if _FLOOR_CHECK["device"]:
             return
         _FLOOR_CHECK["device"] = True
-        den = den.cpu()
+        pair = pair.cpu()
     try:
-        floored = int((den.numpy() <= NHP_DENOM_EPS).sum())
+        num, den = pair.numpy()
     except (RuntimeError, TypeError):  # a tensor without storage to read (torch.func transforms, fake tensors)
         return
+    floored = int(((den <= NHP_DENOM_EPS) & (num > 0)).sum())  # 0 / floor is 0: no curvature, no harm
     if floored:
         _FLOOR_CHECK["warned"] = True
         warnings.warn(
             f"normalized_hessian_penalty: the denominator of {name} (the curvature along the Gaussian directions) "
-            f"is at or below its floor {NHP_DENOM_EPS:g} for {floored} of {den.numel()} samples, so the penalty "
+            f"is at or below its floor {NHP_DENOM_EPS:g} for {floored} of {den.size} samples, so the penalty "
             "there is the numerator divided by that constant (1e5-1e9 values), not a property of fn. fn is most "
             "likely piecewise linear (ReLU, LeakyReLU) at the scale eps * std: use a smooth activation (GELU, as "
             "Tripod) or a larger eps. (Warned once per process.)",
