@@ -39,6 +39,12 @@ def _log(out):
     return [json.loads(ln) for ln in (out / "log.jsonl").read_text().splitlines()]
 
 
+def _tiny(out, **kw):
+    """A run of seconds: Cliff's autoencoder on 300 points, a line of log per step, no periodic checkpoint."""
+    return TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 300}, batch_size=50,
+                       checkpoint_every=100, log_every=1, out=str(out), progress=False, **kw)  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------- 1. signals
 def test_sigint_saves_the_current_step_prints_the_command_and_the_resumed_run_is_the_run_left_alone(tmp_path):
     """A real `qkernels train` process gets SIGINT mid-run: exit 130, a checkpoint of the step it was on (none of
@@ -130,19 +136,7 @@ def test_deferred_signals_defer_the_first_signal_and_a_second_quits_at_once(capf
 def test_a_signal_mid_run_stops_the_python_api_with_a_checkpoint(tmp_path, monkeypatch):
     """In-process (the Python API, a notebook's interrupt): the signal arrives during step 3; the run ends that
     step, saves it and raises TrainingInterrupted, a KeyboardInterrupt carrying the step and the signal."""
-    cfg = TrainConfig(
-        model="cliff_ae",
-        dataset="quantized_grid2d",
-        dataset_kwargs={"n": 300},
-        batch_size=50,
-        steps=6,
-        checkpoint_every=100,
-        log_every=1,
-        out=str(tmp_path / "run"),
-        progress=False,
-        threads=1,
-    )
-    trainer = Trainer(cfg)
+    trainer = Trainer(_tiny(tmp_path / "run", steps=6, threads=1))
     step, before = trainer.train_step, signal.getsignal(signal.SIGTERM)
 
     def step_then_signal(s):
@@ -213,20 +207,7 @@ def test_a_collapse_drops_threads_only_when_the_count_was_chosen_for_the_run(tmp
     monkeypatch.setattr(T, "busy_cores", lambda interval=0.5: 1.0)  # another job keeps one core busy
     monkeypatch.setattr(T, "usable_cores", lambda: 2)
     out = tmp_path / "run"
-    cfg = TrainConfig(
-        model="cliff_ae",
-        dataset="quantized_grid2d",
-        dataset_kwargs={"n": 300},
-        batch_size=50,
-        steps=4,
-        checkpoint_every=100,
-        log_every=1,
-        out=str(out),
-        progress=False,
-        threads=2,
-        adapt_threads=adapt,
-    )
-    Trainer(cfg).run(final_eval=False)
+    Trainer(_tiny(out, steps=4, threads=2, adapt_threads=adapt)).run(final_eval=False)
     drops = [r for r in _log(out) if r["type"] == "threads"]
     saved = TrainConfig.load(out / "config.json")
     if not adapt:  # a given count is never changed

@@ -312,14 +312,16 @@ def _warn_at_floor(values: torch.Tensor, name: str) -> None:
     if _FLOOR_CHECK["warned"] or torch.compiler.is_compiling():
         return
     pair = values.detach()
-    if pair.device.type != "cpu":
-        if _FLOOR_CHECK["device"]:
-            return
-        _FLOOR_CHECK["device"] = True
-        pair = pair.cpu()
+    if type(pair) is not torch.Tensor or pair.device.type == "meta":  # fake / meta tensors: nothing to read
+        return
     try:
+        if pair.device.type != "cpu":
+            if _FLOOR_CHECK["device"]:
+                return
+            _FLOOR_CHECK["device"] = True
+            pair = pair.cpu()
         num, den = pair.numpy()
-    except (RuntimeError, TypeError):  # a tensor without storage to read (torch.func transforms, fake tensors)
+    except (RuntimeError, TypeError, NotImplementedError):  # no storage to read (torch.func transforms)
         return
     floored = int(((den <= NHP_DENOM_EPS) & (num > 0)).sum())  # 0 / floor is 0: no curvature, no harm
     if floored:
