@@ -95,7 +95,8 @@ def test_needs_passes_other_import_errors_and_require_checks_without_importing(m
         with _extras.needs("x", "metrics"):
             import qkernels_no_such_module  # noqa: F401
     assert not isinstance(exc.value, _extras.MissingExtraError)
-    monkeypatch.setitem(sys.modules, "sklearn", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # as if not installed (also where another test imported it)
+    monkeypatch.setitem(sys.modules, "sklearn.svm", None)
     with pytest.raises(
         ImportError, match=r"^qkernels.metrics.sap needs scikit-learn: pip install 'qkernels\[metrics\]'$"
     ):
