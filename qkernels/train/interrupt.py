@@ -3,8 +3,9 @@
 While :class:`DeferredSignals` is active, the first SIGINT or SIGTERM only records the signal (and says so in one
 line on stderr): the training loop finishes its step, saves a checkpoint at that step (atomically, as the periodic
 ones) and raises :class:`TrainingInterrupted`; ``--resume`` continues from there bit-for-bit. A second signal
-raises ``KeyboardInterrupt`` at once (the run keeps its last checkpoint). After the training steps, during the final
-evaluation, a signal interrupts at once (:meth:`DeferredSignals.immediate`): every step is saved by then.
+raises ``KeyboardInterrupt`` at once (the run keeps its last checkpoint). An evaluation inside the run
+(``eval_every``) finishes before the stop. After the training steps, during the final evaluation, a signal
+interrupts at once (:meth:`DeferredSignals.immediate`): every step is saved by then, and ``--resume`` evaluates.
 
 Handlers are installed only in the main thread of a single process: under ``torchrun`` every rank would see the
 signal at a different step and the collectives of the next step would hang, so there the signals act as before.

@@ -9,7 +9,10 @@ the directory stays).
 
 Determinism: the global torch RNG is re-seeded from (seed, step) before every step and batches are a function of
 (seed, step) (:mod:`qkernels.train.data`); LR and temperature schedules are functions of the step. So a run resumed
-from a checkpoint (model + optimizer states + step) continues bit-for-bit identically on CPU.
+from a checkpoint (model + optimizer states + step) continues bit-for-bit identically on CPU, at the thread count it
+had then (config.json); a checkpoint saved on SIGINT / SIGTERM (:mod:`qkernels.train.interrupt`) is one like any
+other. With ``adapt_threads`` a collapse of the steps' speed lowers the count mid-run
+(:mod:`qkernels.train.throughput`): from then on the run's bits depend on when that happened.
 
 Data parallelism: started by ``torchrun`` (the CLI initializes the process group), every rank trains a
 DistributedDataParallel copy on its equal block of the global batch (``batch_size`` is the global batch); random
