@@ -53,7 +53,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.exit(0, f"qkernels {_version()}\n")
+        print(f"qkernels {_version()}")  # on stdout, as argparse's own version action
+        parser.exit(0)
 
 
 def _int_at_least(low: int):
