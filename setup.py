@@ -25,8 +25,11 @@ from setuptools import setup
 
 # The oldest torch the extension loads into: its LibTorch stable-ABI target (the GPU image runs torch 2.11)
 TORCH_TARGET = "2.11"
-# the runtime dependencies; torch's requirement depends on the build (below)
-REQUIRES = ["numpy>=1.24", "scipy>=1.10", "scikit-learn>=1.4", "h5py>=3.8", "pillow>=10"]
+# the runtime dependencies of the ops (`pip install qkernels`); torch's requirement depends on the build (below), the
+# rest are extras (pyproject.toml: train, metrics, data, plot, docs, jax, dev; qkernels/_extras.py)
+REQUIRES = ["numpy>=1.24"]
+# a build against a torch with CUDA: the Triton kernels run on its GPUs (torch's own CUDA wheels ask for triton too)
+REQUIRES_CUDA = ["triton>=3.1; platform_system == 'Linux'"]
 
 if os.environ.get("QKERNELS_NO_EXT", "0") == "1":
     setup(install_requires=["torch>=2.5", *REQUIRES])  # pure Python: any recent torch
@@ -125,6 +128,6 @@ else:
     setup(
         ext_modules=ext_modules,
         cmdclass={"build_ext": BuildExt},
-        install_requires=[f"torch>={TORCH_TARGET}", *REQUIRES],
+        install_requires=[f"torch>={TORCH_TARGET}", *REQUIRES, *(REQUIRES_CUDA if torch.version.cuda else [])],
         options={"bdist_wheel": {"py_limited_api": "cp310"}},  # the wheel's tag: cp310-abi3
     )

@@ -13,8 +13,20 @@ variant names and baselines), and warns when the machine was loaded.
 The default run leaves out the slow cases (``Case.slow``) and the tests marked ``bench_all`` (the
 training-step benchmarks, the slow metrics): ``--bench-all`` includes them. Before the tests run, a
 plan line says what will run, what is left out and roughly how long it takes.
+
+As it goes (issue 47): each comparison test's row is printed as soon as it finishes (under its case's name, in
+the table's columns; "vs baseline" where the baseline already ran), so a stopped run shows what it measured;
+``--bench-save DIR`` also writes every finished row to ``DIR/<machine>/<date>.csv`` and ``.json`` after each
+test (the format of ``qkernels bench --save``, :mod:`qkernels.bench.results`).
+
+Selections: every test carries a marker naming its hot path (``-m quantize``, ``kde``, ``hessian``,
+``overhead``, ``step``) or, outside the comparison cases, its file (``-m data``, ``metrics``, ``agreement``);
+``-k`` matches case names. ``--quick`` runs :data:`QUICK`: one headline case per kernel hot path, eager
+variants only (a torch.compile variant compiles for seconds) and no peak-memory subprocesses, under a minute
+on 2 cores.
 """
 
+import dataclasses
 import os
 import time
 
@@ -30,16 +42,36 @@ from qkernels.bench import report  # noqa: E402
 COLUMNS = ["median", "iqr", "rounds"]  # with the test ids of qkernels.bench.short_id: <= 120 columns
 OTHER_S = 5.0  # rough seconds of a test that is not a benchmark case (data, metrics, training steps)
 _CLOCK: dict = {}
+# --quick: hot path -> its headline cases (the README's Performance table), eager variants only
+QUICK = {
+    "quantize": ("latent_quantize n=4096 d=64 n_v=64 per-dim",),
+    "kde": ("cliff n=1024 d=12 M=64 K=100", "klm n=1024 d=32"),
+    "hessian": ("nhp mlp n=64 d=12 k=2",),
+    "overhead": ("cliff_loss n=8 d=3, cpu",),
+}
+MARKERS = (*bench.HOTPATHS, "data", "metrics", "agreement")  # a marker per hot path, or per file
+# torch.compile's pre-grad passes import torch.fx.experimental.optimization -> torch.utils.mkldnn, whose 14
+# @torch.jit.script_method decorators each warn (torch 2.13); nothing of qkernels uses TorchScript
+TORCH_WARNINGS = ("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning",)
 
 
 def pytest_addoption(parser):
     parser.addoption("--bench-all", action="store_true",
                      help="qkernels: also run the slow benchmark cases and tests marked bench_all (tens of minutes)")
+    parser.addoption("--quick", action="store_true",
+                     help="qkernels: only the headline case of each kernel hot path, eager variants, no memory "
+                          "probes (under a minute)")
+    parser.addoption("--bench-save", metavar="DIR",
+                     help="qkernels: write the finished rows to DIR/<machine>/<date>.csv and .json after every test")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     config.addinivalue_line("markers", "bench_all: a slow benchmark, run only with --bench-all")
+    for name in MARKERS:
+        config.addinivalue_line("markers", f"{name}: the {name} benchmarks (benchmarks/conftest.py)")
+    for spec in TORCH_WARNINGS:
+        config.addinivalue_line("filterwarnings", spec)
     # before pytest-benchmark reads its options (its pytest_configure is trylast)
     if getattr(config.option, "benchmark_columns", False) is None:
         config.option.benchmark_columns = COLUMNS
@@ -56,6 +88,19 @@ def is_slow(item) -> bool:
     return bool(case and case.slow) or item.get_closest_marker("bench_all") is not None
 
 
+def is_quick(item) -> bool:
+    """In the ``--quick`` run: a case of :data:`QUICK`, not a torch.compile variant."""
+    case = _case(item)
+    return bool(case and case.name in QUICK.get(case.hotpath, ()) and "compiled" not in
+                item.callspec.params["variant"])
+
+
+def marker(item) -> str:
+    """The marker of ``item``: its case's hot path, else its file's name (test_data.py: data)."""
+    case = _case(item)
+    return case.hotpath if case else item.path.stem.removeprefix("test_")
+
+
 def plan(items, skipped) -> list[str]:
     """The plan lines (:func:`qkernels.bench.report.plan_lines`) of the tests ``items`` that will run and
     the ``skipped`` ones: per hot path (others: per file) the tests and cases, a rough duration."""
@@ -63,7 +108,7 @@ def plan(items, skipped) -> list[str]:
     runs, others = [], 0
     for item in items:
         case = _case(item)
-        key = case.hotpath if case else item.path.stem.removeprefix("test_")
+        key = marker(item)
         tests, names = groups.setdefault(key, (0, set()))
         groups[key] = (tests + 1, names | {case.name if case else item.name})
         if case:
@@ -76,8 +121,20 @@ def plan(items, skipped) -> list[str]:
                              runs="tests")
 
 
+def pytest_itemcollected(item):
+    item.add_marker(marker(item))  # before -m selects
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k deselected theirs: the plan counts what runs
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--bench-all"):
+    if config.getoption("--quick"):
+        quick = [i for i in items if is_quick(i)]
+        config.hook.pytest_deselected(items=[i for i in items if not is_quick(i)])
+        items[:] = quick
+        for item in quick:  # no peak-memory subprocess (seconds each)
+            item.callspec.params["case"] = dataclasses.replace(_case(item), memory=False)
+        skipped = []  # not "slow cases": a selection
+    elif config.getoption("--bench-all"):
         skipped = []
     else:
         skipped = [i for i in items if is_slow(i)]
@@ -98,6 +155,59 @@ def pytest_report_header(config):
 
 def pytest_sessionstart(session):
     _CLOCK.update(cpu=report.cpu_clock(), wall=time.perf_counter())
+    if session.config.getoption("--bench-save"):
+        from qkernels.bench import results
+
+        _CLOCK["info"] = results.machine_info()  # the load average before the benchmarks ran
+
+
+_FINISHED: dict = {}  # (hot path, case) -> {variant: pytest-benchmark Metadata} of the finished comparison tests
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    yield
+    fixture = getattr(item, "funcargs", {}).get("benchmark") if call.when == "call" else None
+    meta = getattr(fixture, "stats", None)
+    info = getattr(meta, "extra_info", None) or {}
+    if meta is None or "variant" not in info or "case" not in info:
+        return
+    lines = finished(meta)
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):  # after -q's progress dots
+            reporter.write("\n")
+        for line in lines:
+            reporter.write_line(line)
+    folder = item.config.getoption("--bench-save")
+    if folder:
+        from qkernels.bench import results
+
+        _CLOCK["saved"] = results.save(finished_rows(), folder, _CLOCK["info"])
+
+
+def finished(meta) -> list[str]:
+    """Record a comparison test that just finished; its lines as it goes: the column header before the first
+    row, the case's name before its first variant, then the variant's row (vs baseline: once the baseline ran)."""
+    info = meta.extra_info
+    metas = _FINISHED.setdefault((info.get("hotpath"), info["case"]), {})
+    lines = [] if any(_FINISHED.values()) else ["", report.header()]
+    metas[info["variant"]] = meta
+    row = _row(meta, metas.get(info.get("baseline")), metas.get("reference_compiled"))
+    case = report.case_lines(info["case"], [row], baseline=info.get("baseline"))
+    return lines + (case if len(metas) == 1 else case[1:])
+
+
+def finished_rows() -> list[dict]:
+    """Every finished comparison test as a row of :func:`qkernels.bench.results.save` (ratios against the
+    baselines finished so far)."""
+    rows = []
+    for (hotpath, case), metas in _FINISHED.items():
+        for meta in metas.values():
+            baseline = meta.extra_info.get("baseline")
+            rows.append({"hotpath": hotpath, "case": case, "baseline": baseline,
+                         **_row(meta, metas.get(baseline), metas.get("reference_compiled"))})
+    return rows
 
 
 def _row(meta, base, compiled) -> dict:
@@ -153,6 +263,8 @@ def pytest_terminal_summary(terminalreporter, config):
     lines = summary_lines(session.benchmarks) if session is not None else []
     if not lines:
         return
+    if _CLOCK.get("saved"):
+        lines.append(f"saved {_CLOCK['saved']} and {_CLOCK['saved'].with_suffix('.json').name} (after every test)")
     terminalreporter.section("qkernels: variants against their baseline")
     warning = report.others_warning(_CLOCK.get("cpu"), report.cpu_clock(), time.perf_counter() - _CLOCK.get("wall", 0),
                                     what="the benchmarks were")

@@ -10,8 +10,10 @@ device and silently falls back to ``reference``; a backend forced with
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -225,7 +227,10 @@ def register(op: str, backend: str) -> Callable[[Kernel], Kernel]:
 
 
 def implementations(op: str) -> dict[str, Kernel]:
-    """``{backend: implementation}`` registered for ``op`` (by its module in :mod:`qkernels.ops`)."""
+    """``{backend: implementation}`` registered for ``op`` (by its module in :mod:`qkernels.ops`, imported here
+    first if nothing has: ``import qkernels`` no longer does)."""
+    if "qkernels.ops" not in sys.modules:
+        importlib.import_module("qkernels.ops")
     return dict(_REGISTRY.get(op, {}))
 
 
@@ -235,7 +240,7 @@ def kernels(op: str, device: torch.device | str | None = None) -> list[str]:
 
 
 def warm() -> None:
-    """Probe every backend now (called once by ``import qkernels``), so that backend selection is
+    """Probe every backend now (called once by ``import qkernels.ops``), so that backend selection is
     a table lookup, also while torch.compile traces."""
     for backend in BACKENDS:
         for dev in (None, "cpu", "cuda"):

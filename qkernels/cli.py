@@ -1,8 +1,10 @@
-"""The ``qkernels`` command (also ``python -m qkernels``).
+"""The ``qkernels`` command (also ``python -m qkernels``); what it does and how it fails: :data:`DESCRIPTION` (its
+``--help``).
 
-Errors are one line on stderr, ``qkernels: error: ...``, exit status 2 for a bad command line (a flag
-value, a name, a path or a device that cannot work) and 1 for a run that failed; ``--debug`` shows the
-traceback instead.
+Start-up: the parser is built without importing torch, scikit-learn or any qkernels module that does (``import
+qkernels`` is light, :mod:`qkernels`), so ``--help`` and a bad command line answer at once; each command imports
+what it needs when it runs. The names the parser offers (:data:`MODELS`, :data:`PROTOCOL_NAMES`,
+:data:`PAPER_STEPS`) are copies of the registries' (tests/test_cli_startup.py checks them).
 """
 
 from __future__ import annotations
@@ -10,6 +12,18 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import NoReturn
+
+DESCRIPTION = """Train, evaluate and compare the five papers' methods, and time qkernels' kernels.
+
+Errors are one line on stderr, "qkernels: error: ...", exit status 2 for a bad command line (a flag value, a
+name, a path or a device that cannot work) and 1 for a run that failed; --debug shows the traceback instead."""
+
+# qkernels.models.registry.METHODS (names; the authors' run lengths where stated) and
+# qkernels.metrics.protocols.PROTOCOLS, copied: importing those modules imports torch and scikit-learn
+MODELS = ("ae", "qlae", "tripod", "qvae", "factorqvae", "dvae", "factordvae", "beta_vae", "beta_tcvae", "factorvae",
+          "cliff_vae", "cliff_ae")
+PAPER_STEPS = {"ae": 200_000, "qlae": 200_000, "tripod": 250_000, "qvae": 100_000, "factorqvae": 50_000}
+PROTOCOL_NAMES = ("qlae", "tripod", "factorqvae", "dlib", "fast")
 
 
 class UsageError(Exception):
@@ -30,6 +44,17 @@ def _version() -> str:
         return version("qkernels")
     except PackageNotFoundError:  # a source tree on sys.path, not installed
         return "unknown (not installed)"
+
+
+class _Version(argparse.Action):
+    """``--version``: reads the installed version when asked (importlib.metadata costs ~0.1 s at every start)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"qkernels {_version()}")  # on stdout, as argparse's own version action
+        parser.exit(0)
 
 
 def _int_at_least(low: int):
@@ -128,7 +153,7 @@ def _train_config(args: argparse.Namespace):
         if args.device is not None:
             cfg.device = args.device
         if args.threads is not None:  # else the recorded count: the resumed run goes on bit-for-bit
-            cfg.threads = args.threads
+            cfg.threads, cfg.adapt_threads = args.threads, False  # a count given is never changed
         return _resolved(cfg)
     try:  # only the fields the file sets: the others still follow --model (e.g. the default --out)
         base = json.loads(Path(args.config).read_text()) if args.config else {}
@@ -171,6 +196,9 @@ def _resolved(cfg):
 
 
 def _train(args: argparse.Namespace) -> int:
+    from qkernels._extras import require
+
+    require("qkernels train", "train", "sklearn", "scipy", "PIL")  # its evaluation and figures: fail before training
     print("qkernels train: loading torch, the data and the model ...", file=sys.stderr, flush=True)
     import json
 
@@ -192,8 +220,11 @@ def _train(args: argparse.Namespace) -> int:
                          "those files and start over with --force")
     if cfg.threads is None:  # recorded in config.json by the Trainer: a --resume keeps the count
         cfg.threads, why = auto_threads()
+        cfg.adapt_threads = why != "OMP_NUM_THREADS"  # our own choice: fewer when other work slows the steps down
     else:
         why = "" if args.threads else "recorded in config.json" if args.resume else "--config"
+    if cfg.adapt_threads and cfg.threads > 1:
+        why += ("; " if why else "") + "fewer if other work makes the steps 3x slower"
     distributed = _init_distributed(cfg)
     threads = torch.get_num_threads()  # set back after the run (for callers of main() in a live process)
     try:
@@ -202,7 +233,11 @@ def _train(args: argparse.Namespace) -> int:
         except (ValueError, TypeError, FileNotFoundError, DatasetFormatError) as err:
             raise UsageError(f"{cfg.model} on {cfg.dataset}: {err}") from None
         trainer.threads_why = why
-        res = trainer.run()
+        try:
+            res = trainer.run()
+        except KeyboardInterrupt:  # SIGINT / SIGTERM (qkernels.train.interrupt): how to continue, then main's line
+            _resume_hint(trainer)
+            raise
     finally:
         torch.set_num_threads(threads)
         if distributed:
@@ -213,6 +248,44 @@ def _train(args: argparse.Namespace) -> int:
         print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict))}, indent=1))
         print(f"run directory: {cfg.out}")
     return 0
+
+
+def resume_command(out: str, argv0: str | None = None) -> str:
+    """The shell command that continues the run in ``out``, with the program as this process was started
+    (``argv0``: ``sys.argv[0]``): ``qkernels`` when that is the one on PATH, ``python -m qkernels`` for
+    ``__main__.py``, else the path given. config.json holds the run's settings, so only --resume and --out.
+
+    Examples:
+        >>> from qkernels.cli import resume_command
+        >>> resume_command("runs/my run", "/nowhere/bin/qkernels")
+        "/nowhere/bin/qkernels train --resume --out 'runs/my run'"
+    """
+    import os
+    import shlex
+    import shutil
+
+    prog = argv0 if argv0 is not None else (sys.argv[0] if sys.argv else "")
+    name = os.path.basename(prog)
+    if name == "__main__.py":
+        head = [sys.executable, "-m", "qkernels"]
+    elif name != "qkernels":  # main() called from other code: the command's usual name
+        head = ["qkernels"]
+    else:
+        found = shutil.which(name)
+        head = [name] if found and os.path.realpath(found) == os.path.realpath(prog) else [prog]
+    return shlex.join([*head, "train", "--resume", "--out", str(out)])
+
+
+def _resume_hint(trainer) -> None:
+    """After an interrupted run (rank 0): the checkpoint kept and the command that continues it."""
+    if trainer.rank != 0:
+        return
+    if trainer.saved_step is None:
+        print(f"qkernels train: stopped before the first checkpoint (every {trainer.cfg.checkpoint_every} steps): "
+              "nothing to resume", file=sys.stderr)
+        return
+    print(f"qkernels train: stopped; {trainer.out / 'checkpoint.pt'} holds step {trainer.saved_step} of "
+          f"{trainer.cfg.steps}; continue with:\n  {resume_command(str(trainer.out))}", file=sys.stderr)
 
 
 def _init_distributed(cfg) -> bool:
@@ -280,9 +353,6 @@ def _debug_flag(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _add_train(sub) -> None:
-    from qkernels.metrics.protocols import PROTOCOLS
-    from qkernels.models.registry import METHODS
-
     p = _debug_flag(sub.add_parser(
         "train",
         help="train a model (default: the authors' Tripod on shapes3d_procedural, 32x32, 600 steps)",
@@ -292,10 +362,10 @@ def _add_train(sub) -> None:
                     "The bare command trains Tripod exactly as its authors' code does, at CPU size (arch small, "
                     "32x32 images, 600 of their 250k steps); --steps paper trains for their whole run, --arch "
                     "paper --image-size 64 with their network at their resolution."))
-    p.add_argument("--model", choices=sorted(METHODS), help="method (default tripod)")
+    p.add_argument("--model", choices=sorted(MODELS), help="method (default tripod)")
     p.add_argument("--dataset", help="dataset name for qkernels.data.load_dataset (default shapes3d_procedural)")
     p.add_argument("--data-root", help="folder of the dataset files (file datasets; default $QKERNELS_DATA)")
-    paper = ", ".join(f"{n} {s.paper_steps:,}" for n, s in METHODS.items() if s.paper_steps)
+    paper = ", ".join(f"{n} {steps:,}" for n, steps in PAPER_STEPS.items())
     p.add_argument("--steps", type=_steps,
                    help="optimizer steps, or 'paper': the authors' run length, over which their lr and temperature "
                         f"schedules (functions of the step) run their full course ({paper}). Default 600: a "
@@ -310,7 +380,7 @@ def _add_train(sub) -> None:
     p.add_argument("--data-order", choices=("auto", "iid", "epochs", "split"),
                    help="how batches read the dataset (default auto: the method's authors': epochs for "
                         "tripod/qlae/ae, an 80%% split for qvae/factorqvae, iid draws for the rest)")
-    p.add_argument("--protocol", choices=("auto", *sorted(PROTOCOLS)),
+    p.add_argument("--protocol", choices=("auto", *sorted(PROTOCOL_NAMES)),
                    help="evaluation protocol (default auto: the method's authors', e.g. tripod: InfoMEC with IQR "
                         "pruning and random-forest DCI on 10,000 samples; fast: 2,000 samples)")
     p.add_argument("--eval-samples", type=_int_at_least(20),
@@ -324,7 +394,9 @@ def _add_train(sub) -> None:
     p.add_argument("--threads", type=_int_at_least(1),
                    help="torch threads of the training process (default: the usable cores (affinity, quota), "
                         "or OMP_NUM_THREADS; --resume: the run's recorded count). Shown in the first line, kept in "
-                        "config.json; results depend on it (float summation order)")
+                        "config.json; results depend on it (float summation order). A count of the default's own "
+                        "choice is lowered when other work makes the steps 3x slower (one line says so; "
+                        "log.jsonl and config.json record it); a count given never changes")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--config", help="JSON file of TrainConfig fields (flags override it)")
     p.add_argument("--compile", action="store_true",
@@ -336,7 +408,7 @@ def _add_train(sub) -> None:
     p.set_defaults(func=_train)
     p = _debug_flag(sub.add_parser("eval", help="re-evaluate a saved run (metrics.json + figures)"))
     p.add_argument("run_dir")
-    p.add_argument("--protocol", choices=("auto", *sorted(PROTOCOLS)), help="instead of the run's")
+    p.add_argument("--protocol", choices=("auto", *sorted(PROTOCOL_NAMES)), help="instead of the run's")
     p.add_argument("--eval-samples", type=_int_at_least(20))
     p.add_argument("--device")
     p.set_defaults(func=_eval)
@@ -348,12 +420,17 @@ def _add_train(sub) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="qkernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"qkernels {_version()}")
+    p = _Parser(prog="qkernels", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=_Version, help="show the installed version and exit")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
-    b = _debug_flag(sub.add_parser("bench", help="time and peak memory of every available backend of every op vs "
-                                   "the reference"))
+    b = _debug_flag(sub.add_parser(
+        "bench", help="time and peak memory of every available backend of every op vs the reference",
+        description="Time (min and median of interleaved runs) and peak memory of every available backend of every "
+                    "op against its baseline and against torch.compile of the reference, on default shapes, on this "
+                    "machine. It first prints the plan: the cases, the slow ones left out (--all) and roughly how "
+                    "long the run takes; each case's table follows as it finishes (--save writes the results after "
+                    "every case, so a stopped run keeps what it measured)."))
     b.add_argument("--hotpath", action="append", help="only this hot path (repeatable): quantize, kde, hessian, "
                    "overhead, step (the end-to-end training step of tripod, cliff_vae, qlae, factorqvae; not in the "
                    "default run)")
@@ -385,15 +462,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"qkernels: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         print("qkernels: interrupted", file=sys.stderr)
-        return 130
+        return 128 + getattr(err, "signum", 2)  # 130 for SIGINT, 143 for SIGTERM
     except Exception as err:  # noqa: BLE001 - a failed run: one line, the traceback with --debug
         if args.debug:
             raise
+        from qkernels._extras import MissingExtraError
+
         msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        print(f"qkernels: error: {type(err).__name__}: {msg} (run with --debug for the traceback)",
-              file=sys.stderr)
+        if isinstance(err, MissingExtraError):  # the feature, what it needs and the extra that installs it
+            print(f"qkernels: error: {msg}", file=sys.stderr)
+        else:
+            print(f"qkernels: error: {type(err).__name__}: {msg} (run with --debug for the traceback)",
+                  file=sys.stderr)
         return 1
 
 

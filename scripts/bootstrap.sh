@@ -47,7 +47,7 @@ stamp=$( { cat setup.py pyproject.toml; find csrc -type f | LC_ALL=C sort | xarg
            python -c "import sys, torch; print(sys.version, torch.__version__, torch.version.cuda)";
            echo "${QKERNELS_NO_EXT:-0} ${QKERNELS_NO_CUDA:-0} ${TORCH_CUDA_ARCH_LIST:-}"; } | sha256sum | cut -d' ' -f1)
 ext_ok() {
-    [ "${QKERNELS_NO_EXT:-0}" = 1 ] || python -c "import qkernels._C" >/dev/null 2>&1
+    [ "${QKERNELS_NO_EXT:-0}" = 1 ] || python -c "import torch, qkernels._C" >/dev/null 2>&1  # torch loads its libraries first
 }
 if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && ext_ok \
         && python -c "import qkernels, pytest, ruff" >/dev/null 2>&1; then

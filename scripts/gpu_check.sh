@@ -113,7 +113,7 @@ fi
 if want probe; then
     step "crash probe"
     "$PYTHON" -X faulthandler -c '
-import torch, qkernels
+import torch, qkernels.ops
 try:
     torch.ops.qkernels.finite_difference_curvature(torch.randn(10, 3), 2, 2, 0.1, 2, False, "mean")
     print("accepted (wrong)")
@@ -122,7 +122,7 @@ except RuntimeError as e:
 ' > "$OUT/crash_probe.log" 2>&1
     PROBE_RC=$?
     if [ $PROBE_RC -gt 128 ] && command -v gdb >/dev/null; then  # killed by a signal: where
-        gdb -batch -ex run -ex bt --args "$PYTHON" -c 'import torch, qkernels
+        gdb -batch -ex run -ex bt --args "$PYTHON" -c 'import torch, qkernels.ops
 torch.ops.qkernels.finite_difference_curvature(torch.randn(10, 3), 2, 2, 0.1, 2, False, "mean")' \
             > "$OUT/crash_probe_gdb.log" 2>&1
     fi

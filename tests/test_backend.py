@@ -256,7 +256,7 @@ def test_bad_values_raise_naming_the_argument_on_both_cpu_backends(backend):
 def test_cpu_kernels_value_checks_follow_the_switch():
     """QKERNELS_CHECK_FINITE=0 turns the C++ kernels' value checks off too (read once per process)."""
     code = (
-        "import torch, qkernels\n"
+        "import torch, qkernels.ops\n"  # the raw ops: registered by qkernels.ops (`import qkernels` is light)
         "z = torch.tensor([[0.2, float('nan')], [0.5, 1.0]])\n"
         "out = torch.ops.qkernels.latent_quantize(z, torch.tensor([[0.0, 1.0]]))\n"
         "print(out[1].tolist())\n"

@@ -182,10 +182,11 @@ def test_run_prints_a_table_that_fits_100_columns(monkeypatch):
     rows = bench.run(["quantize"], out=out, min_time=0.01, threads=1)
     assert torch.get_num_threads() == threads  # restored
     text = out.getvalue()
-    assert "1 threads" in text.splitlines()[0]
+    assert "1 thread," in text.splitlines()[0]  # not "1 threads" (issue 47)
     lines = text.splitlines()
     assert all(len(line) <= 100 for line in lines), max(lines, key=len)
     assert "warning: load average" in text  # the machine looked loaded
+    assert "OMP_NUM_THREADS=1" not in text  # already one thread: the warning does not advise it (issue 47)
     assert bench.report.header() in lines and "IQR %" in bench.report.header()
     head = next(line for line in lines if line.startswith("latent_quantize n=65536"))
     assert "baseline reference" in head and "rounds" in head

@@ -152,7 +152,7 @@ def test_pytest_deselects_slow_tests_without_bench_all(args):
     conf = _conftest()
     deselected = []
     config = types.SimpleNamespace(
-        getoption=lambda name: bool(args), option=types.SimpleNamespace(benchmark_disable=True),
+        getoption=lambda name: name in args, option=types.SimpleNamespace(benchmark_disable=True),
         hook=types.SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
         pluginmanager=types.SimpleNamespace(get_plugin=lambda name: None))
     fast, slow = _case("kde", "a"), _case("kde", "b", slow=True)

@@ -428,7 +428,7 @@ def test_figures_label_columns_show_the_reconstruction_and_a_colour_bar():
         recon = model.decode(model.encode(x))[0]
     values = model.latent_values(model.encode(ds.observations_from_factors(
         ds.sample_factors(256, generator(4, 6)))).detach())
-    labels = [f"z{j} {float(v.min()):.2g}..{float(v.max()):.2g}" for j, v in enumerate(values)]
+    labels = [f"{float(v.min()):.2g} to {float(v.max()):.2g}" for v in values]  # each under its "zj" (issue 47)
     left, top, size, pad = 8 + 6 * max(map(len, labels)), 14, 64, figures.PAD  # 16 px tiles upscaled x4
     for col, img in ((0, x[0]), (1, recon)):
         x0, y0 = left + pad + col * (size + pad), top + pad
@@ -891,7 +891,7 @@ def test_interventions_decode_each_latent_at_its_values():
             return [torch.arange(13.0) / 12, torch.tensor([0.0, 1.0])]
 
     a = np.asarray(interventions(Paint(), load_dataset("sprites", image_size=16), seed=1))[..., 0]
-    left, top = 8 + 6 * len("z0 0..1"), 14
+    left, top = 8 + 6 * len("0 to 1"), 14  # row labels "z0" over "0 to 1" (issue 47)
     assert a.shape == (top + 2 * 66 + 2, left + 12 * 66 + 2)
 
     def tile(row, col):  # (top half, bottom half) pixel values

@@ -2,7 +2,8 @@
 torch and the runtime dependencies, and with no compiler on PATH imports ``qkernels._C``, runs ``cliff_loss`` on the
 ``cpu`` backend and ``qkernels train --steps 2``. Issue 37: the wheel is abi3 (``cp310-abi3``) and asks for
 ``torch>=`` the stable-ABI target, not one release (scripts/build_wheels.sh makes it manylinux; another torch:
-scripts/cross_torch_check.sh).
+scripts/cross_torch_check.sh). Issue 47: the bare wheel brings torch and numpy only, runs the ops with them, and
+``qkernels train`` names the extra it needs; ``qkernels[train]`` then trains.
 
 About a minute after ``scripts/bootstrap.sh``: the wheel build reuses the objects of its editable build (setup.py
 keeps them in build/temp.*; same ninja) and only links and packs; the fresh venv's packages come from pip's cache or
@@ -71,6 +72,10 @@ def test_wheel_installs_and_runs_without_a_compiler(tmp_path):
         assert "qkernels/py.typed" in zf.namelist() and "qkernels/_C.abi3.so" in zf.namelist()
     assert f"Requires-Dist: torch>={_ext.target()}\n" in meta  # any torch from the stable-ABI target on
     assert "Requires-Dist: torch==" not in meta
+    required = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
+    light = ["numpy", "torch", *(["triton"] if torch.version.cuda else [])]  # the light install (setup.py REQUIRES)
+    assert sorted(r.split(">")[0] for r in required if "extra ==" not in r) == light
+    assert any(r.startswith("scikit-learn") and "extra == \"train\"" in r for r in required)
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
@@ -90,9 +95,14 @@ def test_wheel_installs_and_runs_without_a_compiler(tmp_path):
                            cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
 
-    out = _run([py, "-c", CHECK], env=env, cwd=tmp_path).stdout
-    assert "cliff_loss cpu" in out
+    out = _run([py, "-c", CHECK + "\nimport importlib.util; assert importlib.util.find_spec('sklearn') is None"],
+               env=env, cwd=tmp_path).stdout
+    assert "cliff_loss cpu" in out  # the ops with torch and numpy only
     run = tmp_path / "run"
-    _run([str(venv / "bin" / "qkernels"), "train", "--steps", "2", "--protocol", "fast", "--out", str(run)],
-         env=env, cwd=tmp_path)
+    train = [str(venv / "bin" / "qkernels"), "train", "--steps", "2", "--protocol", "fast", "--out", str(run)]
+    r = subprocess.run(train, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        "qkernels: error: qkernels train needs scikit-learn: pip install 'qkernels[train]'")
+    _run([py, "-m", "pip", "install", "-q", f"{wheel}[train]"], env=env, cwd=tmp_path)
+    _run(train, env=env, cwd=tmp_path)
     assert (run / "metrics.json").exists() and (run / "checkpoint.pt").exists()

@@ -504,10 +504,8 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"
-    return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads{gpu}"
-    )
+    n = torch.get_num_threads()
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {n} thread{'' if n == 1 else 's'}{gpu}"
 
 
 def run(

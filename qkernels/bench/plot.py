@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from qkernels._extras import needs
+
 PANELS = (("vs_baseline", "speed-up over the baseline (x)"), ("vs_compiled", "speed-up over reference_compiled (x)"),
           ("peak_bytes", "peak memory of one run (MiB)"))
 ORDER = ("quantize", "kde", "hessian", "step", "overhead")
@@ -50,10 +52,8 @@ def colour(variant: str) -> str:
 
 
 def _matplotlib():
-    try:
+    with needs("qkernels bench --plot", "plot"):
         import matplotlib
-    except ImportError as exc:
-        raise ImportError("plots need matplotlib: pip install 'qkernels[plot]' (or matplotlib>=3.7)") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -256,9 +256,18 @@ def duration(seconds: float) -> str:
 
 DISTORTION = (
     "Times are inflated and ratios distorted (a multi-threaded op stalls on every thread the OS "
-    "deschedules: the many small ops of the references most); rerun on a quiet machine or with "
-    "OMP_NUM_THREADS=1."
+    "deschedules: the many small ops of the references most); rerun on a quiet machine"
 )
+
+
+def distortion() -> str:
+    """:data:`DISTORTION`, and the advice to run on one thread unless this process already does (torch's
+    thread count where torch is imported, else ``OMP_NUM_THREADS``)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else os.environ.get("OMP_NUM_THREADS", "").strip()
+    return DISTORTION + ("." if str(threads) == "1" else " or with OMP_NUM_THREADS=1.")
 LOAD_FRACTION = 0.5  # warn when the 1-minute load average exceeds this fraction of the CPUs
 OTHERS_FRACTION = 0.25  # warn when other processes kept this fraction of the CPUs busy
 
@@ -275,7 +284,7 @@ def load_warning(load: float | None = None, cpus: int | None = None) -> str | No
     if load <= LOAD_FRACTION * cpus:
         return None
     return (f"warning: load average {load:.1f} on {cpus} CPUs (over {LOAD_FRACTION:.0%} of them): other "
-            f"processes compete for the CPUs. {DISTORTION}")
+            f"processes compete for the CPUs. {distortion()}")
 
 
 def cpu_clock() -> tuple[float, float] | None:
@@ -307,4 +316,4 @@ def others_warning(before: tuple[float, float] | None, after: tuple[float, float
     share = ((after[0] - before[0]) - (after[1] - before[1])) / (seconds * cpus)
     if share <= OTHERS_FRACTION:
         return None
-    return f"warning: other processes kept {share:.0%} of the {cpus} CPUs busy while {what} measured. {DISTORTION}"
+    return f"warning: other processes kept {share:.0%} of the {cpus} CPUs busy while {what} measured. {distortion()}"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qkernels._extras import needs
 from qkernels.data.base import row_major_bases
 
 ENV_VAR = "QKERNELS_DATA"
@@ -226,3 +227,11 @@ def load_npz_array(npz_path: Path, key: str, *, allow_pickle: bool = False) -> n
 def uint8_hwc_to_float_chw(a: np.ndarray) -> np.ndarray:
     """(n, H, W, C) uint8 -> (n, C, H, W) float32 in [0, 1]."""
     return np.ascontiguousarray(a.transpose(0, 3, 1, 2), dtype=np.float32) / np.float32(255)
+
+
+def pil_image(feature: str):
+    """The ``PIL.Image`` module, for ``feature`` (pillow comes with the data extra: a one-line error without it)."""
+    with needs(feature, "data"):
+        from PIL import Image
+
+    return Image

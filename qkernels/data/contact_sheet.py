@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+
+from qkernels.data._files import pil_image
 
 
 def contact_sheet(dataset, path: str | os.PathLike, *, rows: int = 8, cols: int = 8,
@@ -34,6 +35,7 @@ def contact_sheet(dataset, path: str | os.PathLike, *, rows: int = 8, cols: int 
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
         raise ValueError(f"pad must be a non-negative int, got {pad!r}")
+    Image = pil_image("qkernels.data.contact_sheet")  # before any work
     g = generator if generator is not None else torch.Generator().manual_seed(0)
     path = Path(path)
     if not hasattr(dataset, "observations_from_factors"):
@@ -87,4 +89,4 @@ def _scatter(dataset, path: Path, *, size: int, generator: torch.Generator) -> N
     for dy in (-1, 0, 1):
         for dx in (-1, 0, 1):
             canvas[size - 1 - (p[:, 1] + dy), p[:, 0] + dx] = rgb
-    Image.fromarray(canvas).save(path)
+    pil_image("qkernels.data.contact_sheet").fromarray(canvas).save(path)

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
-from qkernels.data._files import DatasetFormatError, grid_from_labels
+from qkernels.data._files import DatasetFormatError, grid_from_labels, pil_image
 from qkernels.data.base import GroundTruthDataset
 
 NVLABS_URL = "https://github.com/NVlabs/High-res-disentanglement-datasets"
@@ -67,7 +66,7 @@ class NVLabs3D(GroundTruthDataset):
                 raise DatasetFormatError(
                     f"{self._png(i)}: missing, but {self.labels_path} has {n} rows"
                 )
-        with Image.open(self._png(0)) as im:
+        with pil_image("qkernels.data.NVLabs3D").open(self._png(0)) as im:
             self.stored_size = im.size
         side = image_size or self.stored_size[0]
         self.image_size = image_size
@@ -77,7 +76,7 @@ class NVLabs3D(GroundTruthDataset):
         return self.folder / "images" / f"{i:06d}.png"
 
     def _load(self, i: int) -> np.ndarray:
-        path = self._png(i)
+        path, Image = self._png(i), pil_image("qkernels.data.NVLabs3D")
         try:
             with Image.open(path) as im:
                 if im.size != self.stored_size:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import h5py
 import numpy as np
 import torch
 
+from qkernels._extras import needs
 from qkernels.data._files import (
     DatasetFormatError,
     grid_from_labels,
@@ -18,11 +19,21 @@ from qkernels.data._files import (
 )
 from qkernels.data.base import GroundTruthDataset
 
+if TYPE_CHECKING:
+    import h5py
+
 SHAPES3D_FILE = "3dshapes.h5"
 SHAPES3D_URL = (
     "https://storage.googleapis.com/3d-shapes/3dshapes.h5 (github.com/deepmind/3d-shapes)"
 )
 SHAPES3D_FACTORS = ("floor_hue", "wall_hue", "object_hue", "scale", "shape", "orientation")
+
+
+def _h5py():
+    with needs("qkernels.data.Shapes3D", "data"):
+        import h5py
+
+    return h5py
 
 
 class Shapes3D(GroundTruthDataset):
@@ -52,7 +63,7 @@ class Shapes3D(GroundTruthDataset):
     def __init__(self, path: str | os.PathLike, *, seed: int = 0):
         self.path = Path(path)
         try:
-            with h5py.File(self.path, "r") as f:
+            with _h5py().File(self.path, "r") as f:
                 for key in ("images", "labels"):
                     if key not in f:
                         raise DatasetFormatError(
@@ -78,7 +89,7 @@ class Shapes3D(GroundTruthDataset):
 
     def _images(self):
         if self._h5 is None or self._pid != os.getpid():
-            self._h5 = h5py.File(self.path, "r")
+            self._h5 = _h5py().File(self.path, "r")
             self._pid = os.getpid()
         return self._h5["images"]
 

@@ -15,8 +15,8 @@ on the whole training part: the test rows never choose anything.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
 
+from qkernels._extras import needs
 from qkernels.metrics._common import (
     check_latents,
     check_seed,
@@ -25,6 +25,9 @@ from qkernels.metrics._common import (
     split_indices,
     split_test_fraction,
 )
+
+with needs("qkernels.metrics.dci", "metrics"):
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
 
 #: the ``preset`` names of ``dci``
 PRESETS = ("tripod", "qlae", "dlib", "depth_search")

@@ -14,10 +14,8 @@ InfoE's regression fitted with ``class_weight='balanced'``, ``max_iter=100``.
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.optimize import minimize
-from sklearn.feature_selection import mutual_info_classif
 
+from qkernels._extras import needs
 from qkernels.metrics._common import (
     check_latents,
     check_seed,
@@ -27,6 +25,11 @@ from qkernels.metrics._common import (
     is_discrete,
     label_encode,
 )
+
+with needs("qkernels.metrics.infomec", "metrics"):
+    import scipy.sparse as sp
+    from scipy.optimize import minimize
+    from sklearn.feature_selection import mutual_info_classif
 
 CLASS_WEIGHTS = ("balanced", None)
 PRUNE_RULES = ("range", "iqr")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
-from scipy.stats import rankdata
 
+from qkernels._extras import needs
 from qkernels.metrics._common import to_numpy
+
+with needs("qkernels.metrics.mcc", "metrics"):
+    from scipy.optimize import linear_sum_assignment
+    from scipy.stats import rankdata
 
 
 def mcc(z_true, z_pred, *, method: str = "pearson") -> dict:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.svm import LinearSVC
 
+from qkernels._extras import needs
 from qkernels.metrics._common import (
     check_latents,
     check_seed,
@@ -15,6 +14,10 @@ from qkernels.metrics._common import (
     label_encode,
     split_indices,
 )
+
+with needs("qkernels.metrics.sap", "metrics"):
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.svm import LinearSVC
 
 
 def sap(

@@ -34,6 +34,7 @@ NHP at k = 2) and one subtraction whose rounding matches the variance's own mean
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -55,6 +56,9 @@ Activations: TypeAlias = torch.Tensor | Sequence[torch.Tensor] | Mapping[str, to
 PerSample: TypeAlias = torch.Tensor | list[torch.Tensor] | dict[str, torch.Tensor]
 
 NHP_DENOM_EPS = ref.NHP_DENOM_EPS  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
+# normalized_hessian_penalty's check of its denominators (_warn_at_floor): "warned" after its one warning; "device"
+# after the one check of GPU values (a read-back, never repeated in a training loop: tests/test_launches.py)
+_FLOOR_CHECK = {"warned": False, "device": False}
 
 # ----------------------------------------------------------------------------- op definitions
 # One block per op: fake + autograd (wire_*), raw-argument checks of its Triton ops, backends.
@@ -297,6 +301,39 @@ def _curvature(
 def _penalty(values: torch.Tensor, ratio: bool, reduction: str) -> torch.Tensor:
     penalty: torch.Tensor = _op("curvature_penalty", _backend(values))(values, ratio, reduction)
     return penalty
+
+
+def _warn_at_floor(values: torch.Tensor, name: str) -> None:
+    """Warn (once per process) when (2, n) numerator / denominator values have positive numerators over
+    denominators at or below the constant added to them (NHP_DENOM_EPS): the penalty is then that constant's doing,
+    not fn's. Eager calls only; CPU values
+    are read in place (NumPy: no kernel, no dispatch) at every call until the warning, GPU values at the first call
+    only (one read-back)."""
+    if _FLOOR_CHECK["warned"] or torch.compiler.is_compiling():
+        return
+    pair = values.detach()
+    if type(pair) is not torch.Tensor or pair.device.type == "meta":  # fake / meta tensors: nothing to read
+        return
+    try:
+        if pair.device.type != "cpu":
+            if _FLOOR_CHECK["device"]:
+                return
+            _FLOOR_CHECK["device"] = True
+            pair = pair.cpu()
+        num, den = pair.numpy()
+    except (RuntimeError, TypeError, NotImplementedError):  # no storage to read (torch.func transforms)
+        return
+    floored = int(((den <= NHP_DENOM_EPS) & (num > 0)).sum())  # 0 / floor is 0: no curvature, no harm
+    if floored:
+        _FLOOR_CHECK["warned"] = True
+        warnings.warn(
+            f"normalized_hessian_penalty: the denominator of {name} (the curvature along the Gaussian directions) "
+            f"is at or below its floor {NHP_DENOM_EPS:g} for {floored} of {den.size} samples, so the penalty "
+            "there is the numerator divided by that constant (1e5-1e9 values), not a property of fn. fn is most "
+            "likely piecewise linear (ReLU, LeakyReLU) at the scale eps * std: use a smooth activation (GELU, as "
+            "Tripod) or a larger eps. (Warned once per process.)",
+            RuntimeWarning, stacklevel=3,
+        )
 
 
 def _total(per: list[torch.Tensor]) -> torch.Tensor:
@@ -614,10 +651,13 @@ def normalized_hessian_penalty(
     scale = "population" if std is None else "std"  # population: std(z) + 1e-6 inside the op
     stacked = _op("perturbed_batch", _backend(z))(z, draws, std, eps, k, scale)
     keys, entries = _call_fn(fn, stacked, chunk_size)
-    per = [
-        _penalty(_curvature(a, n, k, eps, 2, False, "mean"), True, reduction)
-        for a in _check_outputs(keys, entries, 4 * k * n, z)
-    ]
+    names = ["fn's output"] if keys is None else [f"fn's entry {e!r}" for e in (
+        keys if isinstance(keys, tuple) else range(keys))]
+    per = []
+    for name, a in zip(names, _check_outputs(keys, entries, 4 * k * n, z), strict=True):
+        values = _curvature(a, n, k, eps, 2, False, "mean")
+        _warn_at_floor(values, name)
+        per.append(_penalty(values, True, reduction))
     if reduction == "none":
         return _unflatten(keys, per)
     return _total(per)

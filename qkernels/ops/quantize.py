@@ -346,11 +346,20 @@ for _name, _relaxed_impl in implementations("relaxed_categorical").items():
 # ----------------------------------------------------------------------------- functional API
 
 
-def _codebook(name: str, values: torch.Tensor, d: int, *, finite: bool = True) -> torch.Tensor:
-    """(n_v,) or (d, n_v) -> (G, n_v) (values checked unless ``finite`` is False)."""
+def _codebook(name: str, values: torch.Tensor, d: int, *, finite: bool = True, z: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """(n_v,) or (d, n_v) -> (G, n_v) (values checked unless ``finite`` is False); ``z``: the (..., d) latents,
+    blamed when 1-D (one sample, most likely a batch without its latent dimension)."""
     check_tensor(name, values, ndim=(1, 2), finite=finite)
     if values.dim() == 1:
         return values[None]
+    if values.shape[0] != d and z is not None and z.dim() == 1:
+        g = values.shape[0]
+        raise ValueError(
+            f"z must be (..., d) with d = {g}, the number of per-latent codebooks in {name} {tuple(values.shape)}; "
+            f"got a 1-D z of shape {tuple(z.shape)}, which reads as one sample of {d} latents (n samples of {g} "
+            f"latents: shape (n, {g}); one latent per sample: z[:, None] with a (1, n_v) or (n_v,) {name})"
+        )
     if values.shape[0] != d:
         raise ValueError(
             f"{name} must be (n_v,) or (d, n_v) with d = {d} (the last dimension of the latents), "
@@ -391,7 +400,7 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
         tensor(0.0250)
     """
     check_tensor("z", z, min_ndim=1, finite=False)
-    vals = _codebook("values", values, z.shape[-1], finite=False)
+    vals = _codebook("values", values, z.shape[-1], finite=False, z=z)
     check_same("z", z, "values", values, dtype=False)
     dt = compute_dtype(z=z, values=values)
     backend, impl = select("latent_quantize", z.device, dt)
@@ -545,7 +554,7 @@ def gumbel_quantize(
         True
     """
     check_tensor("z", z, min_ndim=1)
-    vals = _codebook("values", values, z.shape[-1])
+    vals = _codebook("values", values, z.shape[-1], z=z)
     check_same("z", z, "values", values, dtype=False)
     check_positive("tau", tau)
     dt = compute_dtype(z=z, values=values, uniform=uniform)

@@ -30,7 +30,10 @@ class TrainConfig:
     for a rank before the job fails.
     threads: torch intra-op threads of the training process (``torch.set_num_threads``). None: ``qkernels train``
     picks the machine's usable cores (:func:`qkernels.train.threads.auto_threads`) and records the count in
-    config.json, so that ``--resume`` keeps it; the Python API keeps the process's setting.
+    config.json, so that ``--resume`` keeps it; the Python API keeps the process's setting. adapt_threads: when the
+    steps become 3x slower than early in the run while other processes keep cores busy, continue with fewer threads
+    (:mod:`qkernels.train.throughput`; config.json then records the new count); ``qkernels train`` sets it when it
+    chose the count itself.
     device: where the model trains; compile: ``torch.compile`` the model's loss (its forward: encoder, ops,
     decoder); progress: the status line
     on stderr. Saved as / loaded from ``config.json`` with :meth:`save` / :meth:`load`.
@@ -74,6 +77,7 @@ class TrainConfig:
     local_kde: bool = False
     dist_timeout_s: int = 600
     threads: int | None = None
+    adapt_threads: bool = False
     progress: bool = True
 
     def to_dict(self) -> dict:

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw, ImageFont
 
+from qkernels._extras import needs
 from qkernels.train.data import generator, is_ground_truth
 from qkernels.train.run import FIGURES, LOG, METRICS_FILE
+
+with needs("qkernels.train.figures", "train"):
+    from PIL import Image, ImageDraw, ImageFont
 
 PAD = 2
 # tab10: one colour per run
@@ -43,12 +46,12 @@ def _to_pil(img: torch.Tensor, min_size: int = 64) -> Image.Image:
 
 def image_grid(rows: list[list[torch.Tensor]], labels: list[str] | None = None,
                col_labels: list[str] | None = None) -> Image.Image:
-    """Grid of images (rows of (C, H, W) tensors) with optional row labels on the left and column labels on
-    top."""
+    """Grid of images (rows of (C, H, W) tensors) with optional row labels on the left (lines split at "\\n",
+    centred on the row) and column labels on top."""
     tiles = [[_to_pil(t) for t in r] for r in rows]
     w, h = tiles[0][0].size
     font = ImageFont.load_default()
-    left = 8 + 6 * max(len(t) for t in labels) if labels else 0
+    left = 8 + 6 * max(len(line) for t in labels for line in t.split("\n")) if labels else 0
     top = 14 if col_labels else 0
     ncol = max(len(r) for r in tiles)
     canvas = Image.new("RGB", (left + ncol * (w + PAD) + PAD, top + len(tiles) * (h + PAD) + PAD), "white")
@@ -58,7 +61,9 @@ def image_grid(rows: list[list[torch.Tensor]], labels: list[str] | None = None,
     for i, r in enumerate(tiles):
         y = top + PAD + i * (h + PAD)
         if labels:
-            draw.text((4, y + h // 2 - 5), labels[i], fill="black", font=font)
+            lines = labels[i].split("\n")
+            for k, line in enumerate(lines):
+                draw.text((4, y + h // 2 - 6 * len(lines) + 12 * k + 1), line, fill="black", font=font)
         for j, t in enumerate(r):
             canvas.paste(t, (left + PAD + j * (w + PAD), y))
     return canvas
@@ -75,7 +80,8 @@ def reconstructions(model, ds, seed: int, n: int = 8) -> Image.Image:
 @torch.no_grad()
 def interventions(model, ds, seed: int, max_values: int = 10) -> Image.Image:
     """Columns: the input image, its reconstruction, then row j's decodings of the input's latents with
-    latent j set to each of its values (codebook / range, low to high; the row label gives the range)."""
+    latent j set to each of its values (codebook / range, low to high; the row label names the latent and the
+    range, "z3" over "-1 to 1")."""
     dev = next(model.parameters()).device
     x = ds.observations_from_factors(ds.sample_factors(256, generator(seed, 6))).to(dev)
     z = model.encode(x)
@@ -89,7 +95,7 @@ def interventions(model, ds, seed: int, max_values: int = 10) -> Image.Image:
         zz = base.repeat(len(v), 1)
         zz[:, j] = v.to(zz)
         rows.append([x[0].cpu(), recon, *model.decode(zz).cpu()])
-        labels.append(f"z{j} {float(v.min()):.2g}..{float(v.max()):.2g}")
+        labels.append(f"z{j}\n{float(v.min()):.2g} to {float(v.max()):.2g}")
     ncol = max(len(r) for r in rows)
     return image_grid(rows, labels, ["input", "recon", *(f"v{k + 1}" for k in range(ncol - 2))])
 
@@ -208,15 +214,17 @@ def nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     return [round(first + i * step, 12) for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def _panel(d: ImageDraw.ImageDraw, box, name: str, series, font, small, xrange: tuple[float, float]) -> None:
+def _panel(img: Image.Image, box, name: str, series, font, small, xrange: tuple[float, float]) -> None:
     """One term: axes in ``box`` (x0, y0, x1, y1) over steps ``xrange``, one polyline per (colour,
-    [(step, value)])."""
+    [(step, value)]); the y axis labelled with the term (", log scale" where it is)."""
+    d = ImageDraw.Draw(img)
     x0, y0, x1, y1 = box
-    left, bottom, top = x0 + 54, y1 - 24, y0 + 20
+    left, bottom, top = x0 + 68, y1 - 24, y0 + 20
     right = x1 - 10
     d.text((left, y0 + 2), name, fill="black", font=font)
     ys = [v for _, pts in series for _, v in pts]
     logy = log_scale(ys)
+    _vertical_text(img, (x0 + 4, (top + bottom) / 2), name + (", log scale" if logy else ""), small)
     if logy:
         lo_e, hi_e = math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys)))
         hi_e = max(hi_e, lo_e + 1)
@@ -253,14 +261,21 @@ def _panel(d: ImageDraw.ImageDraw, box, name: str, series, font, small, xrange: 
         label = f"{t:g}"
         w, _ = _text_size(d, label, small)
         d.text((xx - w / 2, bottom + 5), label, fill="black", font=small)
-    if logy:
-        d.text((right - 42, top + 2), "log y", fill=(120, 120, 120), font=small)
     for colour, pts in series:
         xy = [(px(s), py(v)) for s, v in pts]
         if len(xy) == 1:
             d.ellipse([xy[0][0] - 2, xy[0][1] - 2, xy[0][0] + 2, xy[0][1] + 2], fill=colour)
         else:
             d.line(xy, fill=colour, width=2)
+
+
+def _vertical_text(img: Image.Image, at: tuple[float, float], text: str, font) -> None:
+    """``text`` rotated 90 degrees (read bottom to top), its left edge at x = at[0], centred on y = at[1]."""
+    w, h = _text_size(ImageDraw.Draw(img), text, font)
+    strip = Image.new("RGB", (w + 4, h + 6), "white")
+    ImageDraw.Draw(strip).text((2, 0), text, fill="black", font=font)
+    strip = strip.rotate(90, expand=True)
+    img.paste(strip, (int(at[0]), int(at[1] - strip.height / 2)))
 
 
 def loss_curves(runs: list[tuple[str, list[dict]]], title: str, *, panel: tuple[int, int] = (320, 180),
@@ -297,7 +312,7 @@ def loss_curves(runs: list[tuple[str, list[dict]]], title: str, *, panel: tuple[
     for n, (k, series) in enumerate(series_of.items()):
         r, c = divmod(n, cols)
         x0, y0 = c * panel[0], head + r * panel[1]
-        _panel(d, (x0, y0, x0 + panel[0], y0 + panel[1]), k, series, font, small, xrange)
+        _panel(img, (x0, y0, x0 + panel[0], y0 + panel[1]), k, series, font, small, xrange)
     if not series_of:
         d.text((10, head + 4), "no term changed over the logged steps", fill="black", font=font)
     if constant:
@@ -352,7 +367,8 @@ def make_all(model, ds, cfg, folder: Path, metrics: dict) -> list[Path]:
             figs = {"reconstructions.png": titled(reconstructions(model, ds, cfg.seed), f"{head}: reconstructions",
                                                   "top: data, bottom: reconstruction"),
                     "interventions.png": titled(interventions(model, ds, cfg.seed), f"{head}: interventions",
-                                                "row j: the input decoded with latent j set to each of its values")}
+                                                "row zj: the input decoded with latent j set to each of its values, "
+                                                "low (v1) to high (the row's range)")}
             if "infomec.nmi" in metrics:
                 figs["nmi.png"] = titled(nmi_heatmap(metrics["infomec.nmi"], getattr(ds, "factor_names", None)),
                                          f"{head}: NMI", "normalized mutual information, sources x latents")

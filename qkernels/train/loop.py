@@ -9,7 +9,10 @@ the directory stays).
 
 Determinism: the global torch RNG is re-seeded from (seed, step) before every step and batches are a function of
 (seed, step) (:mod:`qkernels.train.data`); LR and temperature schedules are functions of the step. So a run resumed
-from a checkpoint (model + optimizer states + step) continues bit-for-bit identically on CPU.
+from a checkpoint (model + optimizer states + step) continues bit-for-bit identically on CPU, at the thread count it
+had then (config.json); a checkpoint saved on SIGINT / SIGTERM (:mod:`qkernels.train.interrupt`) is one like any
+other. With ``adapt_threads`` a collapse of the steps' speed lowers the count mid-run
+(:mod:`qkernels.train.throughput`): from then on the run's bits depend on when that happened.
 
 Data parallelism: started by ``torchrun`` (the CLI initializes the process group), every rank trains a
 DistributedDataParallel copy on its equal block of the global batch (``batch_size`` is the global batch); random
@@ -39,7 +42,9 @@ from qkernels.train import checkpoint as ckpt
 from qkernels.train.config import TrainConfig
 from qkernels.train.data import derive_seed, get_batch
 from qkernels.train.evaluate import evaluate_model, finish_run
+from qkernels.train.interrupt import DeferredSignals, TrainingInterrupted
 from qkernels.train.run import CHECKPOINT, CONFIG, LOG, RunExistsError, build, clear_run, run_files, scalars
+from qkernels.train.throughput import CollapseWatch, fewer_threads
 
 
 def make_optimizer(named_params, spec: OptimSpec, lr: float) -> torch.optim.Optimizer:
@@ -133,6 +138,8 @@ class Trainer:
             dspec = self.spec.disc_optim
             self.disc_opt = make_optimizer([(n, p, False) for n, p in self.disc.named_parameters()], dspec, dspec.lr)
         self.step = 0
+        self.saved_step: int | None = None  # the step of the checkpoint in cfg.out (None: none yet)
+        self.watch, self._collapsed = CollapseWatch(), False  # the steps' speed (cfg.adapt_threads)
         self._made_dir = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         self.fresh = not resuming
@@ -166,6 +173,7 @@ class Trainer:
     def save(self) -> None:
         if self.rank == 0:
             ckpt.save_atomic(self.state(), self.out / CHECKPOINT)
+        self.saved_step = self.step
 
     def _restore(self) -> None:
         s = ckpt.load(self.out / CHECKPOINT, map_location=self.cfg.device)
@@ -176,7 +184,7 @@ class Trainer:
         torch.set_rng_state(s["torch_rng"])
         if "cuda_rng" in s and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(s["cuda_rng"])
-        self.step = int(s["step"])
+        self.step = self.saved_step = int(s["step"])
         # drop log lines written after the checkpoint (a killed run), so the log is what a straight run writes
         log = self.out / LOG
         keep = [ln for ln in log.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step] \
@@ -232,9 +240,14 @@ class Trainer:
         """Train to ``cfg.steps`` (or stop after ``stop_after`` steps without a final checkpoint: a simulated
         kill, for tests), then evaluate and draw the figures unless ``final_eval`` is False. Returns the final
         metrics (None when stopped early or not evaluated). A fresh run that fails before its first checkpoint
-        removes what it wrote (nothing a later ``--resume`` or ``compare`` could mistake for a run)."""
+        removes what it wrote (nothing a later ``--resume`` or ``compare`` could mistake for a run).
+
+        SIGINT / SIGTERM while training (a single process, the main thread; :mod:`qkernels.train.interrupt`): the
+        current step ends, a checkpoint of it is saved and :class:`~qkernels.train.interrupt.TrainingInterrupted`
+        (a ``KeyboardInterrupt``) is raised; a second signal interrupts at once."""
         try:
-            return self._run(stop_after, final_eval)
+            with DeferredSignals(self._stop_note, enabled=self.world == 1) as self._signals:
+                return self._run(stop_after, final_eval)
         except BaseException:
             if self.fresh and self.rank == 0 and not (self.out / CHECKPOINT).is_file():
                 for name in (CONFIG, LOG):
@@ -242,6 +255,52 @@ class Trainer:
                 if self._made_dir and not any(self.out.iterdir()):
                     self.out.rmdir()
             raise
+
+    def _stop_note(self) -> str:
+        """What the first signal's line says (:class:`~qkernels.train.interrupt.DeferredSignals`)."""
+        kept = "no checkpoint" if self.saved_step is None else f"the checkpoint of step {self.saved_step}"
+        return f"stopping at the end of this step with a checkpoint of it (quitting now keeps {kept})"
+
+    def _stop_if_signalled(self, bar: Progress) -> None:
+        """After a deferred SIGINT / SIGTERM: save a checkpoint of the current step, raise TrainingInterrupted."""
+        signum = self._signals.pending
+        if signum is None:
+            return
+        bar.close()
+        self.save()
+        raise TrainingInterrupted(f"stopped at step {self.step} of {self.cfg.steps} by a signal; checkpoint "
+                                  f"saved: {self.out / CHECKPOINT}", step=self.step, signum=signum)
+
+    def _watched_step(self, bar: Progress) -> dict[str, float]:
+        """``train_step(self.step)``, timed; with ``cfg.adapt_threads``, a collapse of the steps' speed while other
+        processes keep cores busy lowers the thread count from the next step on (:mod:`qkernels.train.throughput`)."""
+        if self._collapsed:  # noticed after the previous step, which is now logged (and checkpointed)
+            self._collapsed = False
+            self._fewer_threads(bar)
+        t = time.perf_counter()
+        terms = self.train_step(self.step)
+        self._collapsed = self.cfg.adapt_threads and self.watch.observe(time.perf_counter() - t)
+        return terms
+
+    def _fewer_threads(self, bar: Progress) -> None:
+        from qkernels.train.threads import busy_cores, usable_cores
+
+        early, recent = self.watch.rates()
+        self.watch.reset()  # a new reference: the speed from now on
+        n, cores, busy = torch.get_num_threads(), usable_cores(), busy_cores()
+        new = fewer_threads(n, cores, busy)
+        if new is None:
+            return
+        torch.set_num_threads(new)
+        self.cfg.threads = new
+        self.log({"type": "threads", "step": self.step, "threads": new, "was": n, "early_it_s": early,
+                  "recent_it_s": recent, "busy_cores": busy})
+        bar.note(f"qkernels train: {recent:.2f} it/s at step {self.step}, {early:.2f} early on; other work keeps "
+                 f"{busy:.1f} of {cores} cores busy: {n} -> {new} thread{'s' if new > 1 else ''} from here on "
+                 "(recorded in config.json and log.jsonl; --threads N fixes the count)")
+        self.save()  # the latest checkpoint and config.json agree on the count: --resume continues with it
+        if self.rank == 0:
+            self.cfg.save(self.out / CONFIG)
 
     def _run(self, stop_after: int | None, final_eval: bool) -> dict | None:
         cfg = self.cfg
@@ -254,9 +313,10 @@ class Trainer:
         if self.replaced:
             bar.note(f"deleted the {len(self.replaced)} files of the run that was in {self.out}")
         while self.step < cfg.steps:
+            self._stop_if_signalled(bar)
             if stop_after is not None and self.step >= stop_after:
                 return None
-            terms = self.train_step(self.step)
+            terms = self._watched_step(bar)
             self.step += 1
             bar.update(self.step, terms)
             if not all(math.isfinite(v) for v in terms.values()):
@@ -269,6 +329,8 @@ class Trainer:
                 self.model.train()
             if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                 self.save()
+        self._stop_if_signalled(bar)
+        self._signals.immediate()  # every step is saved: a signal during the evaluation interrupts at once
         bar.close()
         if self.world > 1:  # every rank done with its collectives before any leaves (rank 0 then evaluates)
             dist.barrier()

@@ -103,5 +103,5 @@ def auto_threads(*, interval: float = 0.5) -> tuple[int, str]:
     if busy >= 0.5:
         free = max(1, (cores - math.floor(busy + 0.5)) // procs)
         why += (f"; {busy:.1f} of them busy with other work now: each step waits for the slowest thread, "
-                f"--threads {free} may run faster (and gives other results than {n} threads)")
+                f"--threads {free} may run faster (and gives other results than {n} thread{'s' if n > 1 else ''})")
     return n, why

@@ -1,0 +1,76 @@
+"""Issue 47, item 5: ``pytest benchmarks/ --benchmark-only`` prints each comparison test's row as it finishes (and
+``--bench-save DIR`` writes the finished rows after every test), every test carries its hot path's marker, and
+``--quick`` selects one headline case per kernel hot path, eager variants only."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from qkernels import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _conftest():
+    spec = importlib.util.spec_from_file_location("bench_conftest", ROOT / "benchmarks" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _item(case, variant, path="benchmarks/test_x.py"):
+    return types.SimpleNamespace(
+        callspec=types.SimpleNamespace(params={"case": case, "variant": variant}),
+        path=Path(path),
+        get_closest_marker=lambda name: None,
+    )
+
+
+def test_a_run_streams_its_rows_and_saves_them_as_it_goes(tmp_path):
+    """One quick case's test in a pytest run of its own: its row is printed before pytest-benchmark's table (as
+    the test finished), under the column header and the case's name, and the results file holds it."""
+    cmd = [sys.executable, "-m", "pytest", "benchmarks/test_overhead.py", "--benchmark-only", "-q", "--quick",
+           "-k", "cliff_loss and add", "--bench-save", str(tmp_path), "-p", "no:cacheprovider",
+           "-p", "no:hypothesispytest"]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    row = next(i for i, ln in enumerate(lines) if ln.startswith("  add ") and "1.00x" in ln)
+    table = next(i for i, ln in enumerate(lines) if ln.startswith("-") and "benchmark" in ln)
+    assert row < table  # streamed, not only in the summary at the end
+    assert lines[row - 1].startswith("cliff_loss n=8 d=3, cpu  (baseline add)")
+    assert lines[row - 2] == bench.report.header()
+    assert any(ln.startswith("plan: 1 tests") for ln in lines[:row])
+    (saved,) = tmp_path.glob("*/*.csv")
+    with open(saved) as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["hotpath"], r["case"], r["variant"], r["baseline"]) for r in rows] == [
+        ("overhead", "cliff_loss n=8 d=3, cpu", "add", "add")
+    ]
+    assert float(rows[0]["median_s"]) > 0 and float(rows[0]["vs_baseline"]) == 1.0
+    assert "DeprecationWarning" not in res.stdout  # torch's 14 torch.jit.script_method warnings are filtered
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own
+def test_markers_and_the_quick_selection():
+    conf = _conftest()
+    chosen = []
+    assert set(conf.QUICK) == set(bench.HOTPATHS) - {"step"}  # the kernels' hot paths (step: minutes of compiles)
+    for hotpath in conf.QUICK:
+        for case in bench.cases(hotpath):
+            assert conf.marker(_item(case, "reference")) == hotpath
+            chosen += [(case, v) for v in case.variants if conf.is_quick(_item(case, v))]
+    assert conf.marker(_item(None, None, "benchmarks/test_data.py")) == "data"
+    names = {(c.hotpath, c.name) for c, _ in chosen}
+    assert names == {(h, n) for h, cases in conf.QUICK.items() for n in cases if (h, n) in {
+        (c.hotpath, c.name) for c in bench.cases(h)}}  # fmt: skip
+    assert {"quantize", "kde", "hessian"} <= {h for h, _ in names}  # every kernel hot path (overhead: with _C)
+    assert all("compiled" not in v for _, v in chosen)
+    assert bench.estimate_seconds(chosen, memory=False, min_time=0.8) < 60  # the plan's own estimate
