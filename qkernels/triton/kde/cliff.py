@@ -44,9 +44,10 @@ def _partials(z, ci, sigma, a, b, k) -> dict:
     pl["ws"] = (z.new_empty(d * d * s * m * k), z.new_empty(d * s * 3 * k),
                 z.new_empty(d * d * pl["RB"] * (pl["BLOCK_K"] + 1)))
     pl["stat"], pl["cnt"] = z.new_empty(3 * d), torch.empty(d * d + 1, dtype=torch.int32, device=z.device)
-    _cliff_fused_fwd[(d * d, s)](z, ci, pl["ws"][0], pl["ws"][1], pl["stat"], pl["cnt"], n, d, m, k, pl["CS"], a, b,
-                                 1.0 / sigma, PRECISION=pl["precision"], num_warps=pl["num_warps"],
-                                 **{x: pl[x] for x in ("BLOCK_S", "BLOCK_M", "BLOCK_K", "BLOCK_N")})
+    _cliff_fused_fwd[(d * d, s, pl["KH"])](z, ci, pl["ws"][0], pl["ws"][1], pl["stat"], pl["cnt"], n, d, m, k, pl["CS"],
+                                           a, b, 1.0 / sigma, PRECISION=pl["precision"], num_warps=pl["num_warps"],
+                                           BLOCK_K=pl["BLOCK_KJ"], BLOCK_S=pl["BLOCK_SF"],
+                                           **{x: pl[x] for x in ("BLOCK_M", "BLOCK_N")})
     return pl
 
 
@@ -102,14 +103,16 @@ def cliff_loss_backward(
         _cliff_reduce[(d * d, pl["RB"])](wsj, wsu, wsm, z, pl["cnt"], z, z, z, z, *gs, d, m, k, pl["S"], step, 0.0,
                                          lambda_uni, lambda_biv, lambda_kl, BACKWARD=True, **flags,
                                          **_reduce_blocks(pl))
-        wsd, wsc, wsz = z.new_empty(d * d * n), z.new_empty(d * d * n), z.new_empty(d * d * pl["S"] * m)
-        _cliff_fused_bwd[(d * d, pl["S"])](z, ci, wsj, wsu, stat, wsd, wsc, wsz, gs[0], gs[3], n, d, m, k, pl["CS"], a,
-                                           b, 1.0 / sigma, lambda_kl, HAS_T=flags["HAS_T"], HAS_K=flags["HAS_K"],
-                                           PRECISION=pl["precision"], num_warps=pl["num_warps"],
-                                           **{x: pl[x] for x in ("BLOCK_S", "BLOCK_M", "BLOCK_K", "BLOCK_KB")})
+        h = pl["MH"]
+        wsd, wsc, wsz = z.new_empty(d * d * h * n), z.new_empty(d * d * h * n), z.new_empty(d * d * pl["S"] * m)
+        _cliff_fused_bwd[(d * d, pl["S"], 2 * h)](z, ci, wsj, wsu, stat, wsd, wsc, wsz, gs[0], gs[3], n, d, m, k,
+                                               pl["CS"], a, b, 1.0 / sigma, lambda_kl, HAS_T=flags["HAS_T"],
+                                               HAS_K=flags["HAS_K"], PRECISION=pl["precision"],
+                                               num_warps=pl["num_warps"], BLOCK_M=pl["BLOCK_MH"],
+                                               **{x: pl[x] for x in ("BLOCK_S", "BLOCK_K", "BLOCK_KB")})
         gz = torch.empty_like(z)
-        _cliff_grad[(d,)](z, ci, stat, wsd, wsc, wsz, gz, n, d, m, pl["S"], BLOCK_S=256, BLOCK_M=pl["BLOCK_M"],
-                          BLOCK_O=min(32, triton.next_power_of_2(max(d, pl["S"]))))
+        _cliff_grad[(d,)](z, ci, stat, wsd, wsc, wsz, gz, n, d, m, pl["S"], h, BLOCK_S=64, BLOCK_M=pl["BLOCK_M"],
+                          BLOCK_O=min(32, triton.next_power_of_2(max(d * h, pl["S"]))))
         return gz
     # the GEMM path: terms' gradients and the standardization's backward in torch (large shapes)
     zero = z.new_zeros(())

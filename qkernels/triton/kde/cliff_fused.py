@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qkernels.triton.kde._cliff_common import _column_backward, _dker_tile, _dxlogx, _mma, _normalized, _xlogx
+from qkernels.triton.kde._cliff_common import _column_backward, _dxlogx, _mma, _normalized, _xlogx
 
 FUSED_MAX_TILE = 128 * 128  # the fused path holds a BLOCK_M x BLOCK_K block of J per program (else: GEMM path)
 BLOCK_R = 16  # rows of J per program of _cliff_reduce
@@ -58,21 +58,26 @@ def _sm_count(device: torch.device) -> int:
 
 
 def plan(n: int, d: int, m: int, k: int, dtype: torch.dtype, device: torch.device) -> dict:
-    """Tiles and grids of the fused path: BLOCK_M x BLOCK_K (one pair's J), BLOCK_S samples per tl.dot,
-    CS samples per chunk and S = cdiv(n, CS) chunks per pair, chosen so that the d (d - 1) off-diagonal
-    pairs give at least 2 programs per SM (CS >= BLOCK_S: fewer where n is too small), BLOCK_KB columns of
-    dJ per backward product and BLOCK_N values per load of the column statistics. float64 takes smaller
-    sample and column blocks: its operands and accumulators take twice the registers and shared memory
-    (an H200 rejected float64 with the float32 tiles: 295 KB of shared memory against 227 KB)."""
+    """Tiles and grids of the fused path. Chunks: CS samples (a multiple of BLOCK_S), S = cdiv(n, CS) per
+    pair, so that the d (d - 1) off-diagonal pairs give at least 2 programs per SM (SM count of the device;
+    fewer where n is too small). _cliff_fused_fwd: all BLOCK_M rows of J (M <= BLOCK_M) in column blocks of
+    BLOCK_KJ (KH programs per pair and chunk), BLOCK_SF samples per tl.dot; _cliff_fused_bwd: row blocks of
+    BLOCK_MH (MH per pair and chunk, times two sides), BLOCK_S samples, dJ in column blocks of BLOCK_KB;
+    _cliff_reduce: BLOCK_K >= K columns. Chosen by compiling for sm_90 (Triton 3.6) at the benchmark shapes:
+    these fit 227 KB of shared memory, and float32 spills no registers at 8 warps
+    (tests/test_triton_cliff_gpu_shape.py; larger tiles spilled, float64's with float32's tiles needed
+    295 KB of shared memory on an H200)."""
     block_m, block_k = max(16, triton.next_power_of_2(m)), max(16, triton.next_power_of_2(k))
     wide = dtype == torch.float32
     per_pair = triton.cdiv(2 * _sm_count(device), max(1, d * (d - 1)))  # chunks per pair for two waves
     share = n // per_pair  # samples per chunk at that split
     block_s = min(64 if wide else 16, max(16, 1 << max(0, share.bit_length() - 1)))
     cs = max(block_s, share // block_s * block_s)
-    return {"BLOCK_M": block_m, "BLOCK_K": block_k, "BLOCK_S": block_s, "CS": cs, "S": triton.cdiv(n, cs),
-            "BLOCK_KB": block_k if wide else min(block_k, 32), "BLOCK_N": 2048 if wide else 1024,
-            "RB": triton.cdiv(m, BLOCK_R), "num_warps": 8 if block_m * block_k >= 8192 else 4}
+    block_kj, block_mh = min(block_k, 64), min(block_m, 64)
+    return {"BLOCK_M": block_m, "BLOCK_K": block_k, "BLOCK_S": block_s, "BLOCK_SF": min(block_s, 32), "CS": cs,
+            "S": triton.cdiv(n, cs), "BLOCK_KJ": block_kj, "KH": triton.cdiv(k, block_kj), "BLOCK_MH": block_mh,
+            "MH": triton.cdiv(m, block_mh), "BLOCK_KB": 16, "BLOCK_N": 2048 if wide else 1024,
+            "RB": triton.cdiv(m, BLOCK_R), "num_warps": 8 if block_k >= 128 or block_m * block_k >= 8192 else 4}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -124,7 +129,17 @@ def _column_stats(z_ptr, i, j, N, D, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _standardized(z_ptr, ss, smask, col, D, mean, std):
-    return tl.where(smask, _div(tl.load(z_ptr + ss * D + col, mask=smask, other=0.0) - mean, std), 0.0)
+    """x = (z - mean) / std of the samples ss of column col; FAR for a masked sample (FAR - t and FAR - zeta
+    over sigma square to > 1e30: its Gaussian terms are exactly 0, so the tiles need no 2-D masks)."""
+    return tl.where(smask, _div(tl.load(z_ptr + ss * D + col, mask=smask, other=0.0) - mean, std), 1e15)
+
+
+@triton.jit
+def _dker(t, x, inv_sigma):
+    """D(u) = -u e^(-u^2 / 2), u = (t_k - x_s) / sigma, and dD/dx_s: (BLOCK_K, BLOCK_S) tiles."""
+    u = (t[:, None] - x[None, :]) * inv_sigma
+    e = tl.exp(-0.5 * u * u)
+    return -u * e, (1.0 - u * u) * e * inv_sigma
 
 
 @triton.jit
@@ -141,22 +156,22 @@ def _kl_points(K, ks, dt: tl.constexpr):
 
 
 @triton.jit
-def _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, BLOCK_M: tl.constexpr):
-    """Latent j's standardized conditioning values zeta_m = x[cond_index[j, m], j] (NaN for an
-    out-of-range row: it makes the pair's J, its JSD and gradients NaN) and the row mask."""
-    ms = tl.arange(0, BLOCK_M)
+def _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, ms):
+    """Latent j's standardized conditioning values zeta_m = x[cond_index[j, m], j] for the rows ms (NaN for
+    an out-of-range row: it makes the pair's J, its JSD and gradients NaN) and the row mask."""
     mmask = ms < M
     rows = tl.load(ci_ptr + j * M + ms, mask=mmask, other=0)
     ok = (rows >= 0) & (rows < N)
     zj = tl.load(z_ptr + rows * D + j, mask=mmask & ok, other=0.0)
-    return tl.where(ok | ~mmask, _div(zj - mean_j, std_j), float("nan")), ms, mmask
+    return tl.where(ok | ~mmask, _div(zj - mean_j, std_j), float("nan")), mmask
 
 
 @triton.jit
-def _kz_tile(xj, smask, zeta, mmask, inv_sigma):
-    """Kz[m, s] = N(zeta_m - x_sj) (BLOCK_M, BLOCK_S) and its derivative in x_sj; 0 outside the masks."""
+def _kz_tile(xj, zeta, inv_sigma):
+    """Kz[m, s] = N(zeta_m - x_sj) (BLOCK_M, BLOCK_S) and its derivative in x_sj (rows m >= M: any finite
+    value, never stored; masked samples: 0)."""
     w = (zeta[:, None] - xj[None, :]) * inv_sigma
-    e = tl.where(mmask[:, None] & smask[None, :], tl.exp(-0.5 * w * w), 0.0)
+    e = tl.exp(-0.5 * w * w)
     return e, e * w * inv_sigma
 
 
@@ -191,29 +206,31 @@ def _cliff_fused_fwd(
     BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (pair = j D + i, chunk c), samples [c CS, (c + 1) CS): wsj[pair, c] (M, K) = the chunk's
-    share of J = Kz_j @ Dt_i; diagonal programs wsu[i, c] (3, K) = the chunk's share of G_i[k] = sum_s
-    D(t_k - x_si) and the KL-uni points' running (max, sum of exp). Diagonal chunk 0 writes latent i's
-    (mean, std, unclamped) to stat[i]; program (0, 0) zeroes the D^2 + 1 counters of _cliff_reduce."""
+    """Program (pair = j D + i, chunk c, column block h), samples [c CS, (c + 1) CS), grid points k of
+    [h BLOCK_K, (h + 1) BLOCK_K): wsj[pair, c, :, k] (M, BLOCK_K) = the chunk's share of J = Kz_j @ Dt_i;
+    diagonal programs wsu[i, c, :, k] (3, BLOCK_K) = the chunk's share of G_i[k] = sum_s D(t_k - x_si) and
+    the KL-uni points' running (max, sum of exp). Diagonal program (c, h) = (0, 0) writes latent i's (mean,
+    std, unclamped) to stat[i]; program (0, 0, 0) zeroes the D^2 + 1 counters of _cliff_reduce."""
     dt = z_ptr.dtype.element_ty
     a, b, inv_sigma = tl.full((), a, dt), tl.full((), b, dt), tl.full((), inv_sigma, dt)
     pair = tl.program_id(0)
     c = tl.program_id(1)
+    h = tl.program_id(2)
     n_chunks = tl.num_programs(1)
     j = pair // D
     i = pair % D
-    if (pair == 0) & (c == 0):
+    if (pair == 0) & (c == 0) & (h == 0):
         for o in range(0, D * D + 1, BLOCK_N):
             offs = o + tl.arange(0, BLOCK_N)
             tl.store(cnt_ptr + offs, tl.zeros((BLOCK_N,), tl.int32), mask=offs < D * D + 1)
     mean_i, std_i, full_i, mean_j, std_j = _column_stats(z_ptr, i, j, N, D, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
+    ks = h * BLOCK_K + tl.arange(0, BLOCK_K)
     kmask = ks < K
     t = _linspace(a, b, K, ks)
     lo = c * CS
     hi = tl.minimum(N, lo + CS)
     if i == j:
-        if c == 0:
+        if (c == 0) & (h == 0):
             tl.store(stat_ptr + 3 * i, mean_i)
             tl.store(stat_ptr + 3 * i + 1, std_i)
             tl.store(stat_ptr + 3 * i + 2, full_i.to(dt))
@@ -225,11 +242,11 @@ def _cliff_fused_fwd(
             ss = s0 + tl.arange(0, BLOCK_S)
             smask = ss < hi
             x = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
-            dk, _ = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
+            dk = _dker(t, x, inv_sigma)[0]  # (K, S)
             g += tl.sum(dk, 1)
             u = (v[:, None] - x[None, :]) * inv_sigma
-            e = tl.where(smask[None, :], -0.5 * u * u, float("-inf"))
-            m_new = tl.maximum(m_run, tl.max(e, 1))  # finite: every block holds a sample
+            e = -0.5 * u * u  # a masked sample's: -5e31, never the max (every block holds a sample)
+            m_new = tl.maximum(m_run, tl.max(e, 1))
             l_run = l_run * tl.exp(m_run - m_new) + tl.sum(tl.exp(e - m_new[:, None]), 1)
             m_run = m_new
         base = wsu_ptr + (i * n_chunks + c) * 3 * K
@@ -237,15 +254,16 @@ def _cliff_fused_fwd(
         tl.store(base + K + ks, m_run, mask=kmask)
         tl.store(base + 2 * K + ks, l_run, mask=kmask)
     else:
-        zeta, ms, mmask = _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, BLOCK_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_K), dt)
+        ms = tl.arange(0, BLOCK_M)
+        zeta, mmask = _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, ms)
+        acc = tl.zeros((BLOCK_M, BLOCK_K), dt)  # J[:, ks]
         for s0 in range(lo, hi, BLOCK_S):
             ss = s0 + tl.arange(0, BLOCK_S)
             smask = ss < hi
             xi = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
             xj = _standardized(z_ptr, ss, smask, j, D, mean_j, std_j)
-            kz, _ = _kz_tile(xj, smask, zeta, mmask, inv_sigma)
-            dker, _ = _dker_tile(t, kmask, xi, smask, inv_sigma)  # (K, S)
+            kz = _kz_tile(xj, zeta, inv_sigma)[0]
+            dker = _dker(t, xi, inv_sigma)[0]  # (K, S)
             acc = _mma(kz, tl.trans(dker), acc, PRECISION)
         out = wsj_ptr + (pair * n_chunks + c) * M * K + ms[:, None] * K + ks[None, :]
         tl.store(out, acc, mask=mmask[:, None] & kmask[None, :])
@@ -389,23 +407,38 @@ def _cliff_fused_bwd(
     HAS_T: tl.constexpr, HAS_K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_KB: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """Program (pair = j D + i, chunk c): dLoss/dx (x standardized) of its chunk's samples: wsd[pair, s]
-    the part through Dt (x_si; diagonal: uni and KL-uni), wsc[pair, s] through Kz (x_sj), wsz[pair, c, m]
-    the chunk's share through the conditioning value zeta_jm; dLoss/dJ read from wsj[pair, 0] in column
-    blocks of BLOCK_KB, dLoss/dG and the KL log-sum-exps from wsu[i, 0] (:func:`_cliff_reduce`)."""
+    """Program (pair = j D + i, chunk c, (side, h)): dLoss/dx (x standardized) of its chunk's samples from
+    the rows m of [h BLOCK_M, (h + 1) BLOCK_M) of dLoss/dJ (wsj[pair, 0], read in column blocks of BLOCK_KB)
+    or, diagonal, dLoss/dG and the KL log-sum-exps (wsu[i, 0]) (:func:`_cliff_reduce`). Side 0, through
+    Kz: wsc[pair, h, s] (x_sj) and wsz[pair, c, m] (the chunk's share through the conditioning value
+    zeta_jm), from dLoss/dKz = dJ @ Dt^T; side 1, through Dt: wsd[pair, h, s] (x_si; diagonal, h = 0: uni
+    and KL-uni), from dLoss/dDt = Kz^T @ dJ, a sum over m: each row block's share is summed by
+    _cliff_grad. Sides and row blocks run in different programs: each holds a few tiles (registers)."""
     dt = z_ptr.dtype.element_ty
     a, b, inv_sigma = tl.full((), a, dt), tl.full((), b, dt), tl.full((), inv_sigma, dt)
     pair = tl.program_id(0)
     c = tl.program_id(1)
     n_chunks = tl.num_programs(1)
+    n_row_blocks = tl.num_programs(2) // 2
+    side = tl.program_id(2) // n_row_blocks
+    h = tl.program_id(2) % n_row_blocks
     j = pair // D
     i = pair % D
     mean_i, std_i = tl.load(stat_ptr + 3 * i), tl.load(stat_ptr + 3 * i + 1)
     mean_j, std_j = tl.load(stat_ptr + 3 * j), tl.load(stat_ptr + 3 * j + 1)
     lo = c * CS
     hi = tl.minimum(N, lo + CS)
-    ms = tl.arange(0, BLOCK_M)
-    if i == j:
+    out = (pair * n_row_blocks + h) * N  # this program's row of wsd / wsc
+    ms = h * BLOCK_M + tl.arange(0, BLOCK_M)
+    if (i == j) & ((side == 0) | (h > 0)):
+        zero = wsd_ptr + out
+        if side == 0:
+            zero = wsc_ptr + out
+            tl.store(wsz_ptr + (pair * n_chunks + c) * M + ms, tl.zeros((BLOCK_M,), dt), mask=ms < M)
+        for s0 in range(lo, hi, BLOCK_S):
+            ss = s0 + tl.arange(0, BLOCK_S)
+            tl.store(zero + ss, tl.zeros((BLOCK_S,), dt), mask=ss < hi)
+    elif i == j:  # side 1, h = 0: the uni and KL-uni terms' gradient
         g_k = _term_grad(gt_ptr, gk_ptr, tl.full((), lk, dt), HAS_T, HAS_K)
         ks = tl.arange(0, BLOCK_K)
         kmask = ks < K
@@ -417,46 +450,54 @@ def _cliff_fused_bwd(
             ss = s0 + tl.arange(0, BLOCK_S)
             smask = ss < hi
             x = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
-            _, ddx = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
+            ddx = _dker(t, x, inv_sigma)[1]  # (K, S)
             u = (v[:, None] - x[None, :]) * inv_sigma
-            sm = tl.where(kmask[:, None] & smask[None, :], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
+            sm = tl.where(kmask[:, None], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
             gx = tl.sum(dg[:, None] * ddx, 0) - g_k / K * tl.sum(sm * u * inv_sigma, 0)
-            tl.store(wsd_ptr + pair * N + ss, gx, mask=smask)
-            tl.store(wsc_ptr + pair * N + ss, tl.zeros((BLOCK_S,), dt), mask=smask)
-        tl.store(wsz_ptr + (pair * n_chunks + c) * M + ms, tl.zeros((BLOCK_M,), dt), mask=ms < M)
+            tl.store(wsd_ptr + out + ss, gx, mask=smask)
     else:
-        zeta, ms, mmask = _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, BLOCK_M)
-        gzeta = tl.zeros((BLOCK_M,), dt)
-        dj_base = wsj_ptr + pair * n_chunks * M * K
-        for s0 in range(lo, hi, BLOCK_S):
-            ss = s0 + tl.arange(0, BLOCK_S)
-            smask = ss < hi
-            xi = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
-            xj = _standardized(z_ptr, ss, smask, j, D, mean_j, std_j)
-            kz, dkz = _kz_tile(xj, smask, zeta, mmask, inv_sigma)
-            g_kz = tl.zeros((BLOCK_M, BLOCK_S), dt)
-            g_x = tl.zeros((BLOCK_S,), dt)
-            for k0 in tl.static_range(0, BLOCK_K, BLOCK_KB):
-                ks = k0 + tl.arange(0, BLOCK_KB)
-                kmask = ks < K
-                dker, ddker = _dker_tile(_linspace(a, b, K, ks), kmask, xi, smask, inv_sigma)  # (KB, S)
-                dj = tl.load(dj_base + ms[:, None] * K + ks[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-                g_kz = _mma(dj, dker, g_kz, PRECISION)  # dLoss/dKz (M, S)
-                g_dt = _mma(tl.trans(kz), dj, tl.zeros((BLOCK_S, BLOCK_KB), dt), PRECISION)  # dLoss/dDt (S, KB)
-                g_x += tl.sum(g_dt * tl.trans(ddker), 1)
-            prod = g_kz * dkz
-            tl.store(wsd_ptr + pair * N + ss, g_x, mask=smask)
-            tl.store(wsc_ptr + pair * N + ss, tl.sum(prod, 0), mask=smask)
-            gzeta -= tl.sum(prod, 1)
-        tl.store(wsz_ptr + (pair * n_chunks + c) * M + ms, gzeta, mask=mmask)
+        zeta, mmask = _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, ms)
+        dj_rows = wsj_ptr + pair * n_chunks * M * K + ms[:, None] * K
+        if side == 0:
+            gzeta = tl.zeros((BLOCK_M,), dt)
+            for s0 in range(lo, hi, BLOCK_S):
+                ss = s0 + tl.arange(0, BLOCK_S)
+                smask = ss < hi
+                xi = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
+                g_kz = tl.zeros((BLOCK_M, BLOCK_S), dt)  # dLoss/dKz
+                for k0 in range(0, K, BLOCK_KB):
+                    ks = k0 + tl.arange(0, BLOCK_KB)
+                    dker = _dker(_linspace(a, b, K, ks), xi, inv_sigma)[0]  # (KB, S)
+                    dj = tl.load(dj_rows + ks[None, :], mask=mmask[:, None] & (ks < K)[None, :], other=0.0)
+                    g_kz = _mma(dj, dker, g_kz, PRECISION)
+                dkz = _kz_tile(_standardized(z_ptr, ss, smask, j, D, mean_j, std_j), zeta, inv_sigma)[1]
+                prod = g_kz * dkz
+                tl.store(wsc_ptr + out + ss, tl.sum(prod, 0), mask=smask)
+                gzeta -= tl.sum(prod, 1)
+            tl.store(wsz_ptr + (pair * n_chunks + c) * M + ms, gzeta, mask=mmask)
+        else:
+            for s0 in range(lo, hi, BLOCK_S):
+                ss = s0 + tl.arange(0, BLOCK_S)
+                smask = ss < hi
+                xi = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
+                kzt = tl.trans(_kz_tile(_standardized(z_ptr, ss, smask, j, D, mean_j, std_j), zeta, inv_sigma)[0])
+                g_x = tl.zeros((BLOCK_S,), dt)
+                for k0 in range(0, K, BLOCK_KB):
+                    ks = k0 + tl.arange(0, BLOCK_KB)
+                    ddker = _dker(_linspace(a, b, K, ks), xi, inv_sigma)[1]  # (KB, S)
+                    dj = tl.load(dj_rows + ks[None, :], mask=mmask[:, None] & (ks < K)[None, :], other=0.0)
+                    g_dt = _mma(kzt, dj, tl.zeros((BLOCK_S, BLOCK_KB), dt), PRECISION)  # dLoss/dDt (S, KB)
+                    g_x += tl.sum(g_dt * tl.trans(ddker), 1)
+                tl.store(wsd_ptr + out + ss, g_x, mask=smask)
 
 
 @triton.jit
-def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M, N_CHUNKS,
+def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M, N_CHUNKS, H,
                 BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_O: tl.constexpr):
-    """Latent c = program_id(0): dLoss/dx_sc = sum_j wsd[j D + c, s] + sum_i wsc[c D + i, s] + the
-    conditioning values' share (rows cond_index[c, m]: sum_i sum_chunk wsz[c D + i, chunk, m]), each sum
-    over BLOCK_O terms at a time (a tree), blocks in order; then through x = (z - mean) / std:
+    """Latent c = program_id(0): dLoss/dx_sc = sum_j sum_h wsd[j D + c, h, s] + sum_i sum_h wsc[c D + i, h,
+    s] (H row blocks per pair) + the conditioning values' share (rows cond_index[c, m]: sum_i sum_chunk
+    wsz[c D + i, chunk, m]), each sum over BLOCK_O terms at a time (a tree), blocks in order; then through
+    x = (z - mean) / std:
     dLoss/dz = (g - mean(g) - x mean(g x)) / std (without the last term where the std is clamped)."""
     dt = z_ptr.dtype.element_ty
     c = tl.program_id(0)
@@ -476,10 +517,12 @@ def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D
         ss = s0 + tl.arange(0, BLOCK_S)
         smask = ss < N
         g = tl.sum(tl.where((rows[None, :] == ss[:, None]) & mmask[None, :], gzeta[None, :], 0.0), 1)
-        for o in range(0, D, BLOCK_O):
-            msk = (o + oo < D)[:, None] & smask[None, :]
-            g += tl.sum(tl.load(wsd_ptr + ((o + oo) * D + c)[:, None] * N + ss[None, :], mask=msk, other=0.0), 0)
-            g += tl.sum(tl.load(wsc_ptr + (c * D + o + oo)[:, None] * N + ss[None, :], mask=msk, other=0.0), 0)
+        for o in range(0, D * H, BLOCK_O):  # (latent, row block) pairs, flat
+            f = o + oo
+            msk = (f < D * H)[:, None] & smask[None, :]
+            rd = ((f // H) * D + c) * H + f % H  # wsd row of pair (f // H, c), row block f % H
+            g += tl.sum(tl.load(wsd_ptr + rd[:, None] * N + ss[None, :], mask=msk, other=0.0), 0)
+            g += tl.sum(tl.load(wsc_ptr + (c * D * H + f)[:, None] * N + ss[None, :], mask=msk, other=0.0), 0)
         x = _standardized(z_ptr, ss, smask, c, D, mean, std)
         acc_g += tl.where(smask, g, 0.0)
         acc_gx += tl.where(smask, g * x, 0.0)
