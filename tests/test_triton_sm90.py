@@ -107,7 +107,7 @@ def _record(dtype) -> list[dict]:
 
 
 COMPILE = r"""
-import json, os, re, subprocess, sys, glob, importlib
+import json, os, re, subprocess, sys, glob, importlib, tempfile
 os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
@@ -119,15 +119,18 @@ for e in json.load(sys.stdin):
     fn = getattr(importlib.import_module(e["module"]), e["kernel"])
     src = ASTSource(fn=fn, signature=e["signature"], constexprs=e["constexprs"])
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": e["num_warps"]})
-    with open("/tmp/qk_sm90.ptx", "w") as f:
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:  # a file per process: pytest -n runs two of these
         f.write(k.asm["ptx"])
-    v = subprocess.run([ptxas, "-v", "-arch=sm_90a", "/tmp/qk_sm90.ptx", "-o", "/dev/null"], capture_output=True,
-                       text=True).stderr
+        f.flush()
+        v = subprocess.run([ptxas, "-v", "-arch=sm_90a", f.name, "-o", "/dev/null"], capture_output=True,
+                           text=True).stderr
     regs = re.search(r"Used (\d+) registers", v)
     spills = re.search(r"(\d+) bytes spill stores", v)
     out.append({"kernel": e["kernel"], "cubin": len(k.asm["cubin"]), "regs": int(regs.group(1)) if regs else None,
                 "spill_bytes": int(spills.group(1)) if spills else None, "warps": e["num_warps"],
-                "precision": e["constexprs"].get("PRECISION")})
+                "precision": e["constexprs"].get("PRECISION"), "shared": k.metadata.shared,
+                "wgmma": len(re.findall(r"wgmma\.mma_async", k.asm["ptx"])),
+                "mma": len(re.findall(r"\bmma\.sync", k.asm["ptx"]))})
 print(json.dumps(out))
 """
 

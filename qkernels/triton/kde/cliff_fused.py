@@ -1,32 +1,34 @@
 """Cliff's fused path on Triton (pair tiles up to 128 x 128, every benchmark shape; :func:`fused_fits`
 decides), shaped for a GPU of many SMs (issue 44): the work of each latent pair is split over chunks of
-samples, one program per (pair, chunk), and the chunks' partial results are summed in a fixed order by a
-second kernel. Six launches per forward + backward, launched by :mod:`~qkernels.triton.kde.cliff`:
+samples, one program per (pair, chunk, tile), and the chunks' partial results are summed in a fixed order by
+a second kernel. Six launches per forward + backward, launched by :mod:`~qkernels.triton.kde.cliff`:
 
-- forward: :func:`_cliff_fused_fwd` (grid (d^2, S)), :func:`_cliff_reduce` (grid (d^2, RB));
-- backward: the same two (the products recomputed, then dLoss/dJ), :func:`_cliff_fused_bwd` (grid (d^2, S)),
-  :func:`_cliff_grad` (grid (d,)).
+- forward: :func:`_cliff_fused_fwd` (grid (d^2, S, KH)), :func:`_cliff_reduce` (grid (d^2, RB));
+- backward: the same two (the products recomputed, then dLoss/dJ), :func:`_cliff_fused_bwd` (grid
+  (d^2, S, 2 MH)), :func:`_cliff_grad` (grid (d,)).
 
-Program (pair = j d + i, chunk c) of :func:`_cliff_fused_fwd` standardizes latents i and j itself (two
-passes over both columns), builds the Gaussian tiles of its chunk's samples in registers (Kz: BLOCK_M x
-BLOCK_S, N(zeta_jm - x_sj); Dt: BLOCK_S x BLOCK_K, D(t_k - x_si)) and accumulates the chunk's share of the
-pair's bivariate grid J = Kz @ Dt (M x K) with ``tl.dot``; it writes that partial to a workspace. A diagonal
-program (i = j, whose JSD is 0) writes its chunk's share of latent i's derivative grid G and of the KL-uni
-log-sum-exps (running max and sum) instead. :func:`_cliff_reduce`, one program per (pair, block of
-BLOCK_R rows of J), adds the S partials of its rows in chunk order, normalizes them over k and writes its
-rows' share of the mixture over m and of the rows' entropies; the last of a pair's row programs to finish
-(an atomic counter per pair, zeroed by the first kernel) adds those shares in row-block order and writes
-the pair's JSD (forward) or dLoss/dJ in place of J (backward); in the forward the last pair to finish (a
-second counter) adds all terms in a fixed order and applies the lambdas. Which program finishes last
-varies; what it adds, and in which order, does not: the results are deterministic, bitwise. The backward's
-:func:`_cliff_fused_bwd` runs the two transposed products per block of its chunk's samples (dJ read in
-column blocks of BLOCK_KB) and writes each program's contributions to every sample of its two columns and
-to its conditioning values; :func:`_cliff_grad` adds them in a fixed order and applies the
-standardization's backward.
+Program (pair = j d + i, chunk c, column block h) of :func:`_cliff_fused_fwd` standardizes latents i and j
+itself (two passes over both columns), builds the Gaussian tiles of its chunk's samples in registers (Kz:
+BLOCK_M x BLOCK_S, N(zeta_jm - x_sj); Dt: BLOCK_S x BLOCK_K, D(t_k - x_si)) and accumulates its columns of
+the chunk's share of the pair's bivariate grid J = Kz @ Dt (M x K) with ``tl.dot``; it writes that partial to
+a workspace. A diagonal program (i = j, whose JSD is 0) writes its chunk's share of latent i's derivative
+grid G and of the KL-uni log-sum-exps (running max and sum) instead. :func:`_cliff_reduce`, one program per
+(pair, block of BLOCK_R rows of J), adds the S partials of its rows in chunk order, normalizes them over k
+and writes its rows' share of the mixture over m and of the rows' entropies; the last of a pair's row
+programs to finish (an atomic counter per pair, zeroed by the first kernel) adds those shares in row-block
+order and writes the pair's JSD (forward) or dLoss/dJ in place of J (backward); in the forward the last pair
+to finish (a second counter) adds all terms in a fixed order and applies the lambdas. Which program finishes
+last varies; what it adds, and in which order, does not: the results are deterministic, bitwise. The
+backward's :func:`_cliff_fused_bwd` runs the two transposed products (dLoss/dKz and dLoss/dDt, in different
+programs, per block of rows of dJ) per block of its chunk's samples (dJ read in column blocks of BLOCK_KB)
+and writes each program's contributions to every sample of its two columns and to its conditioning values;
+:func:`_cliff_grad` adds them in a fixed order and applies the standardization's backward.
 
-Work per pair and pass: n (M + K) exps, 2 n M K FLOPs on the tensor cores (three passes of that in the
-backward). Grids: S = chunks per pair is chosen (:func:`plan`) so that the d (d - 1) off-diagonal pairs
-make >= 2 programs per SM (SM count read from the device).
+Work per pair and pass: 2 n M K FLOPs on the tensor cores (3xTF32: three MMAs each) and n (M + K) exps per
+tile (Kz rebuilt per column block, Dt per row block); the forward, its recomputation in the backward and the
+backward's two products. Grids: S = chunks per pair is chosen (:func:`plan`) so that the d (d - 1)
+off-diagonal pairs make >= 2 programs per SM (SM count read from the device). Launch grids, registers and
+shared memory for sm_90, and the roofline: benchmarks/RESULTS.md, "Cliff, GPU-shaped".
 """
 
 from __future__ import annotations
@@ -368,7 +370,8 @@ def _cliff_reduce(
         p, cs, cpos = _rows_normalized(jr, step)
         share = wsm_ptr + (pair * n_blocks + rb) * (BLOCK_K + 1)
         tl.store(share + ks, tl.sum(p, 0))
-        tl.store(share + BLOCK_K, tl.sum(tl.sum(_xlogx(p), 1), 0))
+        bad = tl.sum(tl.sum((jr != jr).to(tl.int32), 1), 0) > 0  # p masks a NaN row (its normalizer is NaN)
+        tl.store(share + BLOCK_K, tl.where(bad, float("nan"), tl.sum(tl.sum(_xlogx(p), 1), 0)))
         tl.debug_barrier()  # every thread's stores happen before the release
         if tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel") == n_blocks - 1:
             mix = tl.zeros((BLOCK_K,), dt)
