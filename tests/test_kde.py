@@ -468,7 +468,7 @@ def test_triton_cliff_matches_reference(shape, dtype):
 def test_triton_cliff_both_paths(monkeypatch, path, dtype):
     fused, gemm = _triton_kde("cliff_fused"), _triton_kde("cliff_gemm")
     # M = 70, K = 100: the fused path's (128, 128) block of J per pair, masked to (70, 100), in two column
-    # blocks (forward) and two row blocks (backward), n = 80 in 5 chunks of samples; forced onto the GEMM
+    # blocks (forward) and two row blocks (backward), n = 80 in chunks of 64 (float32); forced onto the GEMM
     # path: one differentiated latent per chunk (3 chunks), the epilogue's k tiles 4096 / 128 = 32 wide, so
     # K = 100 takes four, the last partial
     n, d, k, m = 80, 3, 100, 70

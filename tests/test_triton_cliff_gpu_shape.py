@@ -136,10 +136,11 @@ def _record(shape, dtype, *, gemm_blocks=None):
 
 
 @pytest.mark.parametrize("shape", BENCH, ids=["x".join(map(str, s)) for s in BENCH])
-def test_fused_grids_fill_an_h100(shape):
+def test_fused_grids_fill_an_h100(shape, monkeypatch):
     """Six launches per forward + backward (two _cliff_fused_fwd, two _cliff_reduce, _cliff_fused_bwd,
-    _cliff_grad), and each heavy kernel's off-diagonal pairs alone make >= 2 x 132 programs. Off a GPU the
-    plan assumes an H100's 132 SMs (on a GPU it reads the device's count)."""
+    _cliff_grad), and each heavy kernel's off-diagonal pairs alone make >= 2 x 132 programs on an H100's 132
+    SMs (the plan reads the device's count; off a GPU it plans for one SM unless told otherwise, as here)."""
+    monkeypatch.setattr(_modules()[1], "_sm_count", lambda device: H100_SMS)
     launches = _record(shape, torch.float32)
     names = [e["kernel"] for e in launches]
     assert names == [

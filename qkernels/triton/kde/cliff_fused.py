@@ -43,7 +43,7 @@ from qkernels.triton.kde._cliff_common import _column_backward, _dxlogx, _mma, _
 
 FUSED_MAX_TILE = 128 * 128  # the fused path holds a BLOCK_M x BLOCK_K block of J per program (else: GEMM path)
 BLOCK_R = 16  # rows of J per program of _cliff_reduce
-SMS_WITHOUT_A_GPU = 132  # the SM count plan() assumes off a GPU (the interpreter): an H100's
+SMS_WITHOUT_A_GPU = 1  # the SM count plan() assumes off a GPU: the interpreter runs one program at a time
 
 
 def fused_fits(n: int, d: int, m: int, k: int) -> bool:
