@@ -244,6 +244,7 @@ def budget_scenarios(dtype: torch.dtype) -> list[Case]:
     with each float32 matmul precision. Not held to the grid rule (tiny shapes)."""
     from test_launches import forward_backward, scenarios
 
+    import qkernels.triton.kde._cliff_common as common
     import qkernels.triton.kde.cliff_fused as fused
 
     out = [Case(name, f"{name} budget scenario {str(dtype)[6:]}", lambda f=f, lv=lv: forward_backward(f, lv)(), 0.0)
@@ -252,16 +253,16 @@ def budget_scenarios(dtype: torch.dtype) -> list[Case]:
     def gemm_path(precision):
         def run():
             z = torch.randn(40, 3, dtype=dtype, requires_grad=True)
-            before = torch.get_float32_matmul_precision(), getattr(fused, "FUSED_MAX_TILE", None)
+            before = torch.get_float32_matmul_precision(), fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK
             torch.set_float32_matmul_precision(precision)
-            if before[1] is not None:
-                fused.FUSED_MAX_TILE = 0  # the GEMM path at a small shape
+            # the GEMM path at a small shape; "highest" runs exact FMA products below IEEE_MAX_WORK multiply-adds:
+            # 0 here, to compile its 3xTF32 products
+            fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK = 0, 0
             try:
                 qkernels.cliff_loss(z, num_cond=5, grid=(-3.0, 3.0, 20)).backward()
             finally:
                 torch.set_float32_matmul_precision(before[0])
-                if before[1] is not None:
-                    fused.FUSED_MAX_TILE = before[1]
+                fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK = before[1], before[2]
 
         return run
 

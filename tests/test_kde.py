@@ -469,9 +469,10 @@ def test_triton_cliff_matches_reference(shape, dtype):
 @pytest.mark.parametrize("path", ["fused", "gemm"])
 def test_triton_cliff_both_paths(monkeypatch, path, dtype):
     fused, gemm = _triton_kde("cliff_fused"), _triton_kde("cliff_gemm")
-    # M = 70, K = 100: the fused path's (128, 128) block of J and dJ per pair, masked to (70, 100);
-    # forced onto the GEMM path: one differentiated latent per chunk (3 chunks), the epilogue's k
-    # tiles 8192 / 128 = 64 wide, so K = 100 takes two, the last partial
+    # M = 70, K = 100: the fused path's (128, 128) block of J per pair, masked to (70, 100), in two column
+    # blocks (forward) and two row blocks (backward), n = 80 in chunks of 64 (float32); forced onto the GEMM
+    # path: one differentiated latent per chunk (3 chunks), the epilogue's k tiles 4096 / 128 = 32 wide, so
+    # K = 100 takes four, the last partial
     n, d, k, m = 80, 3, 100, 70
     assert fused.fused_fits(n, d, m, k)
     if path == "gemm":
@@ -557,8 +558,8 @@ def test_triton_cliff_precision_modes(monkeypatch, path, mode, bound):
     for h, o in zip(highest, own, strict=True):  # an error under 1e-6 (8 float32 ulps) is rounding luck: 1e-6
         assert h <= 2 * max(o, 1e-6), (highest, own)
     # "high" / "medium": within the bound, or within 2x the reference's own error under the same mode (its einsum
-    # may then run in TF32 / bf16 too). An H200 measured the gradient 7.8% off at "high" on the GEMM path and 19%
-    # at "medium" on both paths (benchmarks/RESULTS.md): Cliff's gradient amplifies the products' rounding ~50x
+    # then runs in TF32 too). An H200 measured the gradient 7.8% off at "high" on the GEMM path, and 19% at
+    # "medium" when it meant bf16 inputs (benchmarks/RESULTS.md): Cliff's gradient amplifies the rounding ~50x
     for low, r in zip(lower, ref_lower, strict=True):
         assert low <= max(bound, 2 * r), (lower, ref_lower)
 

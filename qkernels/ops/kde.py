@@ -437,12 +437,13 @@ def cliff_loss(
 
     Backends: ``cpu`` drops Gaussian terms beyond 7.5 sigma in float32 / 10 sigma in float64 (below
     5e-12 / 2e-21 of a term's peak; csrc/include/qkernels/kde.h). ``triton`` computes the
-    bivariate term as matrix products on the tensor cores (``tl.dot``: per pair on the fused path;
-    block-sparse over the samples sorted per latent on the GEMM path for tiles over 128 x 128, which
-    skips the derivative kernel's terms beyond 10 sigma). Their float32 precision follows
-    ``torch.get_float32_matmul_precision()``: "highest" 3xTF32 (about float32's own error), "high"
-    TF32, "medium" bf16 inputs (benchmarks/RESULTS.md, issue 26). float64 stays float64 and exact.
-    Launches per forward + backward on ``triton``: 2 for the draw, 4 for the loss (fused path). There
+    bivariate term as matrix products on the tensor cores (``tl.dot``: per pair and chunk of samples on
+    the fused path, tiles up to 128 x 128; block-sparse over the samples sorted per latent on the GEMM
+    path for larger tiles, which skips the derivative kernel's terms beyond 10 sigma). Their float32
+    precision follows ``torch.get_float32_matmul_precision()`` as ``torch.matmul`` does on CUDA:
+    "highest" 3xTF32 (about float32's own error; exact FMA products below 2^28 multiply-adds), "high"
+    and "medium" TF32 (benchmarks/RESULTS.md, issues 26 and 44). float64 stays float64 and exact.
+    Launches per forward + backward on ``triton``: 2 for the draw, 6 for the loss (fused path). There
     is no CUDA C++ Cliff (the ``cuda`` backend does not implement it).
 
     Raises:

@@ -57,22 +57,27 @@ def _dker_tile(t, kmask, xs, smask, inv_sigma):
 
 @triton.jit
 def _mma(a, b, acc, PRECISION: tl.constexpr):
-    """acc + a @ b on the tensor cores at PRECISION: "ieee" (exact; float64), "tf32x3" (split
-    float32, about float32's error), "tf32", or "bf16" (the inputs rounded to bfloat16, exact in a
-    TF32 product). ``out_dtype`` is the accumulator's: Triton 3.6 (torch 2.11's) defaults it to float32
+    """acc + a @ b at PRECISION: "ieee" (exact FMA; float64, and small float32 products), "tf32x3" (each
+    float32 operand split into a TF32 head and tail, three TF32 tensor-core products: about float32's error;
+    Triton 3.6 adds their sum to ``acc`` on the CUDA cores, so no chain of MMAs accumulates in the tensor
+    cores) or "tf32". ``out_dtype`` is the accumulator's: Triton 3.6 (torch 2.11's) defaults it to float32
     and rejects a float64 accumulator (seen on an H200; Triton 3.9 infers it)."""
-    if PRECISION == "bf16":
-        out = tl.dot(a.to(tl.bfloat16).to(a.dtype), b.to(tl.bfloat16).to(b.dtype), acc, input_precision="tf32",
-                     out_dtype=acc.dtype)
-    else:
-        out = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
-    return out
+    return tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision (:func:`_mma`) for Cliff's bivariate products: float64 exact;
-    float32 per torch.get_float32_matmul_precision(): "highest" 3xTF32 ("tf32x3": about float32's own
-    error, on the tensor cores), "high" TF32, "medium" bf16 inputs."""
+# float32 products below this many multiply-adds per call (d^2 n M K) run as exact FMA products: a tensor core
+# saves nothing there, and 3xTF32's rounding (up to 3 2^-22 per product against float32's 2^-24) is not free
+IEEE_MAX_WORK = 1 << 28
+
+
+def _dot_precision(dtype: torch.dtype, work: int = 0) -> str:
+    """tl.dot's input precision (:func:`_mma`) for Cliff's bivariate products of ``work`` multiply-adds:
+    float64 exact; float32 per torch.get_float32_matmul_precision() as torch.matmul on CUDA does it:
+    "highest" 3xTF32 ("tf32x3", about float32's own error, on the tensor cores; exact FMA below
+    :data:`IEEE_MAX_WORK`), "high" and "medium" TF32 (PyTorch's "medium" means bf16 only where such a
+    kernel exists; on CUDA its float32 matmuls run in TF32, as measured on an H200: benchmarks/RESULTS.md)."""
     if dtype == torch.float64:
         return "ieee"
-    return {"highest": "tf32x3", "high": "tf32"}.get(torch.get_float32_matmul_precision(), "bf16")
+    if torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "ieee" if work < IEEE_MAX_WORK else "tf32x3"

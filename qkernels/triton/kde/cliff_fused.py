@@ -1,67 +1,147 @@
-"""Cliff's fused path on Triton, for small tiles (the papers' batch sizes; :func:`fused_fits` decides):
-one program per ordered latent pair, standardization included, four launches per forward + backward
-(:func:`_cliff_fused_fwd`, :func:`_cliff_sum`; :func:`_cliff_fused_bwd`, :func:`_cliff_grad`),
-launched by :mod:`~qkernels.triton.kde.cliff`.
+"""Cliff's fused path on Triton (pair tiles up to 128 x 128, every benchmark shape; :func:`fused_fits`
+decides), shaped for a GPU of many SMs (issue 44): the work of each latent pair is split over chunks of
+samples, one program per (pair, chunk, tile), and the chunks' partial results are summed in a fixed order by
+a second kernel. Six launches per forward + backward, launched by :mod:`~qkernels.triton.kde.cliff`:
+
+- forward: :func:`_cliff_fused_fwd` (grid (d^2, S, KH)), :func:`_cliff_reduce` (grid (d^2, RB));
+- backward: the same two (the products recomputed, then dLoss/dJ), :func:`_cliff_fused_bwd` (grid
+  (d^2, S, 2 MH)), :func:`_cliff_grad` (grid (d,)).
+
+Program (pair = j d + i, chunk c, column block h) of :func:`_cliff_fused_fwd` standardizes latents i and j
+itself (two passes over both columns), builds the Gaussian tiles of its chunk's samples in registers (Kz:
+BLOCK_M x BLOCK_S, N(zeta_jm - x_sj); Dt: BLOCK_S x BLOCK_K, D(t_k - x_si)) and accumulates its columns of
+the chunk's share of the pair's bivariate grid J = Kz @ Dt (M x K) with ``tl.dot``; it writes that partial to
+a workspace. A diagonal program (i = j, whose JSD is 0) writes its chunk's share of latent i's derivative
+grid G and of the KL-uni log-sum-exps (running max and sum) instead. :func:`_cliff_reduce`, one program per
+(pair, block of BLOCK_R rows of J), adds the S partials of its rows in chunk order, normalizes them over k
+and writes its rows' share of the mixture over m and of the rows' entropies; the last of a pair's row
+programs to finish (an atomic counter per pair, zeroed by the first kernel) adds those shares in row-block
+order and writes the pair's JSD (forward) or dLoss/dJ in place of J (backward); in the forward the last pair
+to finish (a second counter) adds all terms in a fixed order and applies the lambdas. Which program finishes
+last varies; what it adds, and in which order, does not: the results are deterministic, bitwise. The
+backward's :func:`_cliff_fused_bwd` runs the two transposed products (dLoss/dKz and dLoss/dDt, in different
+programs, per block of rows of dJ) per block of its chunk's samples (dJ read in column blocks of BLOCK_KB)
+and writes each program's contributions to every sample of its two columns and to its conditioning values;
+:func:`_cliff_grad` adds them in a fixed order and applies the standardization's backward.
+
+Work per pair and pass: 2 n M K FLOPs on the tensor cores (3xTF32: three MMAs each) and n (M + K) exps per
+tile (Kz rebuilt per column block, Dt per row block); the forward, its recomputation in the backward and the
+backward's two products. Grids: S = chunks per pair is chosen (:func:`plan`) so that the d (d - 1)
+off-diagonal pairs make >= 2 programs per SM (SM count read from the device). Launch grids, registers and
+shared memory for sm_90, and the roofline: benchmarks/RESULTS.md, "Cliff, GPU-shaped".
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
-from qkernels.triton.kde._cliff_common import _column_backward, _dker_tile, _dxlogx, _mma, _normalized, _xlogx
+from qkernels.triton.kde._cliff_common import _column_backward, _dxlogx, _mma, _normalized, _xlogx
 
-# One program per ordered pair (j = program_id(0) conditioning latent, i = program_id(1)
-# differentiated latent), standardization included: each program computes the mean and clamped
-# std of its two columns itself (two passes over z each), builds the Gaussian tiles of a block of
-# samples in registers (Kz: BLOCK_M x BLOCK_S, Dt: BLOCK_S x BLOCK_K) and accumulates the pair's
-# bivariate grid J = Kz @ Dt (M x K) with tl.dot over the samples; the epilogue normalizes J's rows
-# over k and reduces them to the pair's JSD. Diagonal programs (i = j, whose JSD is 0) compute latent
-# i's uni entropy and KL-uni term instead. The forward writes one value per program to a workspace
-# and _cliff_sum (one program) adds them in a fixed order and applies the lambdas: 2 launches. The
-# backward recomputes J, forms dLoss/dJ in registers, then runs the transposed products per block of
-# samples and writes every program's contribution to each sample of its two columns (and to its
-# conditioning values) to a workspace; _cliff_grad (one program per latent) adds the contributions in
-# a fixed order and applies the standardization's backward: 2 launches. Deterministic, no atomics.
-# Work per program: n (M + K) exps and 2 n M K FLOPs (x3 backward); d^2 programs.
-
-FUSED_MAX_TILE = 128 * 128  # the fused path holds a BLOCK_M x BLOCK_K block of J (and dJ) per program
-# ... and is taken up to this many multiply-adds per product (d^2 n BLOCK_M BLOCK_K): the papers' batch
-# sizes, where issue 25's estimate puts it ahead (benchmarks/RESULTS.md); above, the GEMM path, measured
-# on an H100 (13.4 ms at (4096, 32, 128, 128)), until a GPU run measures the fused one there
-FUSED_MAX_WORK = 1 << 33
+FUSED_MAX_TILE = 128 * 128  # the fused path holds a BLOCK_M x BLOCK_K block of J per program (else: GEMM path)
+BLOCK_R = 16  # rows of J per program of _cliff_reduce
+SMS_WITHOUT_A_GPU = 1  # the SM count plan() assumes off a GPU: the interpreter runs one program at a time
 
 
 def fused_fits(n: int, d: int, m: int, k: int) -> bool:
     """Whether Cliff of (n, d) latents with M conditioning values and K grid points takes the fused
     path (the one rule choosing between the two)."""
-    tile = max(16, triton.next_power_of_2(m)) * max(16, triton.next_power_of_2(k))
-    return tile <= FUSED_MAX_TILE and d * d * n * tile <= FUSED_MAX_WORK
+    return max(16, triton.next_power_of_2(m)) * max(16, triton.next_power_of_2(k)) <= FUSED_MAX_TILE
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return SMS_WITHOUT_A_GPU
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan(n: int, d: int, m: int, k: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """Tiles and grids of the fused path. Chunks: CS samples (a multiple of BLOCK_S), S = cdiv(n, CS) per
+    pair, so that the d (d - 1) off-diagonal pairs give at least 2 programs per SM (SM count of the device;
+    fewer where n is too small). _cliff_fused_fwd: all BLOCK_M rows of J (M <= BLOCK_M) in column blocks of
+    BLOCK_KJ (KH programs per pair and chunk), BLOCK_SF samples per tl.dot; _cliff_fused_bwd: row blocks of
+    BLOCK_MH (MH per pair and chunk, times two sides), BLOCK_S samples, dJ in column blocks of BLOCK_KB;
+    _cliff_reduce: BLOCK_K >= K columns. Chosen by compiling for sm_90 (Triton 3.6) at the benchmark shapes:
+    these fit 227 KB of shared memory, and float32 spills no registers at 8 warps
+    (tests/test_triton_cliff_gpu_shape.py; larger tiles spilled, float64's with float32's tiles needed
+    295 KB of shared memory on an H200)."""
+    block_m, block_k = max(16, triton.next_power_of_2(m)), max(16, triton.next_power_of_2(k))
+    wide = dtype == torch.float32
+    per_pair = triton.cdiv(2 * _sm_count(device), max(1, d * (d - 1)))  # chunks per pair for two waves
+    share = n // per_pair  # samples per chunk at that split
+    block_s = min(64 if wide else 16, max(16, 1 << max(0, share.bit_length() - 1)))
+    cs = max(block_s, share // block_s * block_s)
+    block_kj, block_mh = min(block_k, 64), min(block_m, 64)
+    return {"BLOCK_M": block_m, "BLOCK_K": block_k, "BLOCK_S": block_s, "BLOCK_SF": min(block_s, 32), "CS": cs,
+            "S": triton.cdiv(n, cs), "BLOCK_KJ": block_kj, "KH": triton.cdiv(k, block_kj), "BLOCK_MH": block_mh,
+            "MH": triton.cdiv(m, block_mh), "BLOCK_KB": 16, "BLOCK_N": 2048 if wide else 1024,
+            "RB": triton.cdiv(m, BLOCK_R), "num_warps": 8 if block_k >= 128 or block_m * block_k >= 8192 else 4}
+
+
+# ----------------------------------------------------------------------------- helpers
 
 
 @triton.jit
-def _column(z_ptr, col, N, D, BLOCK_S: tl.constexpr):
-    """(mean, std, unclamped) of column ``col`` of z: Cliff's standardization x = (z - mean) / std,
-    std = sqrt(max(var, MIN_VAR)); ``unclamped`` = var >= MIN_VAR (the std then depends on z)."""
+def _div(a, b):
+    """a / b rounded to nearest as torch divides (Triton's float32 ``/`` is approximate: div.full.f32)."""
+    if a.dtype == tl.float32:
+        return tl.div_rn(a, b)
+    else:
+        return a / b
+
+
+@triton.jit
+def _sqrt(a):
+    if a.dtype == tl.float32:
+        return tl.sqrt_rn(a)
+    else:
+        return tl.sqrt(a)
+
+
+@triton.jit
+def _column_stats(z_ptr, i, j, N, D, BLOCK_N: tl.constexpr):
+    """Means and clamped stds of columns i and j of z (two passes over both), as reference.standardize:
+    x = (z - mean) / std, std = sqrt(max(var, MIN_VAR)) (MIN_VAR = 1e-12, spelled below)."""
     dt = z_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_S,), dt)
-    for s0 in range(0, N, BLOCK_S):
-        ss = s0 + tl.arange(0, BLOCK_S)
-        acc += tl.load(z_ptr + ss * D + col, mask=ss < N, other=0.0)
-    mean = tl.sum(acc, 0) / N
-    acc = tl.zeros((BLOCK_S,), dt)
-    for s0 in range(0, N, BLOCK_S):
-        ss = s0 + tl.arange(0, BLOCK_S)
-        dev = tl.where(ss < N, tl.load(z_ptr + ss * D + col, mask=ss < N, other=0.0) - mean, 0.0)
-        acc += dev * dev
-    var = tl.sum(acc, 0) / N
+    acc_i = tl.zeros((BLOCK_N,), dt)
+    acc_j = tl.zeros((BLOCK_N,), dt)
+    for s0 in range(0, N, BLOCK_N):
+        ss = s0 + tl.arange(0, BLOCK_N)
+        acc_i += tl.load(z_ptr + ss * D + i, mask=ss < N, other=0.0)
+        acc_j += tl.load(z_ptr + ss * D + j, mask=ss < N, other=0.0)
+    mean_i = _div(tl.sum(acc_i, 0), N.to(dt))
+    mean_j = _div(tl.sum(acc_j, 0), N.to(dt))
+    acc_i = tl.zeros((BLOCK_N,), dt)
+    acc_j = tl.zeros((BLOCK_N,), dt)
+    for s0 in range(0, N, BLOCK_N):
+        ss = s0 + tl.arange(0, BLOCK_N)
+        dev_i = tl.where(ss < N, tl.load(z_ptr + ss * D + i, mask=ss < N, other=0.0) - mean_i, 0.0)
+        dev_j = tl.where(ss < N, tl.load(z_ptr + ss * D + j, mask=ss < N, other=0.0) - mean_j, 0.0)
+        acc_i += dev_i * dev_i
+        acc_j += dev_j * dev_j
     min_var = tl.full((), 1e-12, dt)
-    return mean, tl.sqrt(tl.maximum(var, min_var)), var >= min_var
+    var_i = _div(tl.sum(acc_i, 0), N.to(dt))
+    var_j = _div(tl.sum(acc_j, 0), N.to(dt))
+    return mean_i, _sqrt(tl.maximum(var_i, min_var)), var_i >= min_var, mean_j, _sqrt(tl.maximum(var_j, min_var))
 
 
 @triton.jit
 def _standardized(z_ptr, ss, smask, col, D, mean, std):
-    return tl.where(smask, (tl.load(z_ptr + ss * D + col, mask=smask, other=0.0) - mean) / std, 0.0)
+    """x = (z - mean) / std of the samples ss of column col; FAR for a masked sample (FAR - t and FAR - zeta
+    over sigma square to > 1e30: its Gaussian terms are exactly 0, so the tiles need no 2-D masks)."""
+    return tl.where(smask, _div(tl.load(z_ptr + ss * D + col, mask=smask, other=0.0) - mean, std), 1e15)
+
+
+@triton.jit
+def _dker(t, x, inv_sigma):
+    """D(u) = -u e^(-u^2 / 2), u = (t_k - x_s) / sigma, and dD/dx_s: (BLOCK_K, BLOCK_S) tiles."""
+    u = (t[:, None] - x[None, :]) * inv_sigma
+    e = tl.exp(-0.5 * u * u)
+    return -u * e, (1.0 - u * u) * e * inv_sigma
 
 
 @triton.jit
@@ -72,159 +152,29 @@ def _linspace(lo, hi, K, ks):
 
 
 @triton.jit
-def _uni_kl_pass(z_ptr, i, N, D, mean, std, t, v, kmask, inv_sigma, BLOCK_S: tl.constexpr):
-    """Latent i's unnormalized derivative grid G[k] = sum_s D(t_k - x_si) and the log-sum-exps
-    lse[k] = log sum_s exp(-(v_k - x_si)^2 / (2 sigma^2)) of the KL-uni points (online)."""
-    g = tl.zeros(t.shape, t.dtype)
-    m_run = tl.full(v.shape, float("-inf"), v.dtype)
-    l_run = tl.zeros(v.shape, v.dtype)
-    for s0 in range(0, N, BLOCK_S):
-        ss = s0 + tl.arange(0, BLOCK_S)
-        smask = ss < N
-        x = _standardized(z_ptr, ss, smask, i, D, mean, std)
-        dk, _ = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
-        g += tl.sum(dk, 1)
-        u = (v[:, None] - x[None, :]) * inv_sigma
-        a = tl.where(smask[None, :], -0.5 * u * u, float("-inf"))
-        m_new = tl.maximum(m_run, tl.max(a, 1))  # finite: every block holds a sample
-        l_run = l_run * tl.exp(m_run - m_new) + tl.sum(tl.exp(a - m_new[:, None]), 1)
-        m_run = m_new
-    return g, m_run + tl.log(l_run)
+def _kl_points(K, ks, dt: tl.constexpr):
+    """The KL-uni points linspace(-sqrt 3, sqrt 3, K)[ks] in dtype dt."""
+    return _linspace(tl.full((), -1.7320508075688772, dt), tl.full((), 1.7320508075688772, dt), K, ks)
 
 
 @triton.jit
-def _pair_tiles(z_ptr, ss, smask, i, j, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask, inv_sigma):
-    """A block of samples' tiles of pair (j, i): Kz[m, s] = N(zeta_m - x_sj), its d/dx_sj, Dt[s, k] =
-    D(t_k - x_si) and its d/dx_si; 0 outside the masks."""
-    xi = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
-    xj = _standardized(z_ptr, ss, smask, j, D, mean_j, std_j)
-    w = (zeta[:, None] - xj[None, :]) * inv_sigma
-    e = tl.where(mmask[:, None] & smask[None, :], tl.exp(-0.5 * w * w), 0.0)
-    dkt, ddkt = _dker_tile(t, kmask, xi, smask, inv_sigma)  # (K, S)
-    return e, e * w * inv_sigma, tl.trans(dkt), tl.trans(ddkt)
-
-
-@triton.jit
-def _pair_grid(z_ptr, i, j, N, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask, inv_sigma,
-               BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """J (BLOCK_M, BLOCK_K) = sum over samples of Kz[m, s] Dt[s, k] (tl.dot per block of samples)."""
-    acc = tl.zeros((BLOCK_M, BLOCK_K), t.dtype)
-    for s0 in range(0, N, BLOCK_S):
-        ss = s0 + tl.arange(0, BLOCK_S)
-        kz, _, dt_, _ = _pair_tiles(z_ptr, ss, ss < N, i, j, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask,
-                                    inv_sigma)
-        acc = _mma(kz, dt_, acc, PRECISION)
-    return acc
-
-
-@triton.jit
-def _rows_normalized(jg, step):
-    """Rows of J normalized over k: p = |J| / (step sum_k |J|) (0 for a zero row), the row
-    normalizers and which rows are non-zero."""
-    c = step * tl.sum(tl.abs(jg), 1)
-    cpos = c > 0
-    cs = tl.where(cpos, c, 1.0)
-    return tl.where(cpos[:, None], tl.abs(jg) / cs[:, None], 0.0), cs, cpos
-
-
-@triton.jit
-def _has_nan(x):
-    return tl.sum(tl.sum((x != x).to(tl.int32), 1), 0) > 0
-
-
-@triton.jit
-def _pair_setup(z_ptr, ci_ptr, i, j, N, D, M, a, b, K, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_K: tl.constexpr):
-    """Column statistics of latents i and j, the grid points and latent j's conditioning values
-    zeta_m = x[cond_index[j, m], j] (NaN for an out-of-range row, never read)."""
-    mean_i, std_i, full_i = _column(z_ptr, i, N, D, BLOCK_S)
-    mean_j, std_j, _ = _column(z_ptr, j, N, D, BLOCK_S)
-    ks = tl.arange(0, BLOCK_K)
-    kmask = ks < K
-    t = _linspace(a, b, K, ks)
-    ms = tl.arange(0, BLOCK_M)
+def _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, ms):
+    """Latent j's standardized conditioning values zeta_m = x[cond_index[j, m], j] for the rows ms (NaN for
+    an out-of-range row: it makes the pair's J, its JSD and gradients NaN) and the row mask."""
     mmask = ms < M
     rows = tl.load(ci_ptr + j * M + ms, mask=mmask, other=0)
     ok = (rows >= 0) & (rows < N)
     zj = tl.load(z_ptr + rows * D + j, mask=mmask & ok, other=0.0)
-    zeta = tl.where(ok | ~mmask, (zj - mean_j) / std_j, float("nan"))
-    return mean_i, std_i, mean_j, std_j, t, kmask, zeta, ms, mmask
+    return tl.where(ok | ~mmask, _div(zj - mean_j, std_j), float("nan")), mmask
 
 
 @triton.jit
-def _uni_kl_values(z_ptr, i, N, D, K, mean_i, std_i, t, kmask, inv_sigma, step, log_const,
-                   BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Latent i's uni entropy and KL-uni term."""
-    v = _kl_points(K, t.dtype, BLOCK_K)
-    g, lse = _uni_kl_pass(z_ptr, i, N, D, mean_i, std_i, t, v, kmask, inv_sigma, BLOCK_S)
-    p, cs, cpos = _normalized(g[:, None], step)
-    uni = -step * tl.sum(tl.sum(_xlogx(p), 1), 0)
-    return uni, log_const - tl.sum(tl.where(kmask, lse, 0.0), 0) / K
-
-
-@triton.jit
-def _kl_points(K, dt: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The KL-uni points linspace(-sqrt 3, sqrt 3, K) in dtype dt."""
-    return _linspace(tl.full((), -1.7320508075688772, dt), tl.full((), 1.7320508075688772, dt), K,
-                     tl.arange(0, BLOCK_K))
-
-
-@triton.jit
-def _jsd_value(jg, M, step):
-    """The JSD of a pair from its bivariate grid J (rows m >= M are 0): NaN if J holds a NaN."""
-    p, cs, cpos = _rows_normalized(jg, step)
-    mix = tl.sum(p, 0) / M
-    jsd = -step * tl.sum(_xlogx(mix), 0) + step * tl.sum(tl.sum(_xlogx(p), 1), 0) / M
-    return tl.where(_has_nan(jg), float("nan"), jsd)
-
-
-@triton.jit
-def _cliff_fused_fwd(
-    z_ptr, ci_ptr, ws_ptr, N, D, M, K, a: tl.float64, b: tl.float64, inv_sigma: tl.float64,
-    step: tl.float64, log_const: tl.float64,
-    BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-):
-    """ws[j D + i] = JSD of pair (j, i) (0 on the diagonal); ws[D^2 + i] = uni_i, ws[D^2 + D + i] = kl_i."""
-    dt = z_ptr.dtype.element_ty
-    a, b, inv_sigma = tl.full((), a, dt), tl.full((), b, dt), tl.full((), inv_sigma, dt)
-    step, log_const = tl.full((), step, dt), tl.full((), log_const, dt)
-    j = tl.program_id(0)
-    i = tl.program_id(1)
-    mean_i, std_i, mean_j, std_j, t, kmask, zeta, ms, mmask = _pair_setup(z_ptr, ci_ptr, i, j, N, D, M, a, b, K,
-                                                                         BLOCK_S, BLOCK_M, BLOCK_K)
-    if i == j:
-        uni, kl = _uni_kl_values(z_ptr, i, N, D, K, mean_i, std_i, t, kmask, inv_sigma, step, log_const, BLOCK_S,
-                                 BLOCK_K)
-        tl.store(ws_ptr + D * D + i, uni)
-        tl.store(ws_ptr + D * D + D + i, kl)
-        tl.store(ws_ptr + j * D + i, tl.zeros((), dt))
-    else:
-        jg = _pair_grid(z_ptr, i, j, N, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask, inv_sigma,
-                        BLOCK_S, BLOCK_M, BLOCK_K, PRECISION)
-        tl.store(ws_ptr + j * D + i, _jsd_value(jg, M, step))
-
-
-@triton.jit
-def _cliff_sum(ws_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, D, lu: tl.float64, lb: tl.float64, lk: tl.float64,
-               BLOCK: tl.constexpr):
-    """The three terms (sums of the workspace in a fixed order) and the weighted total (one program)."""
-    dt = ws_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK,), dt)
-    for o in range(0, D * D, BLOCK):
-        offs = o + tl.arange(0, BLOCK)
-        acc += tl.load(ws_ptr + offs, mask=offs < D * D, other=0.0)
-    biv = tl.sum(acc, 0)
-    acc_u = tl.zeros((BLOCK,), dt)
-    acc_k = tl.zeros((BLOCK,), dt)
-    for o in range(0, D, BLOCK):
-        offs = o + tl.arange(0, BLOCK)
-        acc_u += tl.load(ws_ptr + D * D + offs, mask=offs < D, other=0.0)
-        acc_k += tl.load(ws_ptr + D * D + D + offs, mask=offs < D, other=0.0)
-    uni, kl = tl.sum(acc_u, 0), tl.sum(acc_k, 0)
-    tl.store(uni_ptr, uni)
-    tl.store(biv_ptr, biv)
-    tl.store(kl_ptr, kl)
-    tl.store(total_ptr, tl.full((), lu, dt) * uni + tl.full((), lb, dt) * biv + tl.full((), lk, dt) * kl)
+def _kz_tile(xj, zeta, inv_sigma):
+    """Kz[m, s] = N(zeta_m - x_sj) (BLOCK_M, BLOCK_S) and its derivative in x_sj (rows m >= M: any finite
+    value, never stored; masked samples: 0)."""
+    w = (zeta[:, None] - xj[None, :]) * inv_sigma
+    e = tl.exp(-0.5 * w * w)
+    return e, e * w * inv_sigma
 
 
 @triton.jit
@@ -239,108 +189,343 @@ def _term_grad(gt_ptr, g_ptr, lam, HAS_TOTAL: tl.constexpr, HAS_TERM: tl.constex
 
 
 @triton.jit
-def _uni_kl_backward(z_ptr, i, pair, N, D, M, K, mean_i, std_i, t, kmask, inv_sigma, step, g_u, g_k,
-                     wsd_ptr, wsc_ptr, wsz_ptr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Diagonal program: dLoss/dx_si of the uni and KL-uni terms to wsd (zeros to wsc and wsz)."""
-    dt = t.dtype
-    v = _kl_points(K, dt, BLOCK_K)
-    g, lse = _uni_kl_pass(z_ptr, i, N, D, mean_i, std_i, t, v, kmask, inv_sigma, BLOCK_S)
-    p, cs, cpos = _normalized(g[:, None], step)
-    dg = tl.sum(_column_backward(g[:, None], p, -g_u * step * _dxlogx(p), cs, cpos, step), 1)  # dLoss/dG
-    for s0 in range(0, N, BLOCK_S):
-        ss = s0 + tl.arange(0, BLOCK_S)
-        smask = ss < N
-        x = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
-        _, ddx = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
-        u = (v[:, None] - x[None, :]) * inv_sigma
-        sm = tl.where(kmask[:, None] & smask[None, :], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
-        gx = tl.sum(dg[:, None] * ddx, 0) - g_k / K * tl.sum(sm * u * inv_sigma, 0)
-        tl.store(wsd_ptr + pair * N + ss, gx, mask=smask)
-        tl.store(wsc_ptr + pair * N + ss, tl.zeros((BLOCK_S,), dt), mask=smask)
-    ms = tl.arange(0, BLOCK_M)
-    tl.store(wsz_ptr + pair * M + ms, tl.zeros((BLOCK_M,), dt), mask=ms < M)
+def _rows_normalized(jg, step):
+    """Rows of J normalized over k: p = |J| / (step sum_k |J|) (0 for a zero row), the row
+    normalizers and which rows are non-zero."""
+    c = step * tl.sum(tl.abs(jg), 1)
+    cpos = c > 0
+    cs = tl.where(cpos, c, 1.0)
+    return tl.where(cpos[:, None], tl.abs(jg) / cs[:, None], 0.0), cs, cpos
+
+
+# ----------------------------------------------------------------------------- kernels
 
 
 @triton.jit
-def _jsd_backward(jg, M, step, g_b):
-    """dLoss/dJ of g_b * JSD (NaN if J holds a NaN): JSD = H(mix) - mean_m H(p_m) gives dLoss/dp_mk =
-    g_b step / M (dxlogx(p_mk) - dxlogx(mix_k)), then the row normalization p = |J| / c."""
-    p, cs, cpos = _rows_normalized(jg, step)
-    mix = tl.sum(p, 0) / M
-    gp = g_b * step / M * (_dxlogx(p) - _dxlogx(mix)[None, :])
-    dot = tl.sum(gp * p, 1)
-    sgn = tl.where(jg > 0, 1.0, tl.where(jg < 0, -1.0, 0.0))
-    dj = tl.where(cpos[:, None], sgn * (gp - step * dot[:, None]) / cs[:, None], 0.0)
-    return tl.where(_has_nan(jg), float("nan"), dj)
+def _cliff_fused_fwd(
+    z_ptr, ci_ptr, wsj_ptr, wsu_ptr, stat_ptr, cnt_ptr, N, D, M, K, CS,
+    a: tl.float64, b: tl.float64, inv_sigma: tl.float64,
+    BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Program (pair = j D + i, chunk c, column block h), samples [c CS, (c + 1) CS), grid points k of
+    [h BLOCK_K, (h + 1) BLOCK_K): wsj[pair, c, :, k] (M, BLOCK_K) = the chunk's share of J = Kz_j @ Dt_i;
+    diagonal programs wsu[i, c, :, k] (3, BLOCK_K) = the chunk's share of G_i[k] = sum_s D(t_k - x_si) and
+    the KL-uni points' running (max, sum of exp). Diagonal program (c, h) = (0, 0) writes latent i's (mean,
+    std, unclamped) to stat[i]; program (0, 0, 0) zeroes the D^2 + 1 counters of _cliff_reduce."""
+    dt = z_ptr.dtype.element_ty
+    a, b, inv_sigma = tl.full((), a, dt), tl.full((), b, dt), tl.full((), inv_sigma, dt)
+    pair = tl.program_id(0)
+    c = tl.program_id(1)
+    h = tl.program_id(2)
+    n_chunks = tl.num_programs(1)
+    j = pair // D
+    i = pair % D
+    if (pair == 0) & (c == 0) & (h == 0):
+        for o in range(0, D * D + 1, BLOCK_N):
+            offs = o + tl.arange(0, BLOCK_N)
+            tl.store(cnt_ptr + offs, tl.zeros((BLOCK_N,), tl.int32), mask=offs < D * D + 1)
+    mean_i, std_i, full_i, mean_j, std_j = _column_stats(z_ptr, i, j, N, D, BLOCK_N)
+    ks = h * BLOCK_K + tl.arange(0, BLOCK_K)
+    kmask = ks < K
+    t = _linspace(a, b, K, ks)
+    lo = c * CS
+    hi = tl.minimum(N, lo + CS)
+    if i == j:
+        if (c == 0) & (h == 0):
+            tl.store(stat_ptr + 3 * i, mean_i)
+            tl.store(stat_ptr + 3 * i + 1, std_i)
+            tl.store(stat_ptr + 3 * i + 2, full_i.to(dt))
+        v = _kl_points(K, ks, dt)
+        g = tl.zeros((BLOCK_K,), dt)
+        m_run = tl.full((BLOCK_K,), float("-inf"), dt)
+        l_run = tl.zeros((BLOCK_K,), dt)
+        for s0 in range(lo, hi, BLOCK_S):
+            ss = s0 + tl.arange(0, BLOCK_S)
+            smask = ss < hi
+            x = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
+            dk = _dker(t, x, inv_sigma)[0]  # (K, S)
+            g += tl.sum(dk, 1)
+            u = (v[:, None] - x[None, :]) * inv_sigma
+            e = -0.5 * u * u  # a masked sample's: -5e31, never the max (every block holds a sample)
+            m_new = tl.maximum(m_run, tl.max(e, 1))
+            l_run = l_run * tl.exp(m_run - m_new) + tl.sum(tl.exp(e - m_new[:, None]), 1)
+            m_run = m_new
+        base = wsu_ptr + (i * n_chunks + c) * 3 * K
+        tl.store(base + ks, g, mask=kmask)
+        tl.store(base + K + ks, m_run, mask=kmask)
+        tl.store(base + 2 * K + ks, l_run, mask=kmask)
+    else:
+        ms = tl.arange(0, BLOCK_M)
+        zeta, mmask = _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, ms)
+        acc = tl.zeros((BLOCK_M, BLOCK_K), dt)  # J[:, ks]
+        for s0 in range(lo, hi, BLOCK_S):
+            ss = s0 + tl.arange(0, BLOCK_S)
+            smask = ss < hi
+            xi = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
+            xj = _standardized(z_ptr, ss, smask, j, D, mean_j, std_j)
+            kz = _kz_tile(xj, zeta, inv_sigma)[0]
+            dker = _dker(t, xi, inv_sigma)[0]  # (K, S)
+            acc = _mma(kz, tl.trans(dker), acc, PRECISION)
+        out = wsj_ptr + (pair * n_chunks + c) * M * K + ms[:, None] * K + ks[None, :]
+        tl.store(out, acc, mask=mmask[:, None] & kmask[None, :])
+
+
+@triton.jit
+def _arrive_total(wst_ptr, cnt_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, D, lu, lb, lk, BLOCK_K: tl.constexpr):
+    """A pair's term is in wst: count it; the last of the D^2 adds the terms in a fixed order (the JSDs
+    wst[:D^2], uni wst[D^2:D^2 + D], KL-uni wst[D^2 + D:]) and writes the outputs."""
+    tl.debug_barrier()  # every thread's stores happen before the release
+    if tl.atomic_add(cnt_ptr + D * D, 1, sem="acq_rel") == D * D - 1:
+        dt = wst_ptr.dtype.element_ty
+        acc = tl.zeros((BLOCK_K,), dt)
+        for o in range(0, D * D, BLOCK_K):
+            offs = o + tl.arange(0, BLOCK_K)
+            acc += tl.load(wst_ptr + offs, mask=offs < D * D, other=0.0, cache_modifier=".cg")
+        biv = tl.sum(acc, 0)
+        acc_u = tl.zeros((BLOCK_K,), dt)
+        acc_k = tl.zeros((BLOCK_K,), dt)
+        for o in range(0, D, BLOCK_K):
+            offs = o + tl.arange(0, BLOCK_K)
+            acc_u += tl.load(wst_ptr + D * D + offs, mask=offs < D, other=0.0, cache_modifier=".cg")
+            acc_k += tl.load(wst_ptr + D * D + D + offs, mask=offs < D, other=0.0, cache_modifier=".cg")
+        uni, kl = tl.sum(acc_u, 0), tl.sum(acc_k, 0)
+        tl.store(uni_ptr, uni)
+        tl.store(biv_ptr, biv)
+        tl.store(kl_ptr, kl)
+        tl.store(total_ptr, lu * uni + lb * biv + lk * kl)
+
+
+@triton.jit
+def _uni_kl_finish(wsu_ptr, wst_ptr, gt_ptr, gu_ptr, gk_ptr, i, D, K, n_chunks, step, log_const, lu, lk, ks, kmask,
+                   BACKWARD: tl.constexpr, HAS_T: tl.constexpr, HAS_U: tl.constexpr, HAS_K: tl.constexpr):
+    """Latent i's G and KL log-sum-exps from its chunks' shares (chunk order); forward: uni_i and kl_i to
+    wst; backward: dLoss/dG and the log-sum-exps to wsu[i, 0, 0:2]."""
+    dt = wsu_ptr.dtype.element_ty
+    g = tl.zeros(ks.shape, dt)
+    m_run = tl.full(ks.shape, float("-inf"), dt)
+    l_run = tl.zeros(ks.shape, dt)
+    for c in range(0, n_chunks):
+        base = wsu_ptr + (i * n_chunks + c) * 3 * K
+        g += tl.load(base + ks, mask=kmask, other=0.0)
+        m_c = tl.load(base + K + ks, mask=kmask, other=0.0)
+        m_new = tl.maximum(m_run, m_c)
+        l_run = l_run * tl.exp(m_run - m_new) + tl.load(base + 2 * K + ks, mask=kmask, other=0.0) * tl.exp(m_c - m_new)
+        m_run = m_new
+    lse = m_run + tl.log(tl.where(kmask, l_run, 1.0))
+    p, cs, cpos = _normalized(g[:, None], step)
+    if BACKWARD:
+        g_u = _term_grad(gt_ptr, gu_ptr, lu, HAS_T, HAS_U)
+        dg = tl.sum(_column_backward(g[:, None], p, -g_u * step * _dxlogx(p), cs, cpos, step), 1)
+        tl.store(wsu_ptr + i * n_chunks * 3 * K + ks, dg, mask=kmask)
+        tl.store(wsu_ptr + i * n_chunks * 3 * K + K + ks, lse, mask=kmask)
+    else:
+        tl.store(wst_ptr + i * D + i, tl.zeros((), dt))
+        tl.store(wst_ptr + D * D + i, -step * tl.sum(tl.sum(_xlogx(p), 1), 0))
+        # kl_i = -log(2 sqrt 3) - mean_v log p_i(v), log p_i(v) = lse_v - log(n sigma sqrt(2 pi))
+        tl.store(wst_ptr + D * D + D + i, log_const - tl.sum(tl.where(kmask, lse, 0.0), 0) / K)
+
+
+@triton.jit
+def _cliff_reduce(
+    wsj_ptr, wsu_ptr, wsm_ptr, wst_ptr, cnt_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, gt_ptr, gu_ptr, gb_ptr, gk_ptr,
+    D, M, K, N_CHUNKS, step: tl.float64, log_const: tl.float64, lu: tl.float64, lb: tl.float64, lk: tl.float64,
+    BACKWARD: tl.constexpr, HAS_T: tl.constexpr, HAS_U: tl.constexpr, HAS_B: tl.constexpr, HAS_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (pair, row block rb): J's rows rb BLOCK_R .. + BLOCK_R = the sum of the pair's chunk shares
+    (BLOCK_C chunks per load, summed as a tree, blocks in chunk order), written back to wsj[pair, 0];
+    their normalized rows' sum over m (the mixture's share) and entropy sum to wsm[pair, rb]. The pair's
+    last row program (counter cnt[pair]) finishes it: forward, its JSD to wst[pair]; backward, dLoss/dJ
+    over wsj[pair, 0]. Diagonal pairs: row block 0 finishes latent i's uni and KL-uni terms. Forward: the
+    last pair finished writes the totals (:func:`_arrive_total`)."""
+    dt = wsj_ptr.dtype.element_ty
+    step, log_const = tl.full((), step, dt), tl.full((), log_const, dt)
+    lu, lb, lk = tl.full((), lu, dt), tl.full((), lb, dt), tl.full((), lk, dt)
+    pair = tl.program_id(0)
+    rb = tl.program_id(1)
+    n_blocks = tl.num_programs(1)
+    j = pair // D
+    i = pair % D
+    ks = tl.arange(0, BLOCK_K)
+    kmask = ks < K
+    if i == j:
+        if rb == 0:
+            _uni_kl_finish(wsu_ptr, wst_ptr, gt_ptr, gu_ptr, gk_ptr, i, D, K, N_CHUNKS, step, log_const, lu, lk, ks,
+                           kmask, BACKWARD, HAS_T, HAS_U, HAS_K)
+            if not BACKWARD:
+                _arrive_total(wst_ptr, cnt_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, D, lu, lb, lk, BLOCK_K)
+    else:
+        rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+        msk = (rows < M)[:, None] & kmask[None, :]
+        base = wsj_ptr + pair * N_CHUNKS * M * K
+        rk = rows[:, None] * K + ks[None, :]
+        cc = tl.arange(0, BLOCK_C)
+        jr = tl.zeros((BLOCK_R, BLOCK_K), dt)
+        for c0 in range(0, N_CHUNKS, BLOCK_C):
+            part = tl.load(base + (c0 + cc)[:, None, None] * M * K + rk[None, :, :],
+                           mask=(c0 + cc < N_CHUNKS)[:, None, None] & msk[None, :, :], other=0.0)
+            jr += tl.sum(part, 0)
+        tl.store(base + rk, jr, mask=msk)
+        p, cs, cpos = _rows_normalized(jr, step)
+        share = wsm_ptr + (pair * n_blocks + rb) * (BLOCK_K + 1)
+        tl.store(share + ks, tl.sum(p, 0))
+        bad = tl.sum(tl.sum((jr != jr).to(tl.int32), 1), 0) > 0  # p masks a NaN row (its normalizer is NaN)
+        tl.store(share + BLOCK_K, tl.where(bad, float("nan"), tl.sum(tl.sum(_xlogx(p), 1), 0)))
+        tl.debug_barrier()  # every thread's stores happen before the release
+        if tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel") == n_blocks - 1:
+            mix = tl.zeros((BLOCK_K,), dt)
+            h_each = tl.zeros((), dt)
+            for r in range(0, n_blocks):
+                share = wsm_ptr + (pair * n_blocks + r) * (BLOCK_K + 1)
+                mix += tl.load(share + ks, cache_modifier=".cg")
+                h_each += tl.load(share + BLOCK_K, cache_modifier=".cg")
+            mix = mix / M
+            nan = h_each != h_each  # a NaN in J (out-of-range conditioning row): NaN JSD and gradient
+            if BACKWARD:
+                # JSD = H(mix) - mean_m H(p_m): dLoss/dp_mk = g_b step / M (dxlogx(p_mk) - dxlogx(mix_k)),
+                # then the row normalization p = |J| / c
+                g_b = _term_grad(gt_ptr, gb_ptr, lb, HAS_T, HAS_B)
+                for r in range(0, n_blocks):
+                    rows = r * BLOCK_R + tl.arange(0, BLOCK_R)
+                    msk = (rows < M)[:, None] & kmask[None, :]
+                    rk = rows[:, None] * K + ks[None, :]
+                    jr = tl.load(base + rk, mask=msk, other=0.0, cache_modifier=".cg")
+                    p, cs, cpos = _rows_normalized(jr, step)
+                    gp = g_b * step / M * (_dxlogx(p) - _dxlogx(mix)[None, :])
+                    dot = tl.sum(gp * p, 1)
+                    sgn = tl.where(jr > 0, 1.0, tl.where(jr < 0, -1.0, 0.0))
+                    dj = tl.where(cpos[:, None], sgn * (gp - step * dot[:, None]) / cs[:, None], 0.0)
+                    tl.store(base + rk, tl.where(nan, float("nan"), dj), mask=msk)
+            else:
+                jsd = -step * tl.sum(_xlogx(mix), 0) + step * h_each / M
+                tl.store(wst_ptr + pair, tl.where(nan, float("nan"), jsd))
+                _arrive_total(wst_ptr, cnt_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, D, lu, lb, lk, BLOCK_K)
 
 
 @triton.jit
 def _cliff_fused_bwd(
-    z_ptr, ci_ptr, gt_ptr, gu_ptr, gb_ptr, gk_ptr, wsd_ptr, wsc_ptr, wsz_ptr, N, D, M, K,
-    a: tl.float64, b: tl.float64, inv_sigma: tl.float64, step: tl.float64,
-    lu: tl.float64, lb: tl.float64, lk: tl.float64,
-    HAS_T: tl.constexpr, HAS_U: tl.constexpr, HAS_B: tl.constexpr, HAS_K: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    z_ptr, ci_ptr, wsj_ptr, wsu_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gt_ptr, gk_ptr, N, D, M, K, CS,
+    a: tl.float64, b: tl.float64, inv_sigma: tl.float64, lk: tl.float64,
+    HAS_T: tl.constexpr, HAS_K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_KB: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """Pair (j, i)'s dLoss/dx (x standardized): wsd[(j D + i) N + s] the part through Dt (x_si; on the
-    diagonal: uni and KL-uni), wsc[(j D + i) N + s] through Kz (x_sj), wsz[(j D + i) M + m] through
-    the conditioning value zeta_jm."""
+    """Program (pair = j D + i, chunk c, (side, h)): dLoss/dx (x standardized) of its chunk's samples from
+    the rows m of [h BLOCK_M, (h + 1) BLOCK_M) of dLoss/dJ (wsj[pair, 0], read in column blocks of BLOCK_KB)
+    or, diagonal, dLoss/dG and the KL log-sum-exps (wsu[i, 0]) (:func:`_cliff_reduce`). Side 0, through
+    Kz: wsc[pair, h, s] (x_sj) and wsz[pair, c, m] (the chunk's share through the conditioning value
+    zeta_jm), from dLoss/dKz = dJ @ Dt^T; side 1, through Dt: wsd[pair, h, s] (x_si; diagonal, h = 0: uni
+    and KL-uni), from dLoss/dDt = Kz^T @ dJ, a sum over m: each row block's share is summed by
+    _cliff_grad. Sides and row blocks run in different programs: each holds a few tiles (registers)."""
     dt = z_ptr.dtype.element_ty
-    a, b, inv_sigma, step = tl.full((), a, dt), tl.full((), b, dt), tl.full((), inv_sigma, dt), tl.full((), step, dt)
-    j = tl.program_id(0)
-    i = tl.program_id(1)
-    pair = j * D + i
-    mean_i, std_i, mean_j, std_j, t, kmask, zeta, ms, mmask = _pair_setup(z_ptr, ci_ptr, i, j, N, D, M, a, b, K,
-                                                                         BLOCK_S, BLOCK_M, BLOCK_K)
-    if i == j:
-        g_u = _term_grad(gt_ptr, gu_ptr, tl.full((), lu, dt), HAS_T, HAS_U)
-        g_k = _term_grad(gt_ptr, gk_ptr, tl.full((), lk, dt), HAS_T, HAS_K)
-        _uni_kl_backward(z_ptr, i, pair, N, D, M, K, mean_i, std_i, t, kmask, inv_sigma, step, g_u, g_k,
-                         wsd_ptr, wsc_ptr, wsz_ptr, BLOCK_S, BLOCK_M, BLOCK_K)
-    else:
-        g_b = _term_grad(gt_ptr, gb_ptr, tl.full((), lb, dt), HAS_T, HAS_B)
-        jg = _pair_grid(z_ptr, i, j, N, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t, kmask, inv_sigma,
-                        BLOCK_S, BLOCK_M, BLOCK_K, PRECISION)
-        dj = _jsd_backward(jg, M, step, g_b)
-        gzeta = tl.zeros((BLOCK_M,), dt)
-        for s0 in range(0, N, BLOCK_S):
+    a, b, inv_sigma = tl.full((), a, dt), tl.full((), b, dt), tl.full((), inv_sigma, dt)
+    pair = tl.program_id(0)
+    c = tl.program_id(1)
+    n_chunks = tl.num_programs(1)
+    n_row_blocks = tl.num_programs(2) // 2
+    side = tl.program_id(2) // n_row_blocks
+    h = tl.program_id(2) % n_row_blocks
+    j = pair // D
+    i = pair % D
+    mean_i, std_i = tl.load(stat_ptr + 3 * i), tl.load(stat_ptr + 3 * i + 1)
+    mean_j, std_j = tl.load(stat_ptr + 3 * j), tl.load(stat_ptr + 3 * j + 1)
+    lo = c * CS
+    hi = tl.minimum(N, lo + CS)
+    out = (pair * n_row_blocks + h) * N  # this program's row of wsd / wsc
+    ms = h * BLOCK_M + tl.arange(0, BLOCK_M)
+    if (i == j) & ((side == 0) | (h > 0)):
+        zero = wsd_ptr + out
+        if side == 0:
+            zero = wsc_ptr + out
+            tl.store(wsz_ptr + (pair * n_chunks + c) * M + ms, tl.zeros((BLOCK_M,), dt), mask=ms < M)
+        for s0 in range(lo, hi, BLOCK_S):
             ss = s0 + tl.arange(0, BLOCK_S)
-            smask = ss < N
-            kz, dkz, dt_, ddt = _pair_tiles(z_ptr, ss, smask, i, j, D, mean_i, std_i, mean_j, std_j, zeta, mmask, t,
-                                            kmask, inv_sigma)
-            g_dt = _mma(tl.trans(kz), dj, tl.zeros((BLOCK_S, BLOCK_K), dt), PRECISION)  # (S, K)
-            g_kz = _mma(dj, tl.trans(dt_), tl.zeros((BLOCK_M, BLOCK_S), dt), PRECISION)  # (M, S)
-            prod = g_kz * dkz
-            tl.store(wsd_ptr + pair * N + ss, tl.sum(g_dt * ddt, 1), mask=smask)
-            tl.store(wsc_ptr + pair * N + ss, tl.sum(prod, 0), mask=smask)
-            gzeta -= tl.sum(prod, 1)
-        tl.store(wsz_ptr + pair * M + ms, gzeta, mask=mmask)
+            tl.store(zero + ss, tl.zeros((BLOCK_S,), dt), mask=ss < hi)
+    elif i == j:  # side 1, h = 0: the uni and KL-uni terms' gradient
+        g_k = _term_grad(gt_ptr, gk_ptr, tl.full((), lk, dt), HAS_T, HAS_K)
+        ks = tl.arange(0, BLOCK_K)
+        kmask = ks < K
+        t = _linspace(a, b, K, ks)
+        v = _kl_points(K, ks, dt)
+        dg = tl.load(wsu_ptr + i * n_chunks * 3 * K + ks, mask=kmask, other=0.0)
+        lse = tl.load(wsu_ptr + i * n_chunks * 3 * K + K + ks, mask=kmask, other=0.0)
+        for s0 in range(lo, hi, BLOCK_S):
+            ss = s0 + tl.arange(0, BLOCK_S)
+            smask = ss < hi
+            x = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
+            ddx = _dker(t, x, inv_sigma)[1]  # (K, S)
+            u = (v[:, None] - x[None, :]) * inv_sigma
+            sm = tl.where(kmask[:, None], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
+            gx = tl.sum(dg[:, None] * ddx, 0) - g_k / K * tl.sum(sm * u * inv_sigma, 0)
+            tl.store(wsd_ptr + out + ss, gx, mask=smask)
+    else:
+        zeta, mmask = _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, ms)
+        dj_rows = wsj_ptr + pair * n_chunks * M * K + ms[:, None] * K
+        if side == 0:
+            gzeta = tl.zeros((BLOCK_M,), dt)
+            for s0 in range(lo, hi, BLOCK_S):
+                ss = s0 + tl.arange(0, BLOCK_S)
+                smask = ss < hi
+                xi = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
+                g_kz = tl.zeros((BLOCK_M, BLOCK_S), dt)  # dLoss/dKz
+                for k0 in range(0, K, BLOCK_KB):
+                    ks = k0 + tl.arange(0, BLOCK_KB)
+                    dker = _dker(_linspace(a, b, K, ks), xi, inv_sigma)[0]  # (KB, S)
+                    dj = tl.load(dj_rows + ks[None, :], mask=mmask[:, None] & (ks < K)[None, :], other=0.0)
+                    g_kz = _mma(dj, dker, g_kz, PRECISION)
+                dkz = _kz_tile(_standardized(z_ptr, ss, smask, j, D, mean_j, std_j), zeta, inv_sigma)[1]
+                prod = g_kz * dkz
+                tl.store(wsc_ptr + out + ss, tl.sum(prod, 0), mask=smask)
+                gzeta -= tl.sum(prod, 1)
+            tl.store(wsz_ptr + (pair * n_chunks + c) * M + ms, gzeta, mask=mmask)
+        else:
+            for s0 in range(lo, hi, BLOCK_S):
+                ss = s0 + tl.arange(0, BLOCK_S)
+                smask = ss < hi
+                xi = _standardized(z_ptr, ss, smask, i, D, mean_i, std_i)
+                kzt = tl.trans(_kz_tile(_standardized(z_ptr, ss, smask, j, D, mean_j, std_j), zeta, inv_sigma)[0])
+                g_x = tl.zeros((BLOCK_S,), dt)
+                for k0 in range(0, K, BLOCK_KB):
+                    ks = k0 + tl.arange(0, BLOCK_KB)
+                    ddker = _dker(_linspace(a, b, K, ks), xi, inv_sigma)[1]  # (KB, S)
+                    dj = tl.load(dj_rows + ks[None, :], mask=mmask[:, None] & (ks < K)[None, :], other=0.0)
+                    g_dt = _mma(kzt, dj, tl.zeros((BLOCK_S, BLOCK_KB), dt), PRECISION)  # dLoss/dDt (S, KB)
+                    g_x += tl.sum(g_dt * tl.trans(ddker), 1)
+                tl.store(wsd_ptr + out + ss, g_x, mask=smask)
 
 
 @triton.jit
-def _cliff_grad(z_ptr, ci_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M,
-                BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Latent c = program_id(0): dLoss/dx_sc = sum_j wsd[(j D + c) N + s] + sum_i wsc[(c D + i) N + s] +
-    the conditioning values' share (rows cond_index[c, m]), then through x = (z - mean) / std:
+def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M, N_CHUNKS, H,
+                BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_O: tl.constexpr):
+    """Latent c = program_id(0): dLoss/dx_sc = sum_j sum_h wsd[j D + c, h, s] + sum_i sum_h wsc[c D + i, h,
+    s] (H row blocks per pair) + the conditioning values' share (rows cond_index[c, m]: sum_i sum_chunk
+    wsz[c D + i, chunk, m]), each sum over BLOCK_O terms at a time (a tree), blocks in order; then through
+    x = (z - mean) / std:
     dLoss/dz = (g - mean(g) - x mean(g x)) / std (without the last term where the std is clamped)."""
     dt = z_ptr.dtype.element_ty
     c = tl.program_id(0)
-    mean, std, full = _column(z_ptr, c, N, D, BLOCK_S)
+    mean, std, full = tl.load(stat_ptr + 3 * c), tl.load(stat_ptr + 3 * c + 1), tl.load(stat_ptr + 3 * c + 2) > 0
     ms = tl.arange(0, BLOCK_M)
     mmask = ms < M
     rows = tl.load(ci_ptr + c * M + ms, mask=mmask, other=-1)
+    oo = tl.arange(0, BLOCK_O)
     gzeta = tl.zeros((BLOCK_M,), dt)
-    for i in range(0, D):
-        gzeta += tl.load(wsz_ptr + (c * D + i) * M + ms, mask=mmask, other=0.0)
+    for o in range(0, D * N_CHUNKS, BLOCK_O):  # (i, chunk) pairs of the pairs (c, i), flat
+        ic = o + oo
+        gzeta += tl.sum(tl.load(wsz_ptr + (c * D * N_CHUNKS + ic)[:, None] * M + ms[None, :],
+                                mask=(ic < D * N_CHUNKS)[:, None] & mmask[None, :], other=0.0), 0)
     acc_g = tl.zeros((BLOCK_S,), dt)
     acc_gx = tl.zeros((BLOCK_S,), dt)
     for s0 in range(0, N, BLOCK_S):
         ss = s0 + tl.arange(0, BLOCK_S)
         smask = ss < N
         g = tl.sum(tl.where((rows[None, :] == ss[:, None]) & mmask[None, :], gzeta[None, :], 0.0), 1)
-        for o in range(0, D):
-            g += tl.load(wsd_ptr + (o * D + c) * N + ss, mask=smask, other=0.0)
-            g += tl.load(wsc_ptr + (c * D + o) * N + ss, mask=smask, other=0.0)
+        for o in range(0, D * H, BLOCK_O):  # (latent, row block) pairs, flat
+            f = o + oo
+            msk = (f < D * H)[:, None] & smask[None, :]
+            rd = ((f // H) * D + c) * H + f % H  # wsd row of pair (f // H, c), row block f % H
+            g += tl.sum(tl.load(wsd_ptr + rd[:, None] * N + ss[None, :], mask=msk, other=0.0), 0)
+            g += tl.sum(tl.load(wsc_ptr + (c * D * H + f)[:, None] * N + ss[None, :], mask=msk, other=0.0), 0)
         x = _standardized(z_ptr, ss, smask, c, D, mean, std)
         acc_g += tl.where(smask, g, 0.0)
         acc_gx += tl.where(smask, g * x, 0.0)
@@ -353,4 +538,4 @@ def _cliff_grad(z_ptr, ci_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M,
         smask = ss < N
         x = _standardized(z_ptr, ss, smask, c, D, mean, std)
         g = tl.load(gz_ptr + ss * D + c, mask=smask, other=0.0)
-        tl.store(gz_ptr + ss * D + c, (g - g_mean - x * gx_mean) / std, mask=smask)
+        tl.store(gz_ptr + ss * D + c, _div(g - g_mean - x * gx_mean, std), mask=smask)

@@ -398,7 +398,8 @@ def biv_work_fraction(x: torch.Tensor, a: float, b: float, k: int, sigma: float)
 def _uni_kl_blocks(k, ku, m):
     block_m = max(16, triton.next_power_of_2(m))
     return {"k": max(16, triton.next_power_of_2(k)), "ku": triton.next_power_of_2(ku), "m": block_m,
-            "ke": max(16, min(triton.next_power_of_2(k), 8192 // block_m)), "s": 16}
+            "ke": max(16, min(triton.next_power_of_2(k), 4096 // block_m)), "s": 16,
+            "ew": 8 if block_m >= 256 else 4}  # the epilogue: (256, 32) tiles at 4 warps spilled 1-2 KB on sm_90
 
 
 def _gemm_terms(
@@ -414,13 +415,13 @@ def _gemm_terms(
         BLOCK_K=bl["k"], BLOCK_KU=bl["ku"], BLOCK_S=bl["s"],
     )
     jsd = x.new_zeros(d, d)
-    precision = _dot_precision(x.dtype)
+    precision = _dot_precision(x.dtype, d * d * n * m * k)
     x, grid, ci, xs, order, kzt, chunk = _gemm_setup(x, grid, cond_index, sigma)
     for i0 in range(0, d, chunk):
         c = min(chunk, d - i0)
         prod = _biv_chunk(x, grid, xs, order, kzt, i0, c, sigma, precision)
         _jsd_epilogue[(d, c)](prod, prod, jsd, x, i0, c, d, m, k, step, BACKWARD=False, BLOCK_M=bl["m"],
-                              BLOCK_K=bl["ke"])
+                              BLOCK_K=bl["ke"], num_warps=bl["ew"])
     return uni.sum(), jsd.sum(), kl.sum()
 
 
@@ -444,7 +445,7 @@ def _gemm_terms_backward(
         x, grid, uni_points, x, x, g_u, lse, gu, n, d, k, ku, 1.0 / sigma, step, 0.0, BACKWARD=True,
         BLOCK_K=bl["k"], BLOCK_KU=bl["ku"], BLOCK_S=bl["s"],
     )
-    precision = _dot_precision(x.dtype)
+    precision = _dot_precision(x.dtype, d * d * n * m * k)
     x, grid, ci, xs, order, kzt, chunk = _gemm_setup(x, grid, cond_index, sigma)
     b, dm, win = GEMM_BLOCKS, d * m, WINDOW.value * sigma
     gx = torch.empty_like(x)  # through the derivative-kernel tables (uni and biv)
@@ -453,13 +454,13 @@ def _gemm_terms_backward(
         c = min(chunk, d - i0)
         prod = _biv_chunk(x, grid, xs, order, kzt, i0, c, sigma, precision)
         _jsd_epilogue[(d, c)](prod, prod, prod, g_b, i0, c, d, m, k, step, BACKWARD=True,
-                              BLOCK_M=bl["m"], BLOCK_K=bl["ke"])  # prod now holds dLoss/dJ
+                              BLOCK_M=bl["m"], BLOCK_K=bl["ke"], num_warps=bl["ew"])  # prod now holds dLoss/dJ
         _biv_dkz[(triton.cdiv(dm, b["R"]), triton.cdiv(n, b["S"]))](
             x, grid, prod, gkz, i0, n, d, dm, k, c, 1.0 / sigma, win, ACCUMULATE=i0 > 0, PRECISION=precision,
             BLOCK_R=b["R"], BLOCK_S=b["S"], BLOCK_K=b["K"], num_warps=b["warps"])
         _biv_dx[(triton.cdiv(n, b["S"]), c)](kzt, order, xs, grid, prod, gu, gx, i0, n, d, dm, k, c, 1.0 / sigma, win,
-                                             PRECISION=precision, BLOCK_S=b["S"], BLOCK_R=b["R"] // 2, BLOCK_K=b["K"],
-                                             num_warps=b["warps"])
+                                             PRECISION=precision, BLOCK_S=b["S"], BLOCK_K=b["K"], num_warps=b["warps"],
+                                             BLOCK_R=max(16, b["R"] // 2))  # tl.dot: every tile dimension >= 16
     gxz = torch.empty_like(x)
     nb = triton.cdiv(n, bl["s"])
     gzeta = x.new_empty(nb, d, m)
