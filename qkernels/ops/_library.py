@@ -66,7 +66,7 @@ def register_autograd(fwd: str, backward: Callable[..., Any], setup_context: Cal
 _LAUNCHERS: dict[str, Kernel] = {}
 
 
-def _plain(args: tuple) -> bool:
+def _plain(args: tuple[Any, ...]) -> bool:
     """Eager arguments a launch function can take as they are: no compile, fake, functional or functorch tensors."""
     if torch.compiler.is_compiling():
         return False
@@ -79,7 +79,7 @@ def op_callable(name: str) -> Kernel:
     launch function directly on plain eager tensors (the public functions validated them; the custom op's Python
     dispatch, with its dynamo-disable wrapper, cost more than the launches at small sizes: issue 44), the op
     through the dispatcher otherwise (torch.compile, fake tensors, C++ ops, raw ``torch.ops`` calls)."""
-    op = getattr(torch.ops.qkernels, name.split("::")[1])
+    op: Kernel = getattr(torch.ops.qkernels, name.split("::")[1])
     launcher = _LAUNCHERS.get(name)
     if launcher is None:
         return op
