@@ -131,6 +131,7 @@ BENCH_VARIANTS = {
         },
         "categorical_latent n=64 d=10 K=64": ("reference", "{k}", "reference_compiled"),
         "categorical_latent n=4096 d=10 K=64": ("reference", "{k}", "reference_compiled"),
+        "gumbel_quantize n=256 d=12 K=64": ("reference", "{k}", "reference_compiled"),
         "latent_quantize n=65536 d=64 n_v=64 per-dim bf16": _HALF,
         "categorical_latent n=4096 d=10 K=64 bf16": _HALF,
     },
@@ -158,7 +159,7 @@ BENCH_VARIANTS = {
 GPU_ONLY = {"cliff n=16384 d=32 M=128 K=128", "klm n=16384 d=32"}
 _HOTPATHS = {"quantize": quantize, "kde": kde, "hessian": hessian}
 _OPS = {
-    "quantize": ("latent_quantize", "relaxed_categorical"),
+    "quantize": ("latent_quantize", "relaxed_categorical", "gumbel_quantize"),
     "kde": ("cliff_loss", "klm", "kde_grid"),
     "hessian": ("finite_difference_curvature",),
 }

@@ -482,12 +482,10 @@ def _uniform(
     shape: tuple[int, ...],
     like: torch.Tensor,
     generator: torch.Generator | None,
-    backend: str,
 ) -> torch.Tensor:
     """Uniform [0, 1) noise shaped like ``like`` (N, d, K): drawn from ``generator``, or the
-    user's ``uniform`` checked against the public shape ``shape`` (..., d, K), and its values checked
-    unless ``backend``'s kernels check them (SELF_CHECKING: a second pass over the noise cost the cpu
-    categorical kernel a fifth of its time)."""
+    user's ``uniform`` checked against the public shape ``shape`` (..., d, K) (its values:
+    :func:`_check_noise_values`)."""
     if uniform is None:
         if generator is None:  # (a generator=None keyword fails torch.compile with dynamic shapes)
             return torch.rand_like(like)
@@ -496,11 +494,18 @@ def _uniform(
     check_same("uniform", uniform, "logits", like, dtype=False)
     if tuple(uniform.shape) != tuple(shape):
         raise ValueError(f"uniform must have shape {tuple(shape)}, got {tuple(uniform.shape)}")
-    if backend not in SELF_CHECKING:
-        check_finite("uniform", uniform)
-        if value_checks(uniform) and ((uniform < 0) | (uniform > 1)).any():
-            raise ValueError("uniform must hold values in [0, 1]")
     return uniform.reshape(like.shape)
+
+
+def _check_noise_values(uniform: torch.Tensor | None, backend: str) -> None:
+    """The user's noise holds values in [0, 1], unless ``backend``'s kernels check that themselves
+    (SELF_CHECKING: a second pass over the noise here cost the cpu categorical kernel a fifth of its
+    instructions)."""
+    if uniform is None or backend in SELF_CHECKING:
+        return
+    check_finite("uniform", uniform)
+    if value_checks(uniform) and ((uniform < 0) | (uniform > 1)).any():
+        raise ValueError("uniform must hold values in [0, 1]")
 
 
 def gumbel_quantize(
@@ -560,7 +565,8 @@ def gumbel_quantize(
     z2 = upcast(z if z.dim() == 2 else z.reshape(-1, z.shape[-1]), dt)
     k = vals.shape[-1]
     # the noise's (N, d, K) shape, dtype and device, as a view (nothing is materialized)
-    u = upcast(_uniform(uniform, (*z.shape, k), z2[:, :, None].expand(-1, -1, k), generator, backend), dt)
+    u = upcast(_uniform(uniform, (*z.shape, k), z2[:, :, None].expand(-1, -1, k), generator), dt)
+    _check_noise_values(uniform, backend)
     with no_autocast(z.device):
         z_q, y, logits, kl = impl(z2, upcast(vals, dt), u, float(tau), bool(hard))
     z_q, y, logits = upcast(z_q, z.dtype), upcast(y, z.dtype), upcast(logits, z.dtype)
@@ -639,7 +645,8 @@ def categorical_latent(
     backend, impl = select("relaxed_categorical", lg.device, dt)
     u = None
     if noise_scale > 0:
-        u = _uniform(uniform, tuple(logits.shape), lg, generator, backend)
+        u = _uniform(uniform, tuple(logits.shape), lg, generator)
+        _check_noise_values(uniform, backend)
     if backend not in SELF_CHECKING:
         check_finite("logits", logits)
         if given:  # the default values are ours
