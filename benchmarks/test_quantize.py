@@ -1,6 +1,7 @@
 """Quantization forward + backward (cases in qkernels/bench/quantize.py): latent_quantize on every
 backend, the reference and the materialized formulation, at (n, d, n_v) = (128, 12, 10),
-(4096, 64, 64), (65536, 64, 64), per-dim and global codebooks; categorical_latent on every backend.
+(4096, 64, 64), (65536, 64, 64), per-dim and global codebooks; categorical_latent and gumbel_quantize on every
+backend.
 Peak memory (growth of peak RSS in a fresh subprocess) goes to extra_info.
 
     pytest benchmarks/test_quantize.py --benchmark-only --benchmark-group-by=param:case

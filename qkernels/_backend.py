@@ -33,9 +33,11 @@ BACKENDS = ("reference", "cpu", "triton", "cuda")
 # that device.
 AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
     "cpu": {
+        # every op with a cpu kernel. relaxed_categorical (categorical_latent; gumbel_quantize composes torch logits
+        # with it): the vectorized kernel of issue 48, 2.2x / 2.75x the reference at categorical_latent
+        # (4096, 10, 64) with 1 / 2 threads, 1.25x at (64, 10, 64), gumbel_quantize 2.0x / 2.4x (interleaved rounds,
+        # under load: RESULTS.md "Quantization"); the scalar kernel before it ran at 0.3-0.6x
         "*": ("cpu", "reference"),
-        # categorical_latent n=4096: cpu 0.57x the reference (scalar libm exp/log per category)
-        "relaxed_categorical": ("reference",),
     },
     "cuda": {
         # Every entry cites the H200 run of 2026-11-27 (torch 2.11, triton 3.6; benchmarks/RESULTS.md "GPU",

@@ -22,10 +22,23 @@ _INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: 
 
 
 def assert_bitwise(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Same dtype, shape and bits (a -0.0 against a +0.0 fails)."""
+    """Same dtype, shape and bits (a -0.0 against a +0.0 fails). A failure says how far apart the values are (in
+    units in the last place) and what global state the arithmetic ran under: issue 48 saw this test fail once in
+    the suite (2029 of 4096 gradient values) and never again, and the next failure should say why."""
     assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
     ia, ib = a.detach().contiguous().view(_INT[a.dtype]), b.detach().contiguous().view(_INT[b.dtype])
-    assert torch.equal(ia, ib), f"{(ia != ib).sum().item()} of {ia.numel()} values differ"
+    if torch.equal(ia, ib):
+        return
+    diff = (ia.long() - ib.long()).abs()
+    first = (ia != ib).flatten().nonzero()[:3].flatten().tolist()
+    state = (f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
+             f"{torch.get_num_threads()} threads, default dtype {torch.get_default_dtype()}, deterministic "
+             f"{torch.are_deterministic_algorithms_enabled()}, grad mode {torch.is_grad_enabled()}, autocast "
+             f"{torch.is_autocast_enabled('cpu')}, float32 matmul {torch.get_float32_matmul_precision()}")
+    raise AssertionError(
+        f"{(ia != ib).sum().item()} of {ia.numel()} values differ, by up to {diff.max().item()} ulps (median "
+        f"{diff[diff > 0].median().item()}); first at flat indices {first}: {a.flatten()[first].tolist()} vs "
+        f"{b.flatten()[first].tolist()}; {state}")
 
 
 def pair(cls: str, *args, **kwargs):

@@ -51,6 +51,25 @@ def test_interface_shapes_dtypes_ranges(shapes3d):
         assert torch.equal(batch[0][1], fi)
 
 
+def test_batched_reads_reject_the_indices_single_reads_reject(shapes3d):
+    """Issue 48 (7): a DataLoader batch (``__getitems__``) with an index equal to the length, or below -length,
+    raises IndexError as ``dataset[i]`` does (never wraps to row 0 or to row length - 1); the last row and
+    negative indices read the rows ``dataset[i]`` reads."""
+    for ds in [*image_datasets(shapes3d), QuantizedGrid2D(10)]:
+        n = len(ds)
+        for bad in (n, n + 3, -n - 1):
+            with pytest.raises(IndexError):
+                ds[bad]
+            if hasattr(ds, "__getitems__"):
+                with pytest.raises(IndexError):
+                    ds.__getitems__([0, bad])
+        if hasattr(ds, "__getitems__"):
+            batch = ds.__getitems__([n - 1, -1, -n])
+            for (x, f), i in zip(batch, (n - 1, n - 1, 0), strict=True):
+                xi, fi = ds[i]
+                assert torch.equal(x, xi) and torch.equal(f, fi), (type(ds).__name__, i)
+
+
 def test_grid_datasets_index_getitem_consistency(shapes3d):
     sp = small_sprites()
     assert sp.factor_sizes == (3, 3, 6, 4, 3) and len(sp) == 3 * 3 * 6 * 4 * 3

@@ -257,6 +257,32 @@ def test_gumbel_quantize_gradients_match_reference(dtype, global_codebook, hard)
                                        if dtype == torch.float32 else 1e-11, msg=name)
 
 
+@pytest.mark.skipif(DEVICE != "cpu" or "cpu" not in BACKENDS, reason="the cpu kernels")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_categorical_kernels_same_on_baseline_isa(monkeypatch, dtype):
+    """The cpu relaxed_categorical kernels are compiled twice (baseline x86-64 and AVX+FMA, csrc/cpu/isa.h) and
+    picked at run time: both copies match the reference, soft and hard, K a whole number of vectors (16) or not
+    (13: masked lanes)."""
+    g = _gen(31)
+    for k in (13, 16):
+        lg0 = (torch.randn(9, 3, k, generator=g, dtype=torch.float64) * 2).to(dtype)
+        v0 = torch.randn(3, k, generator=g, dtype=torch.float64).to(dtype)
+        u = torch.rand(9, 3, k, generator=g, dtype=torch.float64).to(dtype)
+        ups = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in [(9, 3), (9, 3, k), (9, 3)]]
+        for hard in (False, True):
+            res = {}
+            for isa, backend in (("auto", "reference"), ("baseline", "cpu"), ("auto", "cpu")):
+                monkeypatch.setenv("QKERNELS_CPU_ISA", isa)
+                lg, v = lg0.clone().requires_grad_(), v0.clone().requires_grad_()
+                with qkernels.use_backend(backend):
+                    out = qkernels.categorical_latent(lg, v, tau=0.8, noise_scale=1.2, hard=hard, uniform=u)
+                torch.autograd.backward(list(out), ups)
+                res[(isa, backend)] = [t.detach() for t in out] + [lg.grad, v.grad]
+            for key in (("baseline", "cpu"), ("auto", "cpu")):
+                for a, b in zip(res[key], res[("auto", "reference")], strict=True):
+                    torch.testing.assert_close(a, b, **tol(dtype), msg=f"{key} K={k} hard={hard}")
+
+
 def test_relaxed_categorical_gradcheck_fp64():
     g = _gen(6)
     logits = torch.randn(4, 3, 5, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()

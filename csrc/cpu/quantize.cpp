@@ -1,19 +1,39 @@
 // CPU kernels of the quantization hot path, threaded by torch::stable::parallel_for (torch's
-// intra-op pool; schemas: csrc/schemas.cpp). Math lives in csrc/include/qkernels/quantize.h, shared
-// with csrc/cuda.
+// intra-op pool; schemas: csrc/schemas.cpp). latent_quantize's math is here; the relaxed categorical
+// kernels (csrc/cpu/quantize_kernels.h, vectorized) are compiled twice, for baseline x86-64 and for
+// AVX+FMA, and the entry points pick the copy the CPU supports at run time (csrc/cpu/isa.h). Their
+// equations are those of csrc/include/qkernels/quantize.h, which the CUDA kernels use.
 //
 // Reductions (losses, codebook gradients) use a fixed row chunking whose partial sums are added in
 // chunk order, so results do not depend on the number of threads.
 #include "qkernels/stable.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
-#include "qkernels/quantize.h"
+#include "isa.h"
+#include "qkernels/common.h"
 #include "qkernels/quantize_checks.h"
 
 namespace qkernels {
+
+// 32-byte vector types in the baseline copy are emulated with SSE pairs: no ABI concern here (all
+// of it is internal to this file).
+#pragma GCC diagnostic ignored "-Wpsabi"
+namespace isa_base {
+#include "quantize_kernels.h"
+}  // namespace isa_base
+#if QK_AVX_COPY
+#pragma GCC push_options
+#pragma GCC target("avx,fma")
+namespace isa_avx {
+#include "quantize_kernels.h"
+}  // namespace isa_avx
+#pragma GCC pop_options
+#endif
+
 namespace {
 
 // Row chunks for deterministic reductions: at most kMaxChunks partial buffers.
@@ -188,19 +208,10 @@ std::tuple<Tensor, Tensor, Tensor> relaxed_categorical_cpu(const Tensor& logits_
   Tensor kl = alloc({N, d}, logits.scalar_type(), logits);
   dispatch_floating(logits.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    const scalar_t* lp = logits.const_data_ptr<scalar_t>();
-    const scalar_t* up = uniform.has_value() ? uniform->const_data_ptr<scalar_t>() : nullptr;
-    const scalar_t* vp = values.const_data_ptr<scalar_t>();
-    scalar_t *zp = z.mutable_data_ptr<scalar_t>(), *yp = y.mutable_data_ptr<scalar_t>(),
-             *kp = kl.mutable_data_ptr<scalar_t>();
-    torch::stable::parallel_for(0, N * d, std::max<int64_t>(256, (int64_t(1) << 16) / (8 * K)), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t g = G == 1 ? 0 : r % d;
-        zp[r] = categorical_row_forward<scalar_t>(lp + r * K, up ? up + r * K : nullptr, vp + g * K,
-                                                  static_cast<int>(K), scalar_t(tau),
-                                                  scalar_t(noise_scale), hard, yp + r * K, kp + r);
-      }
-    });
+    QK_ISA_CALL(categorical_forward_kernel<scalar_t>)(
+        logits.const_data_ptr<scalar_t>(), uniform.has_value() ? uniform->const_data_ptr<scalar_t>() : nullptr,
+        values.const_data_ptr<scalar_t>(), N * d, d, G, K, tau, noise_scale, hard, z.mutable_data_ptr<scalar_t>(),
+        y.mutable_data_ptr<scalar_t>(), kl.mutable_data_ptr<scalar_t>());
   });
   return {z, y, kl};
 }
@@ -219,26 +230,11 @@ std::tuple<Tensor, Tensor> relaxed_categorical_backward_cpu(
   std::vector<double> partial(n_chunks * G * K, 0.0);
   dispatch_floating(logits.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    const scalar_t* lp = logits.const_data_ptr<scalar_t>();
-    const scalar_t* up = uniform.has_value() ? uniform->const_data_ptr<scalar_t>() : nullptr;
-    const scalar_t* vp = values.const_data_ptr<scalar_t>();
-    const scalar_t* yp = y.const_data_ptr<scalar_t>();
-    const scalar_t *gzp = grad_z.const_data_ptr<scalar_t>(), *gyp = grad_y.const_data_ptr<scalar_t>(),
-                   *gkp = grad_kl.const_data_ptr<scalar_t>();
-    scalar_t* glp = grad_logits.mutable_data_ptr<scalar_t>();
-    torch::stable::parallel_for(0, n_chunks, grain(n_chunks, rows * d * K * 8), [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        double* part = partial.data() + c * G * K;
-        const int64_t i1 = std::min(N, (c + 1) * rows);
-        for (int64_t r = c * rows * d; r < i1 * d; ++r) {
-          const int64_t g = G == 1 ? 0 : r % d;
-          categorical_row_backward<scalar_t>(lp + r * K, up ? up + r * K : nullptr, vp + g * K,
-                                             static_cast<int>(K), scalar_t(tau), scalar_t(noise_scale),
-                                             gzp[r], gyp + r * K, gkp[r], glp + r * K);
-          for (int64_t k = 0; k < K; ++k) part[g * K + k] += static_cast<double>(gzp[r]) * yp[r * K + k];
-        }
-      }
-    });
+    QK_ISA_CALL(categorical_backward_kernel<scalar_t>)(
+        logits.const_data_ptr<scalar_t>(), uniform.has_value() ? uniform->const_data_ptr<scalar_t>() : nullptr,
+        values.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), grad_z.const_data_ptr<scalar_t>(),
+        grad_y.const_data_ptr<scalar_t>(), grad_kl.const_data_ptr<scalar_t>(), N * d, d, G, K, tau, noise_scale,
+        rows * d, grad_logits.mutable_data_ptr<scalar_t>(), partial.data());
   });
   Tensor grad_values = sum_partials(partial, n_chunks, G, K, 1.0, values);
   return {grad_logits, grad_values};

@@ -3,8 +3,9 @@
 latent_quantize: every backend available for the device, ``reference_compiled`` (torch.compile of the
 reference), ``materialized`` — the formulation popular quantizer libraries use,
 ``(z[..., None] - values).abs().argmin(-1)`` over an (n, d, n_v) tensor — and ``materialized
-compiled`` (what torch.compile makes of it). categorical_latent (D-VAE; also FactorQVAE's Gumbel
-path): every backend and ``reference_compiled``.
+compiled`` (what torch.compile makes of it). categorical_latent (D-VAE) and gumbel_quantize
+(FactorQVAE's quantizer: logits from z and a global codebook, then the same relaxed sample): every
+backend and ``reference_compiled``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from qkernels.reference import quantize as ref
 SHAPES = [(128, 12, 10), (4096, 64, 64), (65536, 64, 64)]  # (n, d, n_v)
 SLOW_N = 65536  # seconds per run and GBs of memory (materialized): ``slow`` (behind ``--all`` / ``--bench-all``)
 CATEGORICAL_SHAPES = [(64, 10, 64), (4096, 10, 64)]  # (n, d, K): D-VAE uses d = 10, K = 64
+GUMBEL_SHAPES = [(256, 12, 64)]  # (n, d, K): FactorQVAE's batch, 2 x 6 latents and 64 values on Shapes3D
 
 
 def _make(n, d, nv, global_codebook, device):
@@ -68,6 +70,22 @@ def _categorical_loss(logits, uniform, upstream):
     return (out.z * upstream).sum() + out.kl.sum()
 
 
+def _make_gumbel(n, d, k, device):
+    def make(scale: int):
+        nn_, dd, kk = (n, d, k) if scale else (2, 3, 4)
+        g = torch.Generator().manual_seed(0)
+        z = torch.randn(nn_, dd, generator=g).to(device).requires_grad_()
+        values = torch.randn(kk, generator=g).to(device).requires_grad_()
+        return z, values, torch.rand(nn_, dd, kk, generator=g).to(device), torch.randn(nn_, dd, generator=g).to(device)
+
+    return make
+
+
+def _gumbel_loss(z, values, uniform, upstream):
+    out = qkernels.gumbel_quantize(z, values, 0.5, uniform=uniform)
+    return (out.z_q * upstream).sum() + out.kl_uniform.sum()
+
+
 def cases(device: str | None = None) -> list[Case]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = []
@@ -82,9 +100,12 @@ def cases(device: str | None = None) -> list[Case]:
     for n, d, k in CATEGORICAL_SHAPES:
         out.append(Case("quantize", f"categorical_latent n={n} d={d} K={k}", _make_categorical(n, d, k, device),
                         backend_variants(_categorical_loss, device, "relaxed_categorical")))
+    for n, d, k in GUMBEL_SHAPES:
+        out.append(Case("quantize", f"gumbel_quantize n={n} d={d} K={k}", _make_gumbel(n, d, k, device),
+                        backend_variants(_gumbel_loss, device, "gumbel_quantize")))
     # bf16 (issue 15): the largest shape of each op
     per_latent = next(c for c in out if c.name.startswith(f"latent_quantize n={SHAPES[-1][0]}"))
-    categorical = out[-1]  # the largest categorical shape
+    categorical = next(c for c in out if c.name.startswith(f"categorical_latent n={CATEGORICAL_SHAPES[-1][0]}"))
     out.append(half_precision_case(per_latent, _loss, _plain_quantize))
     out.append(half_precision_case(categorical, _categorical_loss, _plain_categorical))
     return out

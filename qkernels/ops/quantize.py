@@ -337,7 +337,7 @@ lib.define_backends(
     triton=_tk, checks=(check_gumbel_quantize, check_gumbel_quantize_backward),
 )
 # no C++ kernel of its own: a forced cpu / cuda backend composes torch logits with its
-# relaxed_categorical kernel (auto picks the reference, as for relaxed_categorical)
+# relaxed_categorical kernel (auto picks it on a CPU, as for relaxed_categorical)
 for _name, _relaxed_impl in implementations("relaxed_categorical").items():
     if _name in ("cpu", "cuda"):
         register("gumbel_quantize", _name)(functools.partial(ref.gumbel_quantize, relaxed=_relaxed_impl))
@@ -493,18 +493,28 @@ def _uniform(
     generator: torch.Generator | None,
 ) -> torch.Tensor:
     """Uniform [0, 1) noise shaped like ``like`` (N, d, K): drawn from ``generator``, or the
-    user's ``uniform`` checked against the public shape ``shape`` (..., d, K)."""
+    user's ``uniform`` checked against the public shape ``shape`` (..., d, K) (its values:
+    :func:`_check_noise_values`)."""
     if uniform is None:
         if generator is None:  # (a generator=None keyword fails torch.compile with dynamic shapes)
             return torch.rand_like(like)
         return torch.rand(like.shape, generator=generator, device=like.device, dtype=like.dtype)
-    check_tensor("uniform", uniform)
+    check_tensor("uniform", uniform, finite=False)
     check_same("uniform", uniform, "logits", like, dtype=False)
     if tuple(uniform.shape) != tuple(shape):
         raise ValueError(f"uniform must have shape {tuple(shape)}, got {tuple(uniform.shape)}")
+    return uniform.reshape(like.shape)
+
+
+def _check_noise_values(uniform: torch.Tensor | None, backend: str) -> None:
+    """The user's noise holds values in [0, 1], unless ``backend``'s kernels check that themselves
+    (SELF_CHECKING: a second pass over the noise here cost the cpu categorical kernel a fifth of its
+    instructions)."""
+    if uniform is None or backend in SELF_CHECKING:
+        return
+    check_finite("uniform", uniform)
     if value_checks(uniform) and ((uniform < 0) | (uniform > 1)).any():
         raise ValueError("uniform must hold values in [0, 1]")
-    return uniform.reshape(like.shape)
 
 
 def gumbel_quantize(
@@ -557,12 +567,15 @@ def gumbel_quantize(
     vals = _codebook("values", values, z.shape[-1], z=z)
     check_same("z", z, "values", values, dtype=False)
     check_positive("tau", tau)
+    if uniform is not None:
+        check_tensor("uniform", uniform, finite=False)  # a tensor (its dtype decides the compute dtype)
     dt = compute_dtype(z=z, values=values, uniform=uniform)
-    _, impl = select("gumbel_quantize", z.device, dt)
+    backend, impl = select("gumbel_quantize", z.device, dt)
     z2 = upcast(z if z.dim() == 2 else z.reshape(-1, z.shape[-1]), dt)
     k = vals.shape[-1]
     # the noise's (N, d, K) shape, dtype and device, as a view (nothing is materialized)
     u = upcast(_uniform(uniform, (*z.shape, k), z2[:, :, None].expand(-1, -1, k), generator), dt)
+    _check_noise_values(uniform, backend)
     with no_autocast(z.device):
         z_q, y, logits, kl = impl(z2, upcast(vals, dt), u, float(tau), bool(hard))
     z_q, y, logits = upcast(z_q, z.dtype), upcast(y, z.dtype), upcast(logits, z.dtype)
@@ -634,11 +647,15 @@ def categorical_latent(
     check_positive("tau", tau)
     check_positive("noise_scale", noise_scale, minimum=0)
     lg = logits if logits.dim() == 3 else logits.reshape(-1, logits.shape[-2], k)
+    noise = uniform if noise_scale > 0 else None
+    if noise is not None:
+        check_tensor("uniform", noise, finite=False)  # a tensor (its dtype decides the compute dtype)
+    dt = compute_dtype(logits=lg, values=vals, uniform=noise)  # qkernels._precision
+    backend, impl = select("relaxed_categorical", lg.device, dt)
     u = None
     if noise_scale > 0:
         u = _uniform(uniform, tuple(logits.shape), lg, generator)
-    dt = compute_dtype(logits=lg, values=vals, uniform=u)  # qkernels._precision
-    backend, impl = select("relaxed_categorical", lg.device, dt)
+        _check_noise_values(uniform, backend)
     if backend not in SELF_CHECKING:
         check_finite("logits", logits)
         if given:  # the default values are ours

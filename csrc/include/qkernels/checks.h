@@ -70,13 +70,16 @@ inline void check_finite(const Tensor& t, const char* name, const char* op, bool
   dispatch_floating(c.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     const scalar_t* p = c.const_data_ptr<scalar_t>();
-    bool all_finite = true, all_pos = true;  // locals, not the captured flags: the loop stays in registers
+    // locals, not the captured flags: the loop stays in registers; or'ed comparisons (x - x is 0 for finite x,
+    // NaN for inf and NaN), not isfinite and &&: the compiler vectorizes them (a check read each value in ~10
+    // instructions, a third of the categorical kernel's time)
+    int not_finite = 0, not_pos = 0;
     for (int64_t i = 0; i < numel; ++i) {
-      all_finite &= std::isfinite(p[i]);
-      all_pos &= p[i] > 0;
+      not_finite |= !(p[i] - p[i] == scalar_t(0));
+      not_pos |= !(p[i] > scalar_t(0));
     }
-    finite = all_finite;
-    pos = all_pos;
+    finite = not_finite == 0;
+    pos = not_pos == 0;
   });
   QK_CHECK_VALUE(finite, op, ": ", name, " contains NaN or inf");
   QK_CHECK_VALUE(!positive || pos, op, ": ", name, " must be > 0 everywhere");
@@ -91,9 +94,9 @@ inline void check_unit_interval(const Tensor& t, const char* name, const char* o
   dispatch_floating(c.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     const scalar_t* p = c.const_data_ptr<scalar_t>();
-    bool all_in = true;
-    for (int64_t i = 0; i < numel; ++i) all_in &= p[i] >= 0 && p[i] <= 1;
-    ok = all_in;
+    int out = 0;  // (vectorized: see check_finite)
+    for (int64_t i = 0; i < numel; ++i) out |= !(p[i] >= scalar_t(0)) | !(p[i] <= scalar_t(1));
+    ok = out == 0;
   });
   QK_CHECK_VALUE(ok, op, ": ", name, " must hold values in [0, 1]");
 }

@@ -1,0 +1,228 @@
+"""The tables that route behaviour, each listed in full (issue 48): a changed entry fails here and says which.
+
+- ``METHOD_PROTOCOL``: each method scored by its own authors' protocol;
+- ``AUTO_ORDER``: what ``auto`` runs, per op and device type, on a machine where every backend runs;
+- the benchmark variants of every default case, on a CPU and on a CUDA device (``backend_variants``);
+- the overhead bench's cases (one per op and CPU backend).
+
+The per-dataset settings (``DATASET_SETTINGS``) are listed by tests/test_fidelity.py (``PER_DATASET``), the data
+orders and run lengths there too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qkernels
+from qkernels import _backend, _ext
+from qkernels.bench import backend_variants, hessian, kde, overhead, quantize
+from qkernels.metrics import METHOD_PROTOCOL
+from qkernels.models.registry import METHODS
+
+# ----------------------------------------------------------------------------- method -> protocol
+
+# The authors' protocol of each method: QLAE's repository (latent_quantization) trains and scores its AE baseline
+# with QLAE's metrics; QVAE is FactorQVAE's ablation in the FactorQVAE repository; D-VAE, the VAE baselines and
+# Cliff follow disentanglement_lib's (qkernels/metrics/protocols.py's sources).
+AUTHORS_PROTOCOL = {
+    "ae": "qlae",
+    "qlae": "qlae",
+    "tripod": "tripod",
+    "qvae": "factorqvae",
+    "factorqvae": "factorqvae",
+    "dvae": "dlib",
+    "factordvae": "dlib",
+    "beta_vae": "dlib",
+    "beta_tcvae": "dlib",
+    "factorvae": "dlib",
+    "cliff_vae": "dlib",
+    "cliff_ae": "dlib",
+}
+
+
+def test_every_method_is_scored_by_its_authors_protocol():
+    assert set(AUTHORS_PROTOCOL) == set(METHODS), "a method without a listed protocol (or a listed one gone)"
+    for method, protocol in AUTHORS_PROTOCOL.items():
+        assert METHOD_PROTOCOL[method] == protocol, method
+    assert METHOD_PROTOCOL == AUTHORS_PROTOCOL
+
+
+# ----------------------------------------------------------------------------- auto's choice per op and device
+
+# A GPU machine with every backend (the cuda backend only where the extension has its kernels): reference
+# anywhere, cpu on CPU tensors, triton and cuda on CUDA tensors.
+_RUNS_ON = {"reference": ("cpu", "cuda"), "cpu": ("cpu",), "triton": ("cuda",), "cuda": ("cuda",)}
+
+
+def _every_backend(backend: str, device=None) -> str | None:
+    dev = _backend._device_type(device)
+    return None if dev is None or dev in _RUNS_ON[backend] else f"{backend} does not run on {dev}"
+
+
+@pytest.fixture
+def gpu_machine(monkeypatch):
+    """Backend availability of a machine with a GPU and every backend installed."""
+    monkeypatch.setattr(_backend, "unavailable_reason", _every_backend)
+
+
+# auto's pick per op: every row of AUTO_ORDER (benchmarks/RESULTS.md measured each), resolved
+AUTO_PICKS = {
+    "cpu": {
+        "cliff_loss": "cpu",
+        "klm": "cpu",
+        "kde_grid": "cpu",
+        "latent_quantize": "cpu",
+        "finite_difference_curvature": "cpu",
+        "relaxed_categorical": "cpu",
+        "gumbel_quantize": "cpu",  # the vectorized kernel (issue 48)
+        "curvature_penalty": "reference",
+        "perturbed_batch": "reference",  # no cpu kernel
+    },
+    "cuda": {  # triton only for KLM; the cuda kernels wait for a GPU run since their rewrite (issue 36)
+        "klm": "triton",
+        **{
+            op: "reference"
+            for op in (
+                "cliff_loss",
+                "kde_grid",
+                "latent_quantize",
+                "finite_difference_curvature",
+                "relaxed_categorical",
+                "gumbel_quantize",
+                "curvature_penalty",
+                "perturbed_batch",
+            )
+        },
+    },
+}
+
+
+def test_auto_picks_per_op_and_device(gpu_machine):
+    assert set(_backend._REGISTRY) == set(AUTO_PICKS["cpu"]) == set(AUTO_PICKS["cuda"]), "an op without a row"
+    for device, picks in AUTO_PICKS.items():
+        for op, want in picks.items():
+            assert _backend._select(op, torch.device(device), torch.float32)[0] == want, (device, op)
+            assert _backend._select(op, torch.device(device), torch.float64)[0] == want, (device, op)
+            # kernels take float32 / float64: half precision is computed by the reference (or upcast by the
+            # public function first: qkernels._precision)
+            assert _backend._select(op, torch.device(device), torch.bfloat16)[0] == "reference", (device, op)
+
+
+def test_auto_falls_back_to_the_reference_where_its_choice_cannot_run(monkeypatch):
+    # no extension, no triton: auto runs the reference everywhere, never raises
+    monkeypatch.setattr(_backend, "unavailable_reason", lambda b, d=None: None if b == "reference" else "absent")
+    for op in _backend._REGISTRY:
+        for device in ("cpu", "cuda"):
+            assert _backend._select(op, torch.device(device), torch.float32)[0] == "reference", (device, op)
+
+
+# ----------------------------------------------------------------------------- benchmark variants
+
+_LQ = ("reference", "{k}", "reference_compiled", "materialized", "materialized compiled")
+_HALF = ("float32", "bf16", "plain autocast")
+# every default case's variants ({k}: the device's kernel backend, cpu or triton; cuda's kernels join the triton
+# ones where the extension has them)
+BENCH_VARIANTS = {
+    "quantize": {
+        **{
+            f"latent_quantize n={n} d={d} n_v={v} {kind}": _LQ
+            for n, d, v in quantize.SHAPES
+            for kind in ("per-dim", "global")
+        },
+        "categorical_latent n=64 d=10 K=64": ("reference", "{k}", "reference_compiled"),
+        "categorical_latent n=4096 d=10 K=64": ("reference", "{k}", "reference_compiled"),
+        "gumbel_quantize n=256 d=12 K=64": ("reference", "{k}", "reference_compiled"),
+        "latent_quantize n=65536 d=64 n_v=64 per-dim bf16": _HALF,
+        "categorical_latent n=4096 d=10 K=64 bf16": _HALF,
+    },
+    "kde": {
+        "cliff n=64 d=10 M=10 K=100": ("reference", "{k}", "reference_compiled", "{high}", "materialized"),
+        "cliff n=1024 d=12 M=64 K=100": ("reference", "{k}", "reference_compiled", "{high}"),
+        "cliff n=5000 d=2 M=100 K=100": ("reference", "{k}", "reference_compiled", "{high}", "materialized"),
+        "cliff n=4096 d=32 M=128 K=128": ("reference", "{k}", "reference_compiled", "{high}"),
+        "cliff n=16384 d=32 M=128 K=128": ("reference", "{k}", "reference_compiled", "{high}"),  # GPU only
+        "klm n=64 d=12": ("reference", "{k}", "reference_compiled", "materialized"),
+        "klm n=1024 d=32": ("reference", "{k}", "reference_compiled", "materialized"),
+        "klm n=4096 d=64": ("{k}", "reference_compiled"),  # the reference's (n, n, d) tensor does not fit
+        "klm n=16384 d=32": ("{k}", "reference_compiled"),  # GPU only
+        "kde_grid n=4096 d=32 K=128": ("reference", "{k}", "reference_compiled"),
+        "cliff n=1024 d=12 M=64 K=100 bf16": _HALF,
+        "cliff n=4096 d=32 M=128 K=128 bf16": _HALF,
+        "klm n=1024 d=32 bf16": _HALF,
+        "kde_grid n=4096 d=32 K=128 bf16": _HALF,
+    },
+    "hessian": {
+        "nhp mlp n=64 d=12 k=2": ("reference", "{k}", "reference_compiled", "sequential"),
+        "nhp conv n=64 d=12 k=2": ("reference", "{k}", "reference_compiled", "sequential"),
+    },
+}
+GPU_ONLY = {"cliff n=16384 d=32 M=128 K=128", "klm n=16384 d=32"}
+_HOTPATHS = {"quantize": quantize, "kde": kde, "hessian": hessian}
+_OPS = {
+    "quantize": ("latent_quantize", "relaxed_categorical", "gumbel_quantize"),
+    "kde": ("cliff_loss", "klm", "kde_grid"),
+    "hessian": ("finite_difference_curvature",),
+}
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Variants are built, never run: torch.compile (whose first call imports dynamo, seconds) is not needed."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+
+
+def _expected(hotpath: str, device: str) -> dict[str, list[str]]:
+    out = {}
+    for name, variants in BENCH_VARIANTS[hotpath].items():
+        if name in GPU_ONLY and device == "cpu":
+            continue
+        want = []
+        for v in variants:
+            if v == "{k}":
+                want += ["cpu"] if device == "cpu" else ["triton"] + (["cuda"] if _ext.cuda_built() else [])
+            elif v == "{high}":  # Cliff with TF32 products (issue 26): a GPU variant
+                want += ["triton high"] if device == "cuda" else []
+            else:
+                want.append(v)
+        out[name] = want
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("hotpath", sorted(BENCH_VARIANTS))
+def test_bench_variants_of_every_default_case(gpu_machine, no_compile, hotpath, device):
+    got = {c.name: list(c.variants) for c in _HOTPATHS[hotpath].cases(device)}
+    assert got == _expected(hotpath, device)
+    # every op of the hot path has its kernel variants
+    for op in _OPS[hotpath]:
+        assert ("cpu" if device == "cpu" else "triton") in backend_variants(lambda *a: None, device, op), op
+
+
+def test_overhead_cases_one_per_op_and_cpu_backend(gpu_machine, no_compile):
+    got = {c.name: list(c.variants) for c in overhead.cases("cpu")}
+    ops = ("latent_quantize", "categorical_latent", "kde_grid", "cliff_loss", "klm_loss", "finite_difference_curvature")
+    assert got == {f"{op} n=8 d=3, {b}": ["add", b, f"{b} raw"] for op in ops for b in ("reference", "cpu")}
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not _backend.triton_interpret(), reason="the interpreter's view")
+def test_backend_variants_list_triton_on_cuda_and_not_on_cpu(no_compile):
+    """Issue 48 (6): Triton kernels on a CPU run only in the interpreter (slow, not a backend to time): the
+    variants for CPU tensors leave triton out, those for CUDA tensors keep it (the interpreter stands in for a GPU
+    here; the cuda backend needs a GPU and is absent)."""
+    loss = lambda *a: None  # noqa: E731
+    for op in (
+        "latent_quantize",
+        "relaxed_categorical",
+        "klm",
+        "cliff_loss",
+        "kde_grid",
+        "finite_difference_curvature",
+    ):
+        on_cpu, on_cuda = backend_variants(loss, "cpu", op), backend_variants(loss, "cuda", op)
+        assert list(on_cuda) == ["reference", "triton", "reference_compiled"], op
+        want = (
+            ["reference", "cpu", "reference_compiled"]
+            if "cpu" in qkernels.available_backends("cpu")
+            else ["reference", "reference_compiled"]
+        )
+        assert list(on_cpu) == want, op
