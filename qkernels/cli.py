@@ -326,8 +326,8 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--force", action="store_true",
                    help="--out holds a run: delete its files (config.json, log.jsonl, checkpoint.pt, metrics.json, "
-                        "figures/*.png of a run; nothing else) and start over. Without it such a directory is "
-                        "refused")
+                        "selected.pt, figures/*.png of a run; nothing else) and start over. Without it such a "
+                        "directory is refused")
     p.add_argument("--threads", type=_int_at_least(1),
                    help="torch threads of the training process (default: the usable cores (affinity, quota), "
                         "or OMP_NUM_THREADS; --resume: the run's recorded count). Shown in the first line, kept in "
