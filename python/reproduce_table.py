@@ -6,10 +6,13 @@ lambdas, input convention and data order; ``--arch small``, 32x32 images), then 
 table row) and every protocol a paper's claim about it is judged with (a claim compares two methods under
 the claiming paper's protocol: QLAE's, Tripod's, FactorQVAE's; D-VAE and Cliff report disentanglement_lib
 metrics), on the protocols' sample counts (10,000; DCI with gradient boosting on 10,000 + 5,000) unless
-``--eval-samples`` overrides them, plus PSNR. Prints a markdown table of mean +/- std over seeds and one line
-per paper saying whether its claim holds here.
+``--eval-samples`` overrides them, plus PSNR. A protocol with a checkpoint selection (Tripod's: the best InfoM
+among the evaluations above the dataset's PSNR threshold, :mod:`qkernels.train.selection`) also evaluates every
+``--eval-every`` steps and reports the checkpoint its rule selects; the others the final step. Prints a markdown
+table of mean +/- std over seeds, with the checkpoint each row reports, and one line per paper saying whether its
+claim holds here.
 
-    python python/reproduce_table.py --seeds 2 --steps 300 --json runs/table.json
+    python python/reproduce_table.py --seeds 2 --steps 300 --eval-every 50 --json runs/table.json
 
 Runs write to ``--out``/<method>-s<seed>; an existing run with results of the same steps and samples is reused.
 """
@@ -22,12 +25,15 @@ import math
 import time
 from pathlib import Path
 
-from qkernels.metrics.protocols import METHOD_PROTOCOL
+from qkernels.metrics.protocols import METHOD_PROTOCOL, get_protocol
 from qkernels.train import TrainConfig
 from qkernels.train.evaluate import evaluate_model
 from qkernels.train.loop import Trainer
+from qkernels.train.run import scalars
+from qkernels.train.selection import psnr_threshold, select_checkpoint
 
-METHODS = ("ae", "qlae", "tripod", "factorqvae", "dvae", "cliff_vae", "beta_tcvae")
+METHODS = ("ae", "qlae", "tripod", "factorqvae", "dvae", "factordvae", "cliff_vae", "beta_tcvae")
+DATASET = "shapes3d_procedural"
 COLUMNS = (("InfoM", "infomec.infom"), ("InfoC", "infomec.infoc"), ("InfoE", "infomec.infoe"),
            ("D", "dci.disentanglement"), ("C", "dci.completeness"), ("I", "dci.informativeness"),
            ("MIG", "mig.mig"), ("PSNR", "recon.psnr"))
@@ -51,29 +57,57 @@ def protocols_of(method: str) -> list[str]:
     return out
 
 
-def run_one(method: str, seed: int, steps: int, out: Path, eval_samples: int | None) -> dict:
+def _scores(tr: Trainer, cfg: TrainConfig, proto: str) -> dict:
+    cfg.protocol = proto
+    return scalars(evaluate_model(tr.model, tr.ds, cfg))
+
+
+def run_one(method: str, seed: int, steps: int, out: Path, eval_samples: int | None, eval_every: int) -> dict:
+    """Train one run, evaluating every ``eval_every`` steps under the protocols that select a checkpoint, and
+    score it under each of its protocols: the selected checkpoint's metrics as ``"<protocol>:<metric>"``, the
+    rule's record as ``"<protocol>:selection"``."""
     run_dir = out / f"{method}-s{seed}"
     done = run_dir / "table.json"
     if done.is_file():
         res = json.loads(done.read_text())
-        if res.get("steps") == steps and res.get("eval_samples") == eval_samples:
+        if (res.get("steps"), res.get("eval_samples"), res.get("eval_every")) == (steps, eval_samples, eval_every):
             return res
-    cfg = TrainConfig(model=method, dataset="shapes3d_procedural", steps=steps, seed=seed, out=str(run_dir),
+    cfg = TrainConfig(model=method, dataset=DATASET, steps=steps, seed=seed, out=str(run_dir),
                       eval_samples=eval_samples, progress=False, checkpoint_every=steps,
                       log_every=max(steps // 20, 1))
     t0 = time.perf_counter()
     tr = Trainer(cfg)
+    protos = protocols_of(method)
+    selecting = [p for p in protos if get_protocol(p).selection != "final"]
+    history: dict[str, list[dict]] = {p: [] for p in protos}
+    for k in range(eval_every, steps, eval_every) if eval_every and selecting else ():
+        tr.run(stop_after=k, final_eval=False)  # the same steps as one straight run (the RNG is per step)
+        for p in selecting:
+            history[p].append({"step": k, **_scores(tr, cfg, p)})
     tr.run(final_eval=False)
-    model = tr.model.eval()
-    res = {"method": method, "seed": seed, "steps": steps, "eval_samples": eval_samples,
+    res = {"method": method, "seed": seed, "steps": steps, "eval_samples": eval_samples, "eval_every": eval_every,
            "train_seconds": round(time.perf_counter() - t0, 1)}
-    for proto in protocols_of(method):
-        cfg.protocol = proto
-        scores = evaluate_model(model, tr.ds, cfg)
-        res.update({f"{proto}:{k}": v for k, v in scores.items() if isinstance(v, (int, float))})
+    for proto in protos:
+        history[proto].append({"step": steps, **_scores(tr, cfg, proto)})
+        rule = get_protocol(proto).selection
+        sel = select_checkpoint(history[proto], rule, psnr_threshold(DATASET) if rule == "tripod" else None)
+        chosen = next(r for r in history[proto] if r["step"] == sel["step"])
+        res.update({f"{proto}:{k}": v for k, v in chosen.items() if k != "step"})
+        res[f"{proto}:selection"] = sel
     res["seconds"] = round(time.perf_counter() - t0, 1)
     done.write_text(json.dumps(res, indent=1) + "\n")
     return res
+
+
+def checkpoint_cell(rs: list[dict], proto: str) -> str:
+    """Which checkpoint a row reports, over its seeds: "final", or the rule's choice and why."""
+    sels = [r[f"{proto}:selection"] for r in rs]
+    if all(s["rule"] == "final" for s in sels):
+        return "final"
+    steps = ", ".join(str(s["step"]) for s in sels)
+    passed = ", ".join(f"{s['passed']}/{s['evaluated']}" for s in sels)
+    fallback = " (none passed: final)" if all(s["fallback"] for s in sels) else ""
+    return f"{sels[0]['rule']}: step {steps}; >= {sels[0]['threshold_db']:g} dB: {passed}{fallback}"
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -84,8 +118,8 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def table(rows: list[dict], methods) -> str:
     """One row per method under its authors' protocol ("-": the protocol does not report the metric)."""
-    head = "| method | protocol | " + " | ".join(c for c, _ in COLUMNS) + " | s/run |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 3)]
+    head = "| method | protocol | checkpoint | " + " | ".join(c for c, _ in COLUMNS) + " | s/run |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 4)]
     for m in methods:
         rs = [r for r in rows if r["method"] == m]
         if not rs:
@@ -98,7 +132,8 @@ def table(rows: list[dict], methods) -> str:
                 continue
             mu, sd = mean_std(v)
             cells.append(f"{mu:.1f} ± {sd:.1f}" if key == "recon.psnr" else f"{mu:.3f} ± {sd:.3f}")
-        lines.append(f"| {m} | {proto} | " + " | ".join(cells) + f" | {mean_std([r['seconds'] for r in rs])[0]:.0f} |")
+        lines.append(f"| {m} | {proto} | {checkpoint_cell(rs, proto)} | " + " | ".join(cells)
+                     + f" | {mean_std([r['seconds'] for r in rs])[0]:.0f} |")
     return "\n".join(lines)
 
 
@@ -125,19 +160,22 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--eval-samples", type=int, help="samples for every metric (default: each protocol's)")
+    p.add_argument("--eval-every", type=int, default=50,
+                   help="steps between the evaluations a selecting protocol (tripod) chooses from; 0: final only")
     p.add_argument("--out", default="runs/table")
     p.add_argument("--json", help="write every run's results here")
     a = p.parse_args(argv)
     rows = []
     for seed in range(a.seeds):
         for m in a.methods:
-            rows.append(run_one(m, seed, a.steps, Path(a.out), a.eval_samples))
+            rows.append(run_one(m, seed, a.steps, Path(a.out), a.eval_samples, a.eval_every))
             proto = METHOD_PROTOCOL[m]
             print(f"{m} seed {seed} ({proto}): " + ", ".join(
                 f"{c} {rows[-1].get(f'{proto}:{k}', float('nan')):.3f}" for c, k in COLUMNS)
                 + f" [{rows[-1]['seconds']} s]", flush=True)
     samples = a.eval_samples or "each protocol's"
-    print(f"\n{a.seeds} seeds, {a.steps} steps each, procedural Shapes3D 32x32, eval on {samples} samples\n")
+    print(f"\n{a.seeds} seeds, {a.steps} steps each, procedural Shapes3D 32x32, eval on {samples} samples, "
+          f"selecting protocols every {a.eval_every} steps\n")
     print(table(rows, a.methods))
     print("\n" + "\n".join(claims(rows)))
     if a.json:

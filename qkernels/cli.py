@@ -165,7 +165,7 @@ def _train_config(args: argparse.Namespace):
              "seed": args.seed, "eval_samples": args.eval_samples, "device": args.device, "lr": args.lr,
              "arch": args.arch, "image_size": args.image_size, "num_latents": args.num_latents,
              "eval_every": args.eval_every, "threads": args.threads, "protocol": args.protocol,
-             "data_order": args.data_order}
+             "data_order": args.data_order, "select": args.select}
     base.update({k: v for k, v in flags.items() if v is not None})
     if args.compile:
         base["compile"] = True
@@ -385,12 +385,19 @@ def _add_train(sub) -> None:
                         "pruning and random-forest DCI on 10,000 samples; fast: 2,000 samples)")
     p.add_argument("--eval-samples", type=_int_at_least(20),
                    help="samples for every metric (default: the protocol's)")
-    p.add_argument("--eval-every", type=_int_at_least(0), help="evaluate every N steps (0: at the end only)")
+    p.add_argument("--eval-every", type=_int_at_least(0),
+                   help="evaluate every N steps (0: at the end only); the evaluations are the checkpoints --select "
+                        "chooses from (Tripod's authors: every 10000 of their 250000 steps)")
+    p.add_argument("--select", choices=("auto", "final", "tripod"),
+                   help="the checkpoint metrics.json reports as 'selected' (default auto: the protocol's; tripod: "
+                        "the Tripod paper's, the best InfoM among the evaluations above the dataset's PSNR "
+                        "threshold, else the final step; final: the last step). The final step's metrics stay at "
+                        "the top of metrics.json")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--force", action="store_true",
                    help="--out holds a run: delete its files (config.json, log.jsonl, checkpoint.pt, metrics.json, "
-                        "figures/*.png of a run; nothing else) and start over. Without it such a directory is "
-                        "refused")
+                        "selected.pt, figures/*.png of a run; nothing else) and start over. Without it such a "
+                        "directory is refused")
     p.add_argument("--threads", type=_int_at_least(1),
                    help="torch threads of the training process (default: the usable cores (affinity, quota), "
                         "or OMP_NUM_THREADS; --resume: the run's recorded count). Shown in the first line, kept in "

@@ -95,6 +95,9 @@ def test_beta_vae_terms(beta):
 def test_beta_tcvae_minibatch_weighted_tc():
     model, x = build("beta_tcvae", beta=6.0)
     spread_latents(model, 20.0, tie=3)  # three copies of one latent: a large total correlation
+    with torch.no_grad():  # and narrow posteriors (log-variance -4), so that the copies stay dependent in z
+        last_linear(model.encoder).weight[3:].zero_()
+        last_linear(model.encoder).bias[3:].fill_(-4.0)
     terms = seeded_loss(model, x)
     torch.manual_seed(3)
     with torch.no_grad():
@@ -501,9 +504,8 @@ def test_cliff_ae_weights_and_sizes():
 def test_forward_is_the_loss_at_the_given_step():
     """Audit 9 review: forward (what DistributedDataParallel calls) dropping the step survived. D-VAE's
     noise scale depends on the step, so forward(x, s) must be loss(x, s), not loss(x, 0)."""
-    model, x = build("dvae", num_values=4)
+    model, x = build("dvae", num_values=4, noise_steps=100)
     spread_latents(model, 20.0)
-    model.set_total_steps(100)
     got = seeded_loss(model, x, step=100)["recon"]  # via loss
     torch.manual_seed(3)
     via_forward = model(x, 100)["recon"].detach()

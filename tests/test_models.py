@@ -108,8 +108,8 @@ def test_schedules():
     assert fq.tau(0) == 1.0 and abs(fq.tau(50_000) - torch.exp(torch.tensor(-1.0)).item()) < 1e-6
     qv, _ = tiny("qvae")
     assert abs(qv.tau(100_000) - torch.exp(torch.tensor(-1.0)).item()) < 1e-6
-    dv, _ = tiny("dvae")
-    dv.set_total_steps(100)
+    dv = build_model("dvae", (1, 16, 16), 4, noise_steps=100)  # the horizon (lddr: 300,000 whatever the run)
+    dv.set_total_steps(7)  # the run's length does not move it
     assert dv.noise_scale(0) == pytest.approx(0.5) and dv.noise_scale(100) == pytest.approx(2.0)
     assert 0.5 < dv.noise_scale(50) < 2.0 and dv.noise_scale(50) == pytest.approx(1.25)
 
@@ -280,7 +280,8 @@ def test_paper_presets_pin_the_authors_dense_widths():
     # with dense 128 passed every other test (they use the "small" preset or check only the widths).
     assert preset("qlae", "paper", 64) == {"widths": (32, 64, 128, 256), "dense": 256}
     assert preset("tripod", "paper", 64) == {"widths": (32, 64, 128, 256), "dense": 256}
-    assert preset("dlib", "paper", 64) == {"widths": (32, 32, 64, 64), "dense": 256}
+    assert preset("dlib", "paper", 64) == {"widths": (32, 32, 64, 64), "dense": 256, "kernels": (4, 4, 2, 2)}
+    assert preset("dlib_4x4", "paper", 64) == {"widths": (32, 32, 64, 64), "dense": 256, "kernels": (4, 4, 4, 4)}
     # and a paper-sized QLAE is built with those widths: encoder head 256 * 4 * 4 -> 256 -> 256 -> d,
     # decoder mapping d -> 256 -> 256
     model = build_model("qlae", (3, 64, 64), 12, arch="paper")
@@ -466,8 +467,7 @@ def test_to_image_and_cosine_schedule_ends():
     assert float(img.min()) >= 0.0 and float(img.max()) <= 1.0
     assert cosine(150, 100, 0.5, 2.0) == pytest.approx(2.0) and cosine(-20, 100, 0.5, 2.0) == pytest.approx(0.5)
     assert cosine(25, 100, 0.5, 2.0) == pytest.approx(2.0 - 1.5 * 0.5 * (1 + math.cos(math.pi / 4)))
-    dv, _ = tiny("dvae")
-    dv.set_total_steps(100)
+    dv = build_model("dvae", (1, 16, 16), 4, noise_steps=100)
     assert dv.noise_scale(300) == pytest.approx(2.0)
 
 

@@ -17,7 +17,7 @@ Constants (plain data, no docstrings of their own):
 
 from qkernels.metrics.dci import dci, disentanglement_completeness
 from qkernels.metrics.evaluate import METRICS, evaluate
-from qkernels.metrics.image import mse, psnr
+from qkernels.metrics.image import mse, psnr, psnr_uint8
 from qkernels.metrics.infomec import infomec
 from qkernels.metrics.mcc import mcc
 from qkernels.metrics.mig import mig
@@ -40,5 +40,6 @@ __all__ = [
     "modularity",
     "mse",
     "psnr",
+    "psnr_uint8",
     "sap",
 ]

@@ -55,3 +55,31 @@ def psnr(x: torch.Tensor, x_hat: torch.Tensor, *, data_range: float = 1.0) -> fl
     per = torch.mean((x - x_hat).reshape(x.shape[0], -1) ** 2, dim=1)
     db = 10.0 * (2.0 * math.log10(data_range) - torch.log10(per))
     return float(db.mean())
+
+
+def psnr_uint8(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """Tripod's PSNR in dB, as its authors compute it for their checkpoint filter: wrapped uint8 arithmetic.
+
+    ``x``, ``x_hat`` ``(B, ...)`` images in [0, 1]. Each is mapped to uint8 by truncating 255 * clip(x, 0, 1)
+    (tripod ``scripts/train_autoencoder.py`` lines 38-43, ``batched_x_to_image``); per image the error
+    ``x_hat - x`` and its square are taken in uint8, i.e. modulo 256, then averaged (``disentangle/metrics/
+    image.py`` lines 5-11: ``jnp.mean(jnp.square(x_pred - x_true))`` on uint8 arrays), and 20 log10(255) -
+    10 log10(that mean) is averaged over the B images (``scripts/train_autoencoder.py`` lines 120-123, 133).
+    An error of 16 levels or more wraps (its square modulo 256 is smaller), so this is never below
+    :func:`psnr` on the same uint8 images and never below 10 log10(255) = 24.07 dB. A Python float.
+
+    Examples:
+        >>> import torch
+        >>> from qkernels.metrics.image import psnr_uint8
+        >>> x = torch.zeros(1, 3, 4, 4)
+        >>> round(psnr_uint8(x, x + 2 / 255 + 1e-6), 2)  # 2 levels: 20 log10(255) - 10 log10(4)
+        42.11
+        >>> round(psnr_uint8(x, x + 16 / 255 + 1e-6), 2)  # 16 levels: 256 wraps to 0, an exact match
+        inf
+    """
+    x, x_hat = _pair(x, x_hat)
+    as_uint8 = [torch.floor(255.0 * v.clamp(0.0, 1.0)).to(torch.int64) for v in (x_hat, x)]
+    err = (as_uint8[0] - as_uint8[1]) % 256
+    per = ((err * err) % 256).reshape(x.shape[0], -1).double().mean(dim=1)
+    db = 20.0 * math.log10(255.0) - 10.0 * torch.log10(per)
+    return float(db.mean())

@@ -13,6 +13,8 @@ InfoE's regression fitted with ``class_weight='balanced'``, ``max_iter=100``.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from qkernels._extras import needs
@@ -31,8 +33,12 @@ with needs("qkernels.metrics.infomec", "metrics"):
     from scipy.optimize import minimize
     from sklearn.feature_selection import mutual_info_classif
 
+    from qkernels.metrics._authors_infoe import authors_infoe
+
 CLASS_WEIGHTS = ("balanced", None)
 PRUNE_RULES = ("range", "iqr")
+INFOE_FITS = ("converged", "sklearn")  # our converged L-BFGS fit, or the authors' capped scikit-learn one
+DEGENERATE_RULES = ("finite", "nan")  # 0/0 in InfoM / InfoC: a finite convention, or NaN as the authors' code
 IQR_DISCRETE = 0.1  # Tripod's rule: a discrete latent is active iff its IQR > 0.1 (in the latents' units)
 IQR_CONTINUOUS = 1 / 10  # ... a continuous one iff its IQR > max IQR / 10
 
@@ -49,6 +55,8 @@ def infomec(
     class_weight: str | None = "balanced",
     max_iter: int = 100,
     tol: float = 1e-4,
+    infoe_fit: str = "converged",
+    degenerate: str = "finite",
 ) -> dict:
     """InfoM, InfoE, InfoC of ``latents`` ``(N, n_z)`` w.r.t. ``sources`` ``(N, n_s)`` int.
 
@@ -88,9 +96,20 @@ def infomec(
         tol: the L-BFGS gradient tolerance per source (the authors' 1e-4). InfoE
             uses every non-constant latent: pruning applies to InfoM/InfoC only, as in the paper, unless no
             latent is active (then InfoE = 0).
+        infoe_fit: ``"converged"`` (default): the fit above, on rescaled columns, run to convergence (the model's
+            InfoE). ``"sklearn"``: the authors' fit (:mod:`qkernels.metrics._authors_infoe`; the papers'
+            protocols): scikit-learn's ``LogisticRegression`` on the unscaled one-hot (or standardized) design of
+            every latent, stopped at ``max_iter`` L-BFGS iterations, NMI_V not clipped. A capped fit scores less
+            than the converged one where L-BFGS has not converged (an entangled code: 0.59 against 0.60 in
+            tests/test_protocols.py).
+        degenerate: ``"finite"`` (default): the conventions under Returns. ``"nan"``: the authors' arithmetic
+            (latent_quantization ``disentangle/metrics/infomec.py`` lines 104-105, tripod lines 119-122,
+            FactorQVAE lines 57-58): max / sum of an all-zero NMI column (row) is 0/0, so InfoM (InfoC) is NaN,
+            as is InfoC with one active latent (1 - 1/1 = 0 in the denominator); a RuntimeWarning says so.
 
     Returns:
-        ``{"infom", "infoc", "infoe"}`` floats in [0, 1], ``"nmi"`` ``(n_s, n_z)`` float64 in
+        ``{"infom", "infoc", "infoe"}`` floats in [0, 1] (NaN under ``degenerate="nan"``; an ``"sklearn"`` InfoE
+        is not clipped), ``"nmi"`` ``(n_s, n_z)`` float64 in
         [0, 1] (all latents, before pruning), ``"active"`` ``(n_z,)`` bool. Degenerate cases: no
         active latent -> InfoM = InfoC = InfoE = 0 (Tripod's ``compute_infomec``; InfoE is not fitted on
         latents that all fall below the IQR rule); a latent (source) with an all-zero NMI column (row)
@@ -116,6 +135,10 @@ def infomec(
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     _check_fit_options(class_weight, max_iter, tol)
+    if not isinstance(infoe_fit, str) or infoe_fit not in INFOE_FITS:
+        raise ValueError(f"infoe_fit must be one of {INFOE_FITS}, got {infoe_fit!r}")
+    if not isinstance(degenerate, str) or degenerate not in DEGENERATE_RULES:
+        raise ValueError(f"degenerate must be one of {DEGENERATE_RULES}, got {degenerate!r}")
     if not 0.0 <= prune_threshold < 1.0:
         raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
     if not isinstance(prune, str) or prune not in PRUNE_RULES:
@@ -151,10 +174,12 @@ def infomec(
         iqr = q3 - q1
         active = iqr > (IQR_DISCRETE if discrete else IQR_CONTINUOUS * iqr.max())
     nmi = np.clip(mi / h_s[:, None], 0.0, 1.0)
-    infom, infoc = _modularity_compactness(nmi[:, active])
+    infom, infoc = _modularity_compactness(nmi[:, active], degenerate)
     fit = dict(class_weight=class_weight, max_iter=max_iter, tol=tol)
     infoe = 0.0  # no active latent: 0, as Tripod's compute_infomec returns (the range rule: no latent varies)
-    if active.any():
+    if active.any() and infoe_fit == "sklearn":
+        infoe = authors_infoe(z, s_codes, discrete, **fit)
+    elif active.any():
         infoe = float(np.mean([predictive_nmi(design, s_codes[:, i], s_sizes[i], **fit) for i in range(n_s)]))
     return {
         "infom": infom,
@@ -207,23 +232,33 @@ def _knn_mutual_info(s_codes: np.ndarray, zs: np.ndarray, k: int, seed: int) -> 
     )
 
 
-def _ratio_score(m: np.ndarray, n_other: int) -> float:
+def _ratio_score(m: np.ndarray, n_other: int, degenerate: str = "finite") -> float:
     """Mean over columns of (max / sum) renormalized from [1/n_other, 1] to [0, 1]; ``m`` has
-    ``n_other`` rows. Zero columns count as uninformative (ratio 1/n_other)."""
+    ``n_other`` rows. ``degenerate="finite"``: zero columns count as uninformative (ratio 1/n_other), one row
+    scores 1; ``"nan"``: either is 0/0, NaN (the authors' arithmetic), with a RuntimeWarning."""
+    total = m.sum(0)
+    if degenerate == "nan" and (n_other == 1 or not (total > 0).all()):
+        warnings.warn(
+            "InfoMEC: an all-zero NMI column (or a single row) makes the authors' max / sum ratio 0/0: "
+            "NaN (degenerate='nan', the papers' protocols); degenerate='finite' scores it as "
+            "uninformative",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return float("nan")
     if n_other == 1:
         return 1.0
-    total = m.sum(0)
     safe = np.where(total > 0, total, 1.0)
     ratio = np.where(total > 0, m.max(0) / safe, 1.0 / n_other)
     return float((ratio.mean() - 1.0 / n_other) / (1.0 - 1.0 / n_other))
 
 
-def _modularity_compactness(nmi_active: np.ndarray) -> tuple[float, float]:
+def _modularity_compactness(nmi_active: np.ndarray, degenerate: str = "finite") -> tuple[float, float]:
     """InfoM (eq. 8) and InfoC (eq. 9) of the pruned ``(n_s, n_active)`` NMI matrix."""
     n_s, n_active = nmi_active.shape
     if n_active == 0:
         return 0.0, 0.0
-    return _ratio_score(nmi_active, n_s), _ratio_score(nmi_active.T, n_active)
+    return _ratio_score(nmi_active, n_s, degenerate), _ratio_score(nmi_active.T, n_active, degenerate)
 
 
 def multinomial_log_proba(

@@ -9,8 +9,8 @@ protocol (:data:`METHOD_PROTOCOL`) and records the name in ``metrics.json``.
 protocol       samples    InfoMEC                                          DCI
 =============  =========  ===============================================  =================================
 ``qlae``       10,000     k = 10, InfoE ``class_weight="balanced"``,        random forest (100, entropy), 90/10
-                          ``max_iter=100``; inactive: range 0 (discrete),   train/test, depth chosen on a
-                          range < max / 20 (continuous)                     validation split of the 90%
+                          ``max_iter=100``; inactive: range 0 (discrete),   train/test, depth tuned on the
+                          range < max / 20 (continuous)                     held-out 10%, whose accuracy is I
                                                                             (``preset="qlae"``)
 ``tripod``     10,000     k = 10, balanced, ``max_iter=100``; inactive:     random forest (100, entropy, depth
                           IQR <= 0.1 (discrete, on the VALUES), IQR <=      10), 90/10 split
@@ -22,6 +22,13 @@ protocol       samples    InfoMEC                                          DCI
                (+5,000)                                                     on 10,000
 ``fast``       2,000      the library's defaults                           random forest (``preset="tripod"``)
 =============  =========  ===============================================  =================================
+
+Every paper protocol (``qlae``, ``tripod``, ``factorqvae``) fits InfoE as its authors' code does (scikit-learn's
+``LogisticRegression`` stopped at ``max_iter`` on the unscaled design: ``infoe_fit="sklearn"``) and keeps their 0/0
+(``degenerate="nan"``: an all-zero NMI column makes InfoM NaN); ``fast`` and a bare :func:`~qkernels.metrics.infomec`
+use the converged fit and the finite conventions. ``selection``: how a run's checkpoint is chosen for the table
+(:mod:`qkernels.train.selection`): ``"final"``, or ``"tripod"``, the Tripod paper's (its experiments section and
+App. B.1: discard the checkpoints under the dataset's PSNR threshold, report the one with the best InfoM).
 
 Sources: QLAE: latent_quantization ``disentangle/metrics/infomec.py`` and ``configs/train_ae.yaml``
 (``num_val_data: 10000``), the QLAE paper's App. C.5 (DCI). Tripod: ``disentangle/metrics/infomec.py``,
@@ -38,6 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 LATENT_KINDS = ("codes", "values")
+# the authors' InfoE fit and 0/0 (latent_quantization, tripod, FactorQVAE disentangle/metrics/infomec.py)
+AUTHORS_INFOMEC = {"infoe_fit": "sklearn", "degenerate": "nan"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,8 @@ class Protocol:
     """One paper's evaluation. ``samples[m]``: metric m runs on the first ``samples[m]`` rows of one draw
     of factors (the largest count is drawn and encoded once); ``options[m]``: its keyword arguments;
     ``discrete_latents``: a discrete model's representation, ``"codes"`` (integer indices) or ``"values"``
-    (its latent values, scored as discrete). ``source``: where the settings come from.
+    (its latent values, scored as discrete). ``source``: where the settings come from. ``selection``: the
+    checkpoint a run reports (:data:`qkernels.train.selection.SELECTIONS`: ``"final"`` or ``"tripod"``).
 
     Examples:
         >>> from qkernels.metrics import Protocol
@@ -60,6 +70,7 @@ class Protocol:
     options: dict[str, dict] = field(default_factory=dict)
     discrete_latents: str = "codes"
     source: str = ""
+    selection: str = "final"
 
     def num_samples(self) -> int:
         return max(self.samples[m] for m in self.metrics)
@@ -69,18 +80,19 @@ PROTOCOLS: dict[str, Protocol] = {
     "qlae": Protocol(
         "qlae", ("infomec", "dci"), {"infomec": 10_000, "dci": 10_000},
         {"infomec": {"k": 10, "prune": "range", "prune_threshold": 1 / 20, "class_weight": "balanced",
-                     "max_iter": 100},
+                     "max_iter": 100, **AUTHORS_INFOMEC},
          "dci": {"preset": "qlae"}},
         "codes", "latent_quantization disentangle/metrics/infomec.py; QLAE paper App. C.5"),
     "tripod": Protocol(
         "tripod", ("infomec", "dci"), {"infomec": 10_000, "dci": 10_000},
-        {"infomec": {"k": 10, "prune": "iqr", "class_weight": "balanced", "max_iter": 100},
+        {"infomec": {"k": 10, "prune": "iqr", "class_weight": "balanced", "max_iter": 100, **AUTHORS_INFOMEC},
          "dci": {"preset": "tripod"}},
-        "values", "tripod disentangle/metrics/infomec.py, dci.py; configs/train_autoencoder.yaml"),
+        "values", "tripod disentangle/metrics/infomec.py, dci.py; configs/train_autoencoder.yaml; the paper's "
+        "checkpoint selection (experiments section; App. B.1, Table 2)", selection="tripod"),
     "factorqvae": Protocol(
         "factorqvae", ("infomec", "dci"), {"infomec": 10_000, "dci": 15_000},
         {"infomec": {"k": 3, "prune": "range", "prune_threshold": 1 / 20, "class_weight": "balanced",
-                     "max_iter": 500},
+                     "max_iter": 500, **AUTHORS_INFOMEC},
          "dci": {"preset": "dlib"}},
         "codes", "FactorQVAE metrics/infomec.py, metrics/dci.py, metrics/utils.py"),
     "dlib": Protocol(

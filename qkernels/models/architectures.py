@@ -4,8 +4,10 @@
   instance norm; StyleGAN-like decoder whose layers are modulated by AdaIN from w = MLP(z)). Used by ae, qlae.
 * :class:`ResidualEncoder` / :class:`ResidualDecoder`: Tripod's code (residual conv nets, GELU, AdaIN-conditioned
   decoder blocks). Used by tripod.
-* :class:`DLibEncoder` / :class:`DLibDecoder`: the disentanglement_lib conv VAE (Locatello et al. 2019; Cliff
-  App. G.3). Used by the VAE family, dvae/factordvae, cliff_vae, and qvae/factorqvae at the small width.
+* :class:`DLibEncoder` / :class:`DLibDecoder`: the disentanglement_lib conv VAE (Locatello et al. 2019). Family
+  ``"dlib"``: disentanglement_lib's code, whose third and fourth convolutions are 2 x 2 (as D-VAE's lddr
+  ``run.py`` lines 207-220): the VAE family and dvae/factordvae. Family ``"dlib_4x4"``: Locatello et al.'s table as
+  Cliff App. G.3 prints it, every convolution 4 x 4: cliff_vae, and qvae/factorqvae at the small width.
 * :class:`DalleEncoder` / :class:`DalleDecoder`: FactorQVAE's DALL-E-style residual nets (``--arch paper`` of
   qvae/factorqvae), initialized N(0, 0.02) by :func:`init_normal_`.
 * :class:`MLP`: Cliff App. G.1 (2-50-100-50-2, tanh) for 2-D data.
@@ -40,7 +42,9 @@ def preset(family: str, size: str, image_size: int) -> dict:
 
     paper at 64x64: QLAE widths 32-64-128-256 (+ dense 256); Tripod encoder 32-64-128-256 (decoder 512-256-128-64,
     cond 256); disentanglement_lib 32-32-64-64 (+ dense 256). Smaller images drop the first stages' widths.
-    small: a quarter of the QLAE / Tripod widths, half the dlib widths, dense 64, for CPU runs.
+    small: a quarter of the QLAE / Tripod widths, half the dlib widths, dense 64, for CPU runs. The dlib families
+    also give the encoder's kernel sizes (``"kernels"``, the same rule as the widths): 4-4-2-2 (``"dlib"``) or
+    4-4-4-4 (``"dlib_4x4"``).
 
     Returns:
         A dict of keyword arguments (``widths``, and ``dense`` where the family has one) for the family's
@@ -52,7 +56,7 @@ def preset(family: str, size: str, image_size: int) -> dict:
     Examples:
         >>> from qkernels.models import preset
         >>> preset("dlib", "paper", 64)
-        {'widths': (32, 32, 64, 64), 'dense': 256}
+        {'widths': (32, 32, 64, 64), 'dense': 256, 'kernels': (4, 4, 2, 2)}
         >>> preset("qlae", "small", 32)  # 32 -> 4 in three stages: three widths
         {'widths': (8, 16, 32), 'dense': 64}
     """
@@ -62,10 +66,14 @@ def preset(family: str, size: str, image_size: int) -> dict:
     if family in ("qlae", "tripod"):
         base, dense = (32, 256) if size == "paper" else (8, 64)
         return {"widths": tuple(base * 2**i for i in range(n)), "dense": dense}
-    if family == "dlib":
+    if family in ("dlib", "dlib_4x4"):
         full = (32, 32, 64, 64) if size == "paper" else (16, 16, 32, 32)
-        widths = tuple(full[-n:]) if n <= 4 else full + (full[-1],) * (n - 4)
-        return {"widths": widths, "dense": 256 if size == "paper" else 64}
+        kernels = (4, 4, 2, 2) if family == "dlib" else (4, 4, 4, 4)
+
+        def fit(t: tuple) -> tuple:
+            return tuple(t[-n:]) if n <= 4 else t + (t[-1],) * (n - 4)
+
+        return {"widths": fit(full), "dense": 256 if size == "paper" else 64, "kernels": fit(kernels)}
     raise ValueError(f"unknown architecture family {family!r}")
 
 
@@ -103,11 +111,13 @@ class QLAEEncoder(nn.Module):
 
 class StyleLayer(nn.Module):
     """Transposed conv (no bias) -> LeakyReLU(0.2) -> instance norm (eps 1e-6) -> h * ReLU(A w + a) + ReLU(B w + b)
-    (latent_quantization ``blocks/style.py``: the conditioning is a dense block with its default ReLU)."""
+    (latent_quantization ``blocks/style.py``: the conditioning is a dense block with its default ReLU). The
+    transposed conv is initialized as equinox's (:func:`init_equinox_conv_transpose_`; ``blocks/conv_transpose.py``
+    lines 12-14 build an ``eqx.nn.ConvTranspose2d`` with its default initialization)."""
 
     def __init__(self, c_in: int, c_out: int, w_dim: int, kernel: int, stride: int, padding: int) -> None:
         super().__init__()
-        self.conv = nn.ConvTranspose2d(c_in, c_out, kernel, stride, padding, bias=False)
+        self.conv = init_equinox_conv_transpose_(nn.ConvTranspose2d(c_in, c_out, kernel, stride, padding, bias=False))
         self.act = nn.LeakyReLU(0.2)
         self.norm = nn.InstanceNorm2d(c_out, eps=1e-6, affine=False)
         self.style = nn.Sequential(nn.Linear(w_dim, 2 * c_out), nn.ReLU())
@@ -280,8 +290,8 @@ class ResidualDecoder(nn.Module):
 
 
 class DLibEncoder(nn.Module):
-    """disentanglement_lib's encoder, (n, C, S, S) -> (n, out_dim): conv4 s2 + ReLU per width, flatten, FC dense +
-    ReLU, affine output.
+    """disentanglement_lib's encoder, (n, C, S, S) -> (n, out_dim): a stride-2 conv + ReLU per width (``kernels``:
+    its sizes, 4 (padding 1) or 2 (padding 0), each halving the image), flatten, FC dense + ReLU, affine output.
 
     Examples:
         >>> import torch
@@ -292,13 +302,16 @@ class DLibEncoder(nn.Module):
     """
 
     def __init__(self, in_channels: int, image_size: int, out_dim: int, *, widths: Sequence[int] = (32, 32, 64, 64),
-                 dense: int = 256) -> None:
+                 dense: int = 256, kernels: Sequence[int] | None = None) -> None:
         super().__init__()
         _check_widths(widths, image_size)
+        kernels = (4,) * len(widths) if kernels is None else tuple(kernels)
+        if len(kernels) != len(widths) or any(k not in (2, 4) for k in kernels):
+            raise ValueError(f"kernels must give 2 or 4 for each of the {len(widths)} convolutions, got {kernels}")
         layers: list[nn.Module] = []
         c = in_channels
-        for w in widths:
-            layers += [nn.Conv2d(c, w, 4, 2, 1), nn.ReLU()]
+        for w, k in zip(widths, kernels, strict=True):
+            layers += [nn.Conv2d(c, w, k, 2, (k - 2) // 2), nn.ReLU()]
             c = w
         self.net = nn.Sequential(*layers, nn.Flatten(), nn.Linear(c * 16, dense), nn.ReLU(), nn.Linear(dense, out_dim))
 
@@ -308,7 +321,8 @@ class DLibEncoder(nn.Module):
 
 class DLibDecoder(nn.Module):
     """disentanglement_lib's decoder, (n, d) -> logits (n, C, S, S): FC dense + ReLU, FC (widths[-1], 4, 4) + ReLU,
-    upconv4 s2 + ReLU per width (reversed), last upconv to C channels without activation.
+    upconv4 s2 + ReLU per width (reversed), last upconv to C channels without activation. ``kernels`` (the
+    encoder's, from :func:`preset`) is accepted and unused.
 
     Examples:
         >>> import torch
@@ -319,9 +333,11 @@ class DLibDecoder(nn.Module):
     """
 
     def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
-                 widths: Sequence[int] = (32, 32, 64, 64), dense: int = 256) -> None:
+                 widths: Sequence[int] = (32, 32, 64, 64), dense: int = 256, kernels: Sequence[int] | None = None
+                 ) -> None:
         super().__init__()
         _check_widths(widths, image_size)
+        del kernels  # the encoder's (one preset() dict builds both); every dlib family's upconvs are 4 x 4
         rev = list(widths)[::-1]
         self.c0 = rev[0]
         self.fc = nn.Sequential(nn.Linear(latent_dim, dense), nn.ReLU(), nn.Linear(dense, rev[0] * 16), nn.ReLU())
@@ -335,6 +351,38 @@ class DLibDecoder(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.net(self.fc(z).view(z.shape[0], self.c0, 4, 4))
+
+
+def init_haiku_(module: nn.Module) -> nn.Module:
+    """haiku's default initialization for every Linear / Conv2d / ConvTranspose2d in ``module`` (D-VAE's lddr is
+    written in haiku): weights from a normal N(0, s^2) truncated to [-2 s, 2 s], s = 1 / sqrt(fan_in), biases zero.
+    fan_in: a Linear's input size (``hk.Linear``), a conv's in_channels x k x k (``hk.ConvND``: the weight's shape
+    but the output channels), a transposed conv's in_channels x k x k too (``hk.ConvNDTranspose``:
+    ``kernel_shape + (input_channels,)``), where torch's default takes a transposed conv's out_channels."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            fan_in = m.in_features
+        elif isinstance(m, nn.Conv2d):
+            fan_in = m.in_channels // m.groups * m.kernel_size[0] * m.kernel_size[1]
+        elif isinstance(m, nn.ConvTranspose2d):
+            fan_in = m.in_channels * m.kernel_size[0] * m.kernel_size[1]
+        else:
+            continue
+        s = fan_in**-0.5
+        nn.init.trunc_normal_(m.weight, 0.0, s, -2 * s, 2 * s)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    return module
+
+
+def init_equinox_conv_transpose_(conv: nn.ConvTranspose2d) -> nn.ConvTranspose2d:
+    """equinox's ``ConvTranspose`` initialization (QLAE's latent_quantization is written in equinox): weight (and
+    bias) uniform in +-1 / sqrt(in_channels x k x k); torch's default bound uses out_channels instead."""
+    bound = (conv.in_channels // conv.groups * conv.kernel_size[0] * conv.kernel_size[1]) ** -0.5
+    nn.init.uniform_(conv.weight, -bound, bound)
+    if conv.bias is not None:
+        nn.init.uniform_(conv.bias, -bound, bound)
+    return conv
 
 
 def init_normal_(module: nn.Module, std: float = 0.02) -> nn.Module:

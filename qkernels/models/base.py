@@ -209,7 +209,8 @@ def discriminator_of(model: nn.Module) -> nn.Module | None:
 
 
 def build_encoder_decoder(family: str, arch: str, obs_shape: tuple[int, ...], enc_out: int, dec_in: int):
-    """(encoder, decoder) of ``family`` "qlae" (conv + AdaIN), "tripod" (residual), "dlib" or "dalle"
+    """(encoder, decoder) of ``family`` "qlae" (conv + AdaIN), "tripod" (residual), "dlib" (disentanglement_lib's
+    code: 2 x 2 third and fourth convolutions), "dlib_4x4" (Cliff App. G.3's table: 4 x 4 throughout) or "dalle"
     (FactorQVAE's residual nets at the paper's width, initialized N(0, 0.02)) for images ``obs_shape``
     (C, S, S)."""
     if len(obs_shape) != 3 or obs_shape[1] != obs_shape[2]:

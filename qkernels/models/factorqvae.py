@@ -53,7 +53,7 @@ class QVAE(Method):
                  tau_rate: float = TAU_RATE["qvae"], arch: str = "small", recon: str = "mse_mean") -> None:
         super().__init__()
         self.num_latents, self.beta, self.tau_rate, self.recon = num_latents, beta, tau_rate, recon
-        family = "dalle" if arch == "paper" else "dlib"
+        family = "dalle" if arch == "paper" else "dlib_4x4"  # small: a CPU stand-in of ours, not the authors
         self.encoder, self.decoder = build_encoder_decoder(family, arch, tuple(obs_shape), num_latents, num_latents)
         self.quantizer = GumbelQuantizer(num_values)
 

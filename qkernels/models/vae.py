@@ -21,6 +21,8 @@ def gaussian_log_density(z: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor
 
 class BetaVAE(Method):
     """beta-VAE: loss = BCE + beta * KL(q(z|x) || N(0, I)); z = mu + exp(logvar / 2) * eps; encode gives mu.
+    ``backbone``: disentanglement_lib's code (``"dlib"``: 2 x 2 third and fourth convolutions), Cliff-VAE Cliff
+    App. G.3's table (``"dlib_4x4"``).
 
     Examples:
         >>> import torch
@@ -31,11 +33,13 @@ class BetaVAE(Method):
         (['kl', 'recon', 'total'], torch.Size([4, 3]))
     """
 
+    backbone = "dlib"
+
     def __init__(self, obs_shape, num_latents: int = 10, *, beta: float = 16.0, arch: str = "small",
                  recon: str = "bce_sum") -> None:
         super().__init__()
         self.num_latents, self.beta, self.recon = num_latents, beta, recon
-        self.encoder, self.decoder = build_encoder_decoder("dlib", arch, tuple(obs_shape), 2 * num_latents,
+        self.encoder, self.decoder = build_encoder_decoder(self.backbone, arch, tuple(obs_shape), 2 * num_latents,
                                                            num_latents)
 
     def posterior(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,6 +134,8 @@ class CliffVAE(BetaVAE):
         >>> sorted(model.loss(torch.rand(8, 1, 16, 16), step=0))
         ['cliff', 'kl', 'recon', 'total']
     """
+
+    backbone = "dlib_4x4"  # Cliff App. G.3: "4 x 4 conv" for all four convolutions
 
     def __init__(self, obs_shape, num_latents: int = 10, *, beta: float = 10.0, lambda_a: float = 1.0,
                  sigma: float = 0.1, lambda_uni: float = 0.5, lambda_biv: float = 1.0, lambda_kl: float = 0.7,

@@ -18,7 +18,9 @@ class TrainConfig:
     weight_decay: AdamW methods only). arch: "small" (CPU) or "paper" widths. image_size: rendering size of the
     procedural image datasets (None: their default, 64; file datasets keep their own size). dataset_kwargs /
     model_kwargs: passed to ``load_dataset`` / the model class (override lambdas etc.). eval_every: steps between
-    evaluations (0: only at the end). protocol: the evaluation protocol (:mod:`qkernels.metrics.protocols`; "auto":
+    evaluations (0: only at the end). select: the checkpoint the run reports among its evaluations
+    (:mod:`qkernels.train.selection`: "final", "tripod" (PSNR filter + best InfoM); "auto": the protocol's, Tripod's
+    selection under the tripod protocol). protocol: the evaluation protocol (:mod:`qkernels.metrics.protocols`; "auto":
     the method's authors', :data:`~qkernels.metrics.protocols.METHOD_PROTOCOL`, e.g. Tripod's on 10,000 samples;
     "fast": 2,000 samples for a quick look); eval_samples / metrics: override the protocol's sample counts (one
     count for every metric) / metric names (None: the protocol's). data_order: how training batches read the dataset
@@ -64,6 +66,7 @@ class TrainConfig:
     dataset_kwargs: dict = field(default_factory=dict)
     model_kwargs: dict = field(default_factory=dict)
     eval_every: int = 0
+    select: str = "auto"
     protocol: str = "auto"
     data_order: str = "auto"
     eval_samples: int | None = None

@@ -84,6 +84,7 @@ def evaluate_model(model, ds, cfg, *, num_samples: int | None = None) -> dict:
         xh = model.decode(model.encode(x.to(dev))).cpu()
         res["recon.mse"] = float(M.mse(xh, x))
         res["recon.psnr"] = float(M.psnr(xh, x))
+        res["recon.psnr_uint8"] = M.psnr_uint8(x, xh)  # Tripod's, for its checkpoint filter (qkernels.train.selection)
         return _jsonable(res)
     finally:
         model.train(was)

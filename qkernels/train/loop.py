@@ -44,6 +44,7 @@ from qkernels.train.data import derive_seed, get_batch
 from qkernels.train.evaluate import evaluate_model, finish_run
 from qkernels.train.interrupt import DeferredSignals, TrainingInterrupted
 from qkernels.train.run import CHECKPOINT, CONFIG, LOG, RunExistsError, build, clear_run, run_files, scalars
+from qkernels.train.selection import CheckpointSelector
 from qkernels.train.throughput import CollapseWatch, fewer_threads
 
 
@@ -101,6 +102,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = True) -> None:
         self.cfg, self.out = cfg.resolve_defaults(), Path(cfg.out)  # config.json records the values used
         self.spec = METHODS[cfg.model]
+        self.selector = CheckpointSelector(cfg, self.out)
         self.optim = replace(method_optim(cfg.model, cfg.dataset), weight_decay=cfg.weight_decay)
         self.rank, self.world = rank_and_size()
         # every rank looks before rank 0 writes anything (the DDP set-up below and a barrier come between)
@@ -326,6 +328,7 @@ class Trainer:
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps and self.rank == 0:
                 res = evaluate_model(self.model, self.ds, cfg)
                 self.log({"type": "eval", "step": self.step, **scalars(res)})
+                self.selector.observe(self.step, self.model)
                 self.model.train()
             if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                 self.save()
@@ -340,7 +343,7 @@ class Trainer:
         metrics = ", ".join(cfg.metrics or proto.metrics)
         bar.note(f"evaluating ({proto.name} protocol: {metrics} on {cfg.eval_samples or proto.num_samples()} "
                  "samples) and drawing figures ...")
-        return finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log)
+        return self.selector.finish(finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log))
 
 
 def hms(seconds: float) -> str:

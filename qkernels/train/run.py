@@ -14,9 +14,10 @@ from qkernels.train.data import derive_seed, num_sources, observation_shape
 
 PROCEDURAL_IMAGES = ("sprites", "shapes3d_procedural", "balls")
 CHECKPOINT, CONFIG, LOG, METRICS_FILE = "checkpoint.pt", "config.json", "log.jsonl", "metrics.json"
+SELECTED = "selected.pt"  # the weights of the checkpoint a selection rule chose (qkernels.train.selection)
 FIGURES = "figures"
 # the files a run writes into its directory (and their ".tmp" siblings while written), and its figures
-RUN_FILES = (CONFIG, LOG, CHECKPOINT, METRICS_FILE)
+RUN_FILES = (CONFIG, LOG, CHECKPOINT, METRICS_FILE, SELECTED)
 FIGURE_FILES = ("reconstructions.png", "interventions.png", "nmi.png", "latents.png", "loss.png")
 
 
