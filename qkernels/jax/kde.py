@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from qkernels._validation import check_grid, check_positive, check_sigma
 from qkernels.jax import _checks
@@ -120,12 +121,10 @@ def _cond_index(cond_index: Any, key: Any, num_cond: int, n: int, d: int) -> jax
         raise TypeError(f"cond_index must be an integer array, got {getattr(cond_index, 'dtype', type(cond_index))}")
     if cond_index.ndim != 2 or cond_index.shape[0] != d or cond_index.shape[1] < 1:
         raise ValueError(f"cond_index must be (d, M) = ({d}, M >= 1), got shape {tuple(cond_index.shape)}")
-    if (
-        not _checks.is_traced(cond_index)
-        and cond_index.size
-        and not (0 <= int(jnp.min(cond_index)) and int(jnp.max(cond_index)) < n)
-    ):
-        raise ValueError(f"cond_index must hold row indices in [0, {n}), got values outside")
+    if not _checks.is_traced(cond_index):  # concrete: checked now (a traced one is checked by the kernel)
+        rows = np.asarray(cond_index)
+        if rows.min() < 0 or rows.max() >= n:
+            raise ValueError(f"cond_index must hold row indices in [0, {n}), got values outside")
     return jnp.asarray(cond_index)
 
 
