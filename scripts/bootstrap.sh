@@ -43,7 +43,8 @@ if ! python -c "import numpy" >/dev/null 2>&1; then
 fi
 # the jax extra (pyproject.toml) before the build: setup.py builds qkernels.jax's FFI library only when jax is
 # importable (QKERNELS_NO_JAX=1: neither)
-if [ "${QKERNELS_NO_JAX:-0}" != 1 ] && ! python -c "import jax" >/dev/null 2>&1; then
+jax_version() { python -c "import importlib.metadata as m; print(m.version('jax'), m.version('jaxlib'))" 2>/dev/null; }
+if [ "${QKERNELS_NO_JAX:-0}" != 1 ] && ! jax_version >/dev/null; then
     say "installing JAX, CPU (the jax extra; about 10 s from a warm cache)"
     # shellcheck disable=SC2046  # one pip argument per requirement
     pip_install $(python -c "
@@ -57,7 +58,7 @@ fi
 stamp_file=.venv/.qkernels-build-stamp
 stamp=$( { cat setup.py pyproject.toml; find csrc -type f | LC_ALL=C sort | xargs cat;
            python -c "import sys, torch; print(sys.version, torch.__version__, torch.version.cuda)";
-           python -c "import jax; print(jax.__version__)" 2>/dev/null || true;
+           jax_version || true;
            echo "${QKERNELS_NO_EXT:-0} ${QKERNELS_NO_CUDA:-0} ${QKERNELS_NO_JAX:-0} ${TORCH_CUDA_ARCH_LIST:-}"; } | sha256sum | cut -d' ' -f1)
 ext_ok() {
     [ "${QKERNELS_NO_EXT:-0}" = 1 ] || { python -c "import qkernels._C" >/dev/null 2>&1 &&

@@ -19,6 +19,7 @@ def array(name: str, x: Any, *, ndim: int | tuple[int, ...] | None = None, min_n
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name} must be a jax.Array, got {type(x).__name__}")
     x = jnp.asarray(x)
+    on_cpu(name, x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
     ranks = (ndim,) if isinstance(ndim, int) else ndim
@@ -30,6 +31,18 @@ def array(name: str, x: Any, *, ndim: int | tuple[int, ...] | None = None, min_n
     if x.size == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
     return x
+
+
+def on_cpu(name: str, x: Any) -> None:
+    """The FFI targets are CPU ones: a concrete array on another device is an error naming it (a traced one
+    placed elsewhere fails in XLA's lowering: no qkernels_* target for that platform)."""
+    if not is_traced(x) and hasattr(x, "devices"):
+        other = sorted({d.platform for d in x.devices()} - {"cpu"})
+        if other:
+            raise ValueError(
+                f"{name} is on {other[0]}: qkernels.jax runs on the CPU only; move it with "
+                f"jax.device_put({name}, jax.devices('cpu')[0])"
+            )
 
 
 def compute_dtype(*arrays: jax.Array) -> Any:

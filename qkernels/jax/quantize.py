@@ -14,6 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from qkernels._validation import check_levels
 from qkernels.jax import _checks
 from qkernels.jax._ffi import call, index_dtype, like
 
@@ -86,20 +87,6 @@ def latent_quantize(z: jax.Array, values: jax.Array) -> Quantized:
     return Quantized(z_q.reshape(z.shape).astype(z.dtype), idx.reshape(z.shape), loss_q, loss_c)
 
 
-def _levels(levels: int | Sequence[int], d: int) -> list[int]:
-    if isinstance(levels, int) and not isinstance(levels, bool):
-        out = [levels]
-    elif isinstance(levels, Sequence) and all(isinstance(v, int) and not isinstance(v, bool) for v in levels):
-        out = list(levels)
-    else:
-        raise TypeError(f"levels must be an int or a sequence of ints, got {levels!r}")
-    if len(out) not in (1, d):
-        raise ValueError(f"levels must give 1 or d = {d} values, got {len(out)}")
-    if min(out) < 2:
-        raise ValueError(f"levels must all be >= 2, got {out}")
-    return out
-
-
 def fsq(z: jax.Array, levels: int | Sequence[int]) -> Quantized:
     """Finite scalar quantization (Tripod eq. 10) with a straight-through round, as :func:`qkernels.fsq`.
 
@@ -116,7 +103,7 @@ def fsq(z: jax.Array, levels: int | Sequence[int]) -> Quantized:
         TypeError: levels not integers. ValueError: a level < 2, or neither 1 nor d levels.
     """
     z = _checks.array("z", z, min_ndim=1)
-    top = jnp.asarray([v - 1 for v in _levels(levels, z.shape[-1])], z.dtype)
+    top = jnp.asarray([v - 1 for v in check_levels(levels, z.shape[-1])], z.dtype)
     q = (jnp.tanh(z) + 1) / 2 * top
     rounded = jnp.round(q)  # half to even, as torch.round
     z_q = 2 * (rounded + (q - jax.lax.stop_gradient(q))) / top - 1
