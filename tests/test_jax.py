@@ -352,6 +352,33 @@ def test_nhp_structures_chunks_and_finite_differences():
     )
 
 
+def test_hessian_penalty_terms_from_given_directions():
+    z, weight = _arrays("float64", (6, 2), (2, 3), seed=17)
+    z, weight, key = jnp.asarray(z), jnp.asarray(weight), jax.random.key(5)
+
+    def fn(x):
+        return {"a": jnp.tanh(x @ weight), "b": jnp.sin(x)}
+
+    @jax.jit
+    def run(z):
+        draws = jax.random.normal(key, (4, 6, 2))  # what normalized_hessian_penalty draws
+        signs = jnp.concatenate([jnp.where(draws[:2] >= 0, 1.0, -1.0), draws[2:]])  # Rademacher signs as given
+        return (
+            qj.hessian_penalty_terms(fn, z, draws=draws),
+            qj.hessian_penalty_terms(fn, z, draws=signs),
+            qj.normalized_hessian_penalty(fn, z, key, reduction="none"),
+        )
+
+    (num, den), (num_s, den_s), per = run(z)
+    for name in ("a", "b"):
+        assert num[name].shape == den[name].shape == (6,)
+        np.testing.assert_allclose(num[name] / (den[name] + 1e-10), per[name], rtol=1e-14)
+        np.testing.assert_array_equal(num_s[name], num[name])
+        np.testing.assert_array_equal(den_s[name], den[name])
+    with pytest.raises(ValueError, match="draws must be"):
+        qj.hessian_penalty_terms(fn, z, draws=jnp.ones((3, 6, 2)))
+
+
 def test_finite_difference_curvature_matches_torch():
     (a,) = _arrays("float64", (2 * 3 * 1 * 4 + 4, 5), seed=12)  # n 4, k 3, groups 1, center rows first
     for reduce in ("mean", "max"):

@@ -5,8 +5,9 @@ when jax is importable at build time). ``import qkernels`` never imports JAX; ``
 registers the FFI targets (CPU). Every op runs under ``jax.jit``, ``jax.grad``, ``jax.value_and_grad`` and
 ``jax.vmap`` (a batch of inputs is a batch of separate kernel calls), in float32 and float64 (``jax_enable_x64``).
 
-- :func:`klm_loss` (Tripod's KLM), :func:`normalized_hessian_penalty` (Tripod's NHP; its fused reduction
-  :func:`finite_difference_curvature`), :func:`fsq` (Tripod's quantizer);
+- :func:`klm_loss` (Tripod's KLM), :func:`normalized_hessian_penalty` (Tripod's NHP; its per-sample terms from
+  the caller's directions :func:`hessian_penalty_terms`; its fused reduction :func:`finite_difference_curvature`),
+  :func:`fsq` (Tripod's quantizer);
 - :func:`latent_quantize` (QLAE's quantizer and its two losses);
 - :func:`cliff_loss` (the Cliff criterion) and :func:`kde_grid`.
 
@@ -22,7 +23,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError('qkernels.jax needs JAX: pip install "qkernels[jax]" (or pip install jax)') from exc
 
-from qkernels.jax.hessian import finite_difference_curvature, normalized_hessian_penalty
+from qkernels.jax.hessian import finite_difference_curvature, hessian_penalty_terms, normalized_hessian_penalty
 from qkernels.jax.kde import CliffTerms, cliff_loss, kde_grid, klm_loss
 from qkernels.jax.quantize import Quantized, fsq, latent_quantize
 
@@ -32,6 +33,7 @@ __all__ = [
     "cliff_loss",
     "finite_difference_curvature",
     "fsq",
+    "hessian_penalty_terms",
     "kde_grid",
     "klm_loss",
     "latent_quantize",

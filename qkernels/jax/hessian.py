@@ -120,6 +120,79 @@ def _population_std(z: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.where(pos, var, 1.0)) * pos
 
 
+def _curvatures(
+    fn: Callable[[jax.Array], Any], z: jax.Array, std: Any, draws: jax.Array, eps: float, chunk_size: int | None
+) -> tuple[list[jax.Array], Any]:
+    """Per activation of fn (its pytree leaves), the (2, n) curvature values [Rademacher group; Gaussian group] of
+    the stacked batch built from ``draws`` (2k, n, d): the signs of the first k, the other k as they are."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if chunk_size is not None:
+        check_positive("chunk_size", chunk_size, integer=True)
+    n, d = z.shape
+    k = draws.shape[0] // 2
+    s = _population_std(z) + STD_EPS if std is None else _checks.std_array(std, d, z.dtype)
+    u = jnp.concatenate([jnp.where(draws[:k] >= 0, 1.0, -1.0).astype(z.dtype), draws[k:]])
+    h = u * (eps * s)
+    stacked = jnp.stack([z + h, z - h], axis=1).reshape(-1, d)  # [z + h_1; z - h_1; ...] in blocks of n rows
+    rows = stacked.shape[0]
+    if chunk_size is None:
+        out = fn(stacked)
+    else:
+        parts = [fn(stacked[i : i + chunk_size]) for i in range(0, rows, chunk_size)]
+        if any(jax.tree_util.tree_structure(p) != jax.tree_util.tree_structure(parts[0]) for p in parts):
+            raise ValueError("fn must return the same structure (array / list / dict) for every chunk")
+        out = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *parts)
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    if not leaves:
+        raise ValueError("fn returned no arrays")
+    values = []
+    for i, a in enumerate(leaves):
+        a = _activation("fn output" if len(leaves) == 1 else f"fn output [{i}]", a)
+        if a.shape[0] != rows:
+            raise ValueError(
+                f"fn output must have the stacked batch ({rows} rows) as its first dimension, got "
+                f"shape {tuple(a.shape)}; fn must map latents (N, d) to activations (N, ...)"
+            )
+        values.append(_curvature(a.reshape(rows, -1), n, k, eps, 2, False, "mean"))
+    return values, tree
+
+
+def hessian_penalty_terms(
+    fn: Callable[[jax.Array], Any],
+    z: jax.Array,
+    std: jax.Array | float | None = None,
+    *,
+    draws: jax.Array,
+    eps: float = 0.1,
+    chunk_size: int | None = None,
+) -> tuple[Any, Any]:
+    """The per-sample numerator and denominator of :func:`normalized_hessian_penalty`, from the caller's directions.
+
+    For training code that draws its own directions (e.g. per-sample keys, as the Tripod authors' code does).
+
+    Args:
+        fn, z, std, eps, chunk_size: as :func:`normalized_hessian_penalty`.
+        draws: (2k, n, d), k >= 2: the signs of the first k (+1 where >= 0; Rademacher signs pass unchanged) scale
+            the Rademacher directions, the other k (standard normals) the Gaussian ones: h = u * eps * std.
+
+    Returns:
+        (numerator, denominator), each in fn's structure with (n,) per activation: the mean over the activation's
+        elements of the variance over the k second differences of the Rademacher (numerator) and the Gaussian
+        (denominator) directions. The penalty per sample is numerator / (denominator + 1e-10).
+    """
+    z = _checks.array("z", z, ndim=2)
+    draws = _checks.array("draws", draws, ndim=3)
+    if draws.shape[1:] != z.shape or draws.shape[0] % 2:
+        raise ValueError(f"draws must be (2k, n, d) with (n, d) = {tuple(z.shape)}, got shape {tuple(draws.shape)}")
+    _, eps = _check_k_eps(draws.shape[0] // 2, eps)
+    dt = _checks.compute_dtype(z, draws)
+    values, tree = _curvatures(fn, z.astype(dt), std, draws.astype(dt), eps, chunk_size)
+    return jax.tree_util.tree_unflatten(tree, [v[0] for v in values]), jax.tree_util.tree_unflatten(
+        tree, [v[1] for v in values]
+    )
+
+
 def normalized_hessian_penalty(
     fn: Callable[[jax.Array], Any],
     z: jax.Array,
@@ -137,7 +210,7 @@ def normalized_hessian_penalty(
     Directions v_l = eps std r_l (r Rademacher: the signs of the first k of ONE (2k, n, d) standard-normal draw
     from ``key``) and w_l = eps std g_l (g: the other k); per activation and sample mean(numerator) /
     (mean(denominator) + 1e-10), the variances over the k second differences of each group; batch mean; summed
-    over fn's activations.
+    over fn's activations. :func:`hessian_penalty_terms` takes the directions from the caller instead.
 
     Args:
         fn: maps latents (N, d) to an activation array (N, ...) or a pytree (list, tuple, dict) of them; called
@@ -158,43 +231,14 @@ def normalized_hessian_penalty(
         TypeError: fn not callable or half-precision activations. ValueError: k < 2, eps <= 0, a misshaped std,
             another reduction, or activations without the stacked batch as their first dimension.
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     z = _checks.array("z", z, ndim=2)
     k, eps = _check_k_eps(num_perturbations, eps)
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be one of ('mean', 'none'), got {reduction!r}")
-    if chunk_size is not None:
-        check_positive("chunk_size", chunk_size, integer=True)
     dt = _checks.compute_dtype(z)
-    z = z.astype(dt)
-    n, d = z.shape
-    s = _population_std(z) + STD_EPS if std is None else _checks.std_array(std, d, dt)
-    draws = jax.random.normal(key, (2 * k, n, d), dt)
-    u = jnp.concatenate([jnp.where(draws[:k] >= 0, 1.0, -1.0).astype(dt), draws[k:]])
-    h = u * (eps * s)
-    stacked = jnp.stack([z + h, z - h], axis=1).reshape(-1, d)  # [z + h_1; z - h_1; ...] in blocks of n rows
-    rows = stacked.shape[0]
-    if chunk_size is None:
-        out = fn(stacked)
-    else:
-        parts = [fn(stacked[i : i + chunk_size]) for i in range(0, rows, chunk_size)]
-        if any(jax.tree_util.tree_structure(p) != jax.tree_util.tree_structure(parts[0]) for p in parts):
-            raise ValueError("fn must return the same structure (array / list / dict) for every chunk")
-        out = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *parts)
-    leaves, tree = jax.tree_util.tree_flatten(out)
-    if not leaves:
-        raise ValueError("fn returned no arrays")
-    per = []
-    for i, a in enumerate(leaves):
-        a = _activation("fn output" if len(leaves) == 1 else f"fn output [{i}]", a)
-        if a.shape[0] != rows:
-            raise ValueError(
-                f"fn output must have the stacked batch ({rows} rows) as its first dimension, got "
-                f"shape {tuple(a.shape)}; fn must map latents (N, d) to activations (N, ...)"
-            )
-        values = _curvature(a.reshape(rows, -1), n, k, eps, 2, False, "mean")
-        per.append(values[0] / (values[1] + NHP_DENOM_EPS))
+    draws = jax.random.normal(key, (2 * k, *z.shape), dt)
+    values, tree = _curvatures(fn, z.astype(dt), std, draws, eps, chunk_size)
+    per = [v[0] / (v[1] + NHP_DENOM_EPS) for v in values]
     if reduction == "none":
         return jax.tree_util.tree_unflatten(tree, per)
-    return sum(p.mean() for p in per[1:]) + per[0].mean() if len(per) > 1 else per[0].mean()
+    return sum((p.mean() for p in per[1:]), per[0].mean())
