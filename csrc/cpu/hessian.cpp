@@ -11,10 +11,6 @@
 namespace qkernels {
 namespace {
 
-cpu::FdArgs fd_args(const FdShape& s, double eps, bool unbiased) {
-  return {s.n, s.k, s.groups, s.M, s.offset, eps, unbiased, s.use_max};
-}
-
 std::tuple<Tensor, Tensor> finite_difference_curvature_cpu(const Tensor& stacked_, int64_t n, int64_t k,
                                                            double eps, int64_t groups, bool unbiased,
                                                            std::string_view reduce) {
@@ -24,7 +20,7 @@ std::tuple<Tensor, Tensor> finite_difference_curvature_cpu(const Tensor& stacked
   Tensor argmax = alloc({groups, n}, ScalarType::Long, stacked);
   dispatch_floating(stacked.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    cpu::fd_curvature_forward<scalar_t, int64_t>(stacked.const_data_ptr<scalar_t>(), fd_args(s, eps, unbiased),
+    cpu::fd_curvature_forward<scalar_t, int64_t>(stacked.const_data_ptr<scalar_t>(), s, eps, unbiased,
                                                  values.mutable_data_ptr<scalar_t>(),
                                                  argmax.mutable_data_ptr<int64_t>());
   });
@@ -42,7 +38,7 @@ Tensor finite_difference_curvature_backward_cpu(const Tensor& grad_, const Tenso
   dispatch_floating(stacked.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     cpu::fd_curvature_backward<scalar_t, int64_t>(grad.const_data_ptr<scalar_t>(), stacked.const_data_ptr<scalar_t>(),
-                                                  argmax.const_data_ptr<int64_t>(), fd_args(s, eps, unbiased),
+                                                  argmax.const_data_ptr<int64_t>(), s, eps, unbiased,
                                                   grad_stacked.mutable_data_ptr<scalar_t>());
   });
   return grad_stacked;

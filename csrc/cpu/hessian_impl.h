@@ -21,14 +21,6 @@ namespace cpu {
 
 constexpr int64_t kTile = 512;  // activation columns per work item
 
-// The shape of a call: n samples, k directions, groups, M columns, `offset` center rows before the perturbed
-// blocks (0 or n; they cancel), the "max" reduction.
-struct FdArgs {
-  int64_t n, k, groups, M, offset;
-  double eps;
-  bool unbiased, use_max;
-};
-
 // Backward of work items [w0, w1) (sample, column tile). Everything arrives by value: called from the lambda that
 // torch::stable::parallel_for runs through a function pointer, a loop reading captured references reloads them
 // after every store through gp (which might alias them) and does not vectorize (2x this loop's time).
@@ -57,17 +49,18 @@ void backward_items(int64_t w0, int64_t w1, const scalar_t* __restrict__ xp, con
   }
 }
 
-// stacked (offset + 2 k groups n, M) -> values (groups, n), argmax (groups, n).
+// stacked (offset + 2 k groups n, M) (its shape: FdShape, qkernels/hessian.h) -> values (groups, n), argmax
+// (groups, n).
 template <typename scalar_t, typename index_t>
-void fd_curvature_forward(const scalar_t* stacked, const FdArgs& s, scalar_t* vp, index_t* ap) {
+void fd_curvature_forward(const scalar_t* stacked, const FdShape& s, double eps, bool unbiased, scalar_t* vp,
+                          index_t* ap) {
   using A = typename acc_type<scalar_t>::type;
   const int64_t n = s.n, k = s.k, groups = s.groups, M = s.M, n_tiles = (M + kTile - 1) / kTile, stride = n * M;
   const int64_t slots = groups * n * n_tiles;
   std::vector<double> part_sum(slots), part_max(slots);
   std::vector<int64_t> part_arg(slots);
   const scalar_t* xp = stacked + s.offset * M;
-  const A inv_eps2 = A(1.0 / (s.eps * s.eps));
-  const bool unbiased = s.unbiased;
+  const A inv_eps2 = A(1.0 / (eps * eps));
   parallel_for(0, n * n_tiles, 1, [&](int64_t w0, int64_t w1) {
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t i = w / n_tiles, t = w % n_tiles;
@@ -102,16 +95,16 @@ void fd_curvature_forward(const scalar_t* stacked, const FdArgs& s, scalar_t* vp
 
 // grad (groups, n), stacked, argmax -> grad_stacked (like stacked; the center rows get 0).
 template <typename scalar_t, typename index_t>
-void fd_curvature_backward(const scalar_t* grad, const scalar_t* stacked, const index_t* argmax, const FdArgs& s,
-                           scalar_t* grad_stacked) {
+void fd_curvature_backward(const scalar_t* grad, const scalar_t* stacked, const index_t* argmax, const FdShape& s,
+                           double eps, bool unbiased, scalar_t* grad_stacked) {
   using A = typename acc_type<scalar_t>::type;
   const int64_t M = s.M, n_tiles = (M + kTile - 1) / kTile;
   const scalar_t* xp = stacked + s.offset * M;
   scalar_t* gp = grad_stacked + s.offset * M;
   std::fill(grad_stacked, gp, scalar_t(0));  // the center rows cancel
-  const A inv_eps2 = A(1.0 / (s.eps * s.eps));
+  const A inv_eps2 = A(1.0 / (eps * eps));
   const int64_t n = s.n, k = s.k, groups = s.groups;
-  const bool unbiased = s.unbiased, use_max = s.use_max;
+  const bool use_max = s.use_max;
   parallel_for(0, n * n_tiles, 1, [&](int64_t w0, int64_t w1) {
     backward_items<scalar_t, A, index_t>(w0, w1, xp, grad, argmax, gp, n, k, groups, M, n_tiles, inv_eps2, unbiased,
                                          use_max);

@@ -12,10 +12,6 @@ namespace qkernels {
 namespace jaxffi {
 namespace {
 
-cpu::FdArgs fd_args(const FdShape& s, double eps, bool unbiased) {
-  return {s.n, s.k, s.groups, s.M, s.offset, eps, unbiased, s.use_max};
-}
-
 ffi::Error fd_curvature_fwd(ffi::ThreadPool pool, ffi::AnyBuffer stacked_, int64_t n, int64_t k, double eps,
                             int64_t groups, bool unbiased, std::string_view reduce,
                             ffi::Result<ffi::AnyBuffer> values_, ffi::Result<ffi::AnyBuffer> argmax_) {
@@ -26,7 +22,7 @@ ffi::Error fd_curvature_fwd(ffi::ThreadPool pool, ffi::AnyBuffer stacked_, int64
       using T = decltype(zero);
       dispatch_index(argmax.dtype, [&](auto izero) {
         using I = decltype(izero);
-        cpu::fd_curvature_forward<T, I>(stacked.const_data_ptr<T>(), fd_args(s, eps, unbiased),
+        cpu::fd_curvature_forward<T, I>(stacked.const_data_ptr<T>(), s, eps, unbiased,
                                         values.mutable_data_ptr<T>(), argmax.mutable_data_ptr<I>());
       });
     });
@@ -46,7 +42,7 @@ ffi::Error fd_curvature_bwd(ffi::ThreadPool pool, ffi::AnyBuffer grad_, ffi::Any
       dispatch_index(argmax.dtype, [&](auto izero) {
         using I = decltype(izero);
         cpu::fd_curvature_backward<T, I>(grad.const_data_ptr<T>(), stacked.const_data_ptr<T>(),
-                                         argmax.const_data_ptr<I>(), fd_args(s, eps, unbiased),
+                                         argmax.const_data_ptr<I>(), s, eps, unbiased,
                                          out.mutable_data_ptr<T>());
       });
     });

@@ -7,13 +7,9 @@
 #include <string_view>
 
 #include "qkernels/checks.h"
+#include "qkernels/hessian.h"
 
 namespace qkernels {
-
-struct FdShape {
-  int64_t n, k, groups, M, offset;  // offset: center rows before the perturbed blocks (0 or n)
-  bool use_max;
-};
 
 template <typename X>
 FdShape check_fd(const X& stacked, int64_t n, int64_t k, double eps, int64_t groups, std::string_view reduce,
