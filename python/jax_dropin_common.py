@@ -170,18 +170,20 @@ def params_filtered(optimizer, keep: Callable):
 
 @contextlib.contextmanager
 def swapped(patches: Sequence[tuple[object, str, object]]) -> Iterator[None]:
-    """``setattr(owner, name, value)`` for each (owner, name, value) inside the block, the originals after it."""
-    originals = [
-        (owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name))
-        for owner, name, _ in patches
-    ]
+    """``setattr(owner, name, value)`` for each (owner, name, value) inside the block, the originals after it (a
+    class's own attribute as stored: a staticmethod stays one; an inherited one is deleted again)."""
+    missing = object()
+    originals = [(owner, name, vars(owner).get(name, missing)) for owner, name, _ in patches]
     try:
         for owner, name, value in patches:
             setattr(owner, name, value)
         yield
     finally:
         for owner, name, value in reversed(originals):
-            setattr(owner, name, value)
+            if value is missing:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
 
 
 def in_float64(tree):
