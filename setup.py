@@ -12,6 +12,10 @@ wheel is tagged ``cp310-abi3``). The package metadata asks for ``torch>=TORCH_TA
 one-line warning under an older torch. Without a GPU to read the arch from and without ``TORCH_CUDA_ARCH_LIST``, the
 CUDA kernels are skipped with a message (set the variable to build them, e.g. ``TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX"``,
 what scripts/build_wheels.sh builds). Without the extension any torch >= 2.5.
+
+The JAX front-end's XLA FFI handlers (csrc/jax, the same CPU kernels; issue 45) are a plain shared library of their
+own, ``qkernels/jax/_kernels.abi3.so`` (no torch, no Python API: ``qkernels.jax`` loads it with ctypes), built when
+jax is importable here (its headers: ``jax.ffi.include_dir()``); the build says which. ``QKERNELS_NO_JAX=1`` skips it.
 """
 
 import glob
@@ -21,7 +25,7 @@ import shutil
 import sys
 import sysconfig
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 # The oldest torch the extension loads into: its LibTorch stable-ABI target (the GPU image runs torch 2.11)
 TORCH_TARGET = "2.11"
@@ -107,6 +111,29 @@ else:
             define_macros=define_macros + [("USE_CUDA", "1")],
             extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags}, **common))
 
+    jax_include = None
+    jax_lib = "the JAX FFI library qkernels/jax/_kernels.abi3.so"
+    if os.environ.get("QKERNELS_NO_JAX", "0") == "1":
+        print(f"qkernels setup.py: QKERNELS_NO_JAX=1: not building {jax_lib}", file=sys.stderr)
+    else:
+        try:
+            import jax.ffi
+
+            jax_include = jax.ffi.include_dir()
+            print(f"qkernels setup.py: building {jax_lib} (jax {jax.__version__}, headers {jax_include})",
+                  file=sys.stderr)
+        except ImportError:
+            print(f"qkernels setup.py: jax is not importable: not building {jax_lib} (qkernels.jax needs it: install "
+                  'jax first; bootstrap.sh does, `pip install "qkernels[jax]"` installs it after the build)',
+                  file=sys.stderr)
+    if jax_include is not None:
+        # a plain Extension: no torch include or library; handlers exported one by one (csrc/jax/ffi_common.h)
+        ext_modules.append(Extension(
+            "qkernels.jax._kernels", sorted(glob.glob("csrc/jax/*.cpp")),
+            include_dirs=[os.path.join(here, "csrc", "include"), jax_include],
+            extra_compile_args=[*cxx_flags, "-std=c++17"], extra_link_args=link_flags, language="c++",
+            py_limited_api=True))  # named _kernels.abi3.so: it uses no Python API at all
+
     class BuildExt(BuildExtension):
         """Objects go to build/temp.* of the source tree also in an editable install (setuptools would use a fresh
         temporary directory there), so ninja recompiles only what changed and a wheel built after
@@ -122,6 +149,7 @@ else:
             if self.inplace:  # Python imports a stale _C.cpython-3xx-*.so before the new _C.abi3.so; CUDA kernels
                 stale = glob.glob(os.path.join(here, "qkernels", "_C*.cpython-*.so"))  # of an earlier build: gone
                 stale += [] if with_cuda else glob.glob(os.path.join(here, "qkernels", "_C_cuda*.so"))
+                stale += [] if jax_include else glob.glob(os.path.join(here, "qkernels", "jax", "_kernels*.so"))
                 for path in stale:
                     os.remove(path)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
@@ -182,3 +183,18 @@ def check_grid(grid: object) -> tuple[float, float, int]:
     if not a < b:
         raise ValueError(f"grid must have a < b, got a = {a}, b = {b}")
     return float(a), float(b), k
+
+
+def check_levels(levels: object, d: int) -> list[int]:
+    """FSQ levels given as an int or a sequence of ints: 1 or ``d`` of them, each >= 2 (the torch and JAX fsq)."""
+    if isinstance(levels, int) and not isinstance(levels, bool):
+        values = [levels]
+    elif isinstance(levels, Sequence) and all(isinstance(v, int) and not isinstance(v, bool) for v in levels):
+        values = list(levels)
+    else:
+        raise TypeError(f"levels must be an int or a sequence of ints, got {levels!r}")
+    if len(values) not in (1, d):
+        raise ValueError(f"levels must give 1 or d = {d} values, got {len(values)}")
+    if min(values) < 2:
+        raise ValueError(f"levels must all be >= 2, got {values}")
+    return values

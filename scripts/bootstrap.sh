@@ -41,13 +41,28 @@ if ! python -c "import numpy" >/dev/null 2>&1; then
     say "installing numpy (seconds)"
     pip_install "numpy>=1.24"
 fi
-# what the build depends on: native sources, build files, torch, python, the build switches
+# the jax extra (pyproject.toml) before the build: setup.py builds qkernels.jax's FFI library only when jax is
+# importable (QKERNELS_NO_JAX=1: neither)
+jax_version() { python -c "import importlib.metadata as m; print(m.version('jax'), m.version('jaxlib'))" 2>/dev/null; }
+if [ "${QKERNELS_NO_JAX:-0}" != 1 ] && ! jax_version >/dev/null; then
+    say "installing JAX, CPU (the jax extra; about 10 s from a warm cache)"
+    # shellcheck disable=SC2046  # one pip argument per requirement
+    pip_install $(python -c "
+try:
+    import tomllib
+except ImportError:  # Python 3.10: pip's own copy of tomli
+    from pip._vendor import tomli as tomllib
+print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['jax']))")
+fi
+# what the build depends on: native sources, build files, torch, jax, python, the build switches
 stamp_file=.venv/.qkernels-build-stamp
 stamp=$( { cat setup.py pyproject.toml; find csrc -type f | LC_ALL=C sort | xargs cat;
            python -c "import sys, torch; print(sys.version, torch.__version__, torch.version.cuda)";
-           echo "${QKERNELS_NO_EXT:-0} ${QKERNELS_NO_CUDA:-0} ${TORCH_CUDA_ARCH_LIST:-}"; } | sha256sum | cut -d' ' -f1)
+           jax_version || true;
+           echo "${QKERNELS_NO_EXT:-0} ${QKERNELS_NO_CUDA:-0} ${QKERNELS_NO_JAX:-0} ${TORCH_CUDA_ARCH_LIST:-}"; } | sha256sum | cut -d' ' -f1)
 ext_ok() {
-    [ "${QKERNELS_NO_EXT:-0}" = 1 ] || python -c "import torch, qkernels._C" >/dev/null 2>&1  # torch loads its libraries first
+    [ "${QKERNELS_NO_EXT:-0}" = 1 ] || { python -c "import torch, qkernels._C" >/dev/null 2>&1 &&  # torch's libraries first
+        { [ "${QKERNELS_NO_JAX:-0}" = 1 ] || compgen -G "qkernels/jax/_kernels*.so" >/dev/null; }; }
 }
 if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && ext_ok \
         && python -c "import qkernels, pytest, ruff" >/dev/null 2>&1; then
@@ -55,9 +70,9 @@ if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && ext_ok \
 else
     say "installing the build tools (seconds)"
     pip_install "setuptools>=77" wheel ninja
-    say "pip install --no-build-isolation -e \".[dev]\": compiles qkernels._C (about 3 min on 2 cores from" \
-        "scratch, only changed sources after that) and installs the dev tools (1-2 min the first time)"
-    pip_install --no-build-isolation -e ".[dev]"
+    say "pip install --no-build-isolation -e \".[dev,jax]\": compiles qkernels._C and the JAX FFI library (about 5 min" \
+        "on 2 cores from scratch, only changed sources after that) and installs the dev tools (1-2 min the first time)"
+    pip_install --no-build-isolation -e ".[dev$( [ "${QKERNELS_NO_JAX:-0}" = 1 ] || echo ,jax)]"
     echo "$stamp" > "$stamp_file"
     say "done"
 fi

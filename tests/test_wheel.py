@@ -10,6 +10,7 @@ keeps them in build/temp.*; same ninja) and only links and packs; the fresh venv
 local wheels."""
 
 import glob
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -70,6 +71,8 @@ def test_wheel_installs_and_runs_without_a_compiler(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
         assert "qkernels/py.typed" in zf.namelist() and "qkernels/_C.abi3.so" in zf.namelist()
+        if importlib.util.find_spec("jax") is not None:  # built with jax importable: qkernels.jax's FFI library too
+            assert "qkernels/jax/_kernels.abi3.so" in zf.namelist(), zf.namelist()
     assert f"Requires-Dist: torch>={_ext.target()}\n" in meta  # any torch from the stable-ABI target on
     assert "Requires-Dist: torch==" not in meta
     required = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]

@@ -42,7 +42,7 @@ void kde_grid_kernel(const T* pts, const T* smp, int64_t n, int64_t d, int64_t K
   using A = typename acc_type<T>::type;
   const A sg = A(sigma), w = A(kWindow * sigma);
   const A scale = A(1.0 / (double(n) * sigma * kSqrt2Pi * (deriv ? sigma : 1.0)));
-  torch::stable::parallel_for(0, d, 1, [&](int64_t j0, int64_t j1) {
+  parallel_for(0, d, 1, [&](int64_t j0, int64_t j1) {
     std::vector<A> col(n), sorted, gs;
     std::vector<int64_t> perm;
     for (int64_t j = j0; j < j1; ++j) {
@@ -98,7 +98,7 @@ GridTable<A> grid_table(const A* xt, int64_t n, int64_t d, const A* t, int64_t K
   tab.cnt.resize(n * d);
   tab.val.assign(n * d * tab.W, A(0));
   if (backward) tab.dval.assign(n * d * tab.W, A(0));
-  torch::stable::parallel_for(0, n * d, 256, [&](int64_t r0, int64_t r1) {
+  parallel_for(0, n * d, 256, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const A x = xt[r];
       int k0, k1;
@@ -147,7 +147,7 @@ void cond_table(const A* xj, int64_t n, const A* zeta, int64_t M, A sigma, CondT
   tab.nv.resize(n);
   tab.off.resize(n + 1);
   const A w = A(window_sigmas<A>() * double(sigma));
-  torch::stable::parallel_for(0, n, 256, [&](int64_t s0, int64_t s1) {
+  parallel_for(0, n, 256, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
       int64_t lo, hi;
       value_window(zeta, M, xj[s], w, &lo, &hi);
@@ -158,7 +158,7 @@ void cond_table(const A* xj, int64_t n, const A* zeta, int64_t M, A sigma, CondT
   tab.off[0] = 0;
   for (int64_t s = 0; s < n; ++s) tab.off[s + 1] = tab.off[s] + tab.nv[s] * L;
   tab.val.resize(tab.off[n]);
-  torch::stable::parallel_for(0, n, 256, [&](int64_t s0, int64_t s1) {
+  parallel_for(0, n, 256, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
       for (int64_t mm = 0; mm < tab.nv[s] * L; ++mm) {
         const int64_t m = tab.m0[s] + mm;
@@ -244,7 +244,7 @@ void cliff_kernel(const T* x, int64_t n, int64_t d, const T* grid, int64_t K, co
   std::vector<double> uni(d, 0.0), kl(d, 0.0), biv(d * d, 0.0);
 
   // ---- univariate entropy and KL-uni, one task per latent (owns gx[i, :])
-  torch::stable::parallel_for(0, d, 1, [&](int64_t i0, int64_t i1) {
+  parallel_for(0, d, 1, [&](int64_t i0, int64_t i1) {
     std::vector<A> G(K), gG(K), sorted, terms(n + L);
     std::vector<int64_t> perm;
     for (int64_t i = i0; i < i1; ++i) {
@@ -314,7 +314,7 @@ void cliff_kernel(const T* x, int64_t n, int64_t d, const T* grid, int64_t K, co
   if (d >= 2) {
     const int64_t Mp = (M + L - 1) / L * L, groups = std::min<int64_t>(d, 16);
     std::vector<A> gpart(bwd ? groups * d * n : 0, A(0));
-    torch::stable::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
       std::vector<A> zeta(M), zraw(M), zpad(Mp, A(0)), GT(K * Mp), gGT(bwd ? K * Mp : 0);
       std::vector<A> cn(Mp), dot(Mp), mix(K), gz(Mp);
       std::vector<int64_t> zrow(M), zperm;
@@ -389,7 +389,7 @@ void cliff_kernel(const T* x, int64_t n, int64_t d, const T* grid, int64_t K, co
       }
     });
     if (bwd) {
-      torch::stable::parallel_for(0, d, 1, [&](int64_t i0, int64_t i1) {
+      parallel_for(0, d, 1, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i)
           for (int64_t g0 = 0; g0 < groups; ++g0) {
             const A* g = gpart.data() + (g0 * d + i) * n;
@@ -441,7 +441,7 @@ Tiles klm_tiles(int64_t n) {
 // Runs body(I, J) for every tile pair, one task each.
 template <typename F>
 void for_each_tile(const Tiles& tl, F&& body) {
-  torch::stable::parallel_for(0, int64_t(tl.pairs.size()), 1, [&](int64_t p0, int64_t p1) {
+  parallel_for(0, int64_t(tl.pairs.size()), 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) body(tl.pairs[p].first, tl.pairs[p].second);
   });
 }
@@ -515,7 +515,7 @@ double klm_forward_kernel(const T* z, const T* std, int64_t n, int64_t d, T* lse
     if (mirror) store_columns(col, I, a0, B, Np, w, part.data());
   });
   std::vector<double> rows(n);
-  torch::stable::parallel_for(0, n, 64, [&](int64_t s0, int64_t s1) {
+  parallel_for(0, n, 64, [&](int64_t s0, int64_t s1) {
     for (int64_t b = s0; b < s1; ++b) {
       double r = 0.0;
       for (int64_t e = 0; e < w; ++e) {
@@ -595,7 +595,7 @@ void klm_backward_kernel(double g, const T* z, const T* std, const T* lse, int64
   });
   const A scale = A(g / double(n));
   std::vector<A> gy(n * d);  // (n, d)
-  torch::stable::parallel_for(0, n, 64, [&](int64_t s0, int64_t s1) {
+  parallel_for(0, n, 64, [&](int64_t s0, int64_t s1) {
     for (int64_t b = s0; b < s1; ++b)
       for (int64_t j = 0; j < d; ++j) {
         A sum = 0;

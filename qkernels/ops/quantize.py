@@ -24,7 +24,7 @@ import torch
 
 from qkernels._backend import SELF_CHECKING, implementations, register, select
 from qkernels._precision import compute_dtype, no_autocast, upcast
-from qkernels._validation import check_finite, check_positive, check_same, check_tensor, value_checks
+from qkernels._validation import check_finite, check_levels, check_positive, check_same, check_tensor, value_checks
 from qkernels.ops import _library as lib
 from qkernels.ops._library import zeros_if_none
 from qkernels.reference import quantize as ref
@@ -427,16 +427,7 @@ def _levels(levels: int | Sequence[int] | torch.Tensor, d: int, device: torch.de
         if value_checks(lv) and (lv < 2).any():
             raise ValueError(f"levels must all be >= 2, got {lv.tolist()}")
         return lv.expand(d)
-    if isinstance(levels, int) and not isinstance(levels, bool):
-        values = [levels]
-    elif isinstance(levels, Sequence) and all(isinstance(v, int) and not isinstance(v, bool) for v in levels):
-        values = list(levels)
-    else:
-        raise TypeError(f"levels must be an int or a sequence of ints, got {levels!r}")
-    if len(values) not in (1, d):
-        raise ValueError(f"levels must give 1 or d = {d} values, got {len(values)}")
-    if min(values) < 2:
-        raise ValueError(f"levels must all be >= 2, got {values}")
+    values = check_levels(levels, d)
     # built on the host, copied without blocking it (a plain copy to CUDA synchronizes)
     return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True).expand(d)
 

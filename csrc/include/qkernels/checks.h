@@ -1,33 +1,38 @@
-// Argument checks shared by every op's CPU kernels and CUDA glue (the *_checks.h headers build on
-// these). Uses torch's stable ABI (qkernels/stable.h): never include from a .cu kernel file.
+// Argument checks shared by every op's CPU kernels, CUDA glue and XLA FFI handlers (the *_checks.h headers
+// build on these). Framework-free: templates over the front-end's tensor type X (qkernels/check_core.h says
+// what X provides); never include from a .cu kernel file.
 #pragma once
-
-#include "qkernels/stable.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 
+#include "qkernels/check_core.h"
+
 namespace qkernels {
 
 // t on ref's device with ref's dtype (a CUDA kernel must never be handed a host pointer).
-inline void check_like(const Tensor& t, const char* name, const Tensor& ref, const char* ref_name, const char* op) {
+template <typename X>
+void check_like(const X& t, const char* name, const X& ref, const char* ref_name, const char* op) {
   QK_CHECK(device_of(t) == device_of(ref), op, ": ", name, " is on ", device_of(t), " but ", ref_name, " is on ",
            device_of(ref));
-  QK_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " has dtype ", t.scalar_type(), " but ", ref_name,
-           " has dtype ", ref.scalar_type());
+  QK_CHECK(dtype_of(t) == dtype_of(ref), op, ": ", name, " has dtype ", dtype_of(t), " but ", ref_name,
+           " has dtype ", dtype_of(ref));
 }
 
 // A floating-point tensor (float32 or float64: the kernels' dtypes).
-inline void check_floating(const Tensor& t, const char* name, const char* op) {
-  QK_CHECK(t.scalar_type() == ScalarType::Float || t.scalar_type() == ScalarType::Double, op, ": ", name,
-           " must be float32 or float64, got ", t.scalar_type());
+template <typename X>
+void check_floating(const X& t, const char* name, const char* op) {
+  QK_CHECK(dtype_of(t) == DType::Float32 || dtype_of(t) == DType::Float64, op, ": ", name,
+           " must be float32 or float64, got ", dtype_of(t));
 }
 
-// An int64 index tensor on ref's device.
-inline void check_index(const Tensor& idx, const char* name, const Tensor& ref, const char* op) {
-  QK_CHECK(idx.scalar_type() == ScalarType::Long, op, ": ", name, " must be int64, got ", idx.scalar_type());
+// An index tensor on ref's device: int64 (int32 too where the front-end says so: JAX without x64).
+template <typename X>
+void check_index(const X& idx, const char* name, const X& ref, const char* op, bool int32_ok = false) {
+  QK_CHECK(dtype_of(idx) == DType::Int64 || (int32_ok && dtype_of(idx) == DType::Int32), op, ": ", name,
+           " must be int64", int32_ok ? " or int32" : "", ", got ", dtype_of(idx));
   QK_CHECK(device_of(idx) == device_of(ref), op, ": ", name, " is on ", device_of(idx), " but the data is on ",
            device_of(ref));
 }
@@ -44,32 +49,41 @@ inline bool value_checks_enabled() {
   return on;
 }
 
-inline bool value_checked(const Tensor& t) { return is_cpu(t) && t.numel() > 0 && value_checks_enabled(); }
+template <typename X>
+bool value_checked(const X& t) {
+  return device_of(t).kind == DeviceName::Cpu && t.numel() > 0 && value_checks_enabled();
+}
 
-// Index values in [0, hi).
-inline void check_index_range(const Tensor& idx, int64_t hi, const char* name, const char* op) {
+// Index values in [0, hi) (int64, or int32 where check_index allowed it).
+template <typename X>
+void check_index_range(const X& idx, int64_t hi, const char* name, const char* op) {
   if (!value_checked(idx)) return;
-  const Tensor c = as_contiguous(idx);
-  const int64_t* p = c.const_data_ptr<int64_t>();
+  const X c = as_contiguous(idx);
   const int64_t numel = c.numel();  // stable Tensor methods are calls into libtorch: hoisted out of loops
-  int64_t lo_v = p[0], hi_v = p[0];
-  for (int64_t i = 1; i < numel; ++i) {
-    lo_v = std::min(lo_v, p[i]);
-    hi_v = std::max(hi_v, p[i]);
-  }
+  int64_t lo_v = 0, hi_v = 0;
+  auto scan = [&](const auto* p) {
+    lo_v = hi_v = p[0];
+    for (int64_t i = 1; i < numel; ++i) {
+      lo_v = std::min<int64_t>(lo_v, p[i]);
+      hi_v = std::max<int64_t>(hi_v, p[i]);
+    }
+  };
+  if (dtype_of(c) == DType::Int32) scan(c.template const_data_ptr<int32_t>());
+  else scan(c.template const_data_ptr<int64_t>());
   QK_CHECK_VALUE(lo_v >= 0 && hi_v < hi, op, ": ", name, " must hold values in [0, ", hi, "), got values in [", lo_v,
                  ", ", hi_v, "]");
 }
 
 // No NaN or inf (positive: every value > 0) in a floating tensor.
-inline void check_finite(const Tensor& t, const char* name, const char* op, bool positive = false) {
+template <typename X>
+void check_finite(const X& t, const char* name, const char* op, bool positive = false) {
   if (!value_checked(t)) return;
-  const Tensor c = as_contiguous(t);
+  const X c = as_contiguous(t);
   const int64_t numel = c.numel();
   bool finite = true, pos = true;
-  dispatch_floating(c.scalar_type(), [&](auto zero) {
+  dispatch_floating(dtype_of(c), [&](auto zero) {
     using scalar_t = decltype(zero);
-    const scalar_t* p = c.const_data_ptr<scalar_t>();
+    const scalar_t* p = c.template const_data_ptr<scalar_t>();
     // locals, not the captured flags: the loop stays in registers; or'ed comparisons (x - x is 0 for finite x,
     // NaN for inf and NaN), not isfinite and &&: the compiler vectorizes them (a check read each value in ~10
     // instructions, a third of the categorical kernel's time)
@@ -86,14 +100,15 @@ inline void check_finite(const Tensor& t, const char* name, const char* op, bool
 }
 
 // Every value in [0, 1].
-inline void check_unit_interval(const Tensor& t, const char* name, const char* op) {
+template <typename X>
+void check_unit_interval(const X& t, const char* name, const char* op) {
   if (!value_checked(t)) return;
-  const Tensor c = as_contiguous(t);
+  const X c = as_contiguous(t);
   const int64_t numel = c.numel();
   bool ok = true;
-  dispatch_floating(c.scalar_type(), [&](auto zero) {
+  dispatch_floating(dtype_of(c), [&](auto zero) {
     using scalar_t = decltype(zero);
-    const scalar_t* p = c.const_data_ptr<scalar_t>();
+    const scalar_t* p = c.template const_data_ptr<scalar_t>();
     int out = 0;  // (vectorized: see check_finite)
     for (int64_t i = 0; i < numel; ++i) out |= !(p[i] >= scalar_t(0)) | !(p[i] <= scalar_t(1));
     ok = out == 0;
@@ -102,7 +117,8 @@ inline void check_unit_interval(const Tensor& t, const char* name, const char* o
 }
 
 // A one-element upstream gradient on ref's device.
-inline void check_scalar_grad(const Tensor& g, const char* name, const Tensor& ref, const char* op) {
+template <typename X>
+void check_scalar_grad(const X& g, const char* name, const X& ref, const char* op) {
   QK_CHECK(g.numel() == 1, op, ": ", name, " must hold one element, got shape ", shape(g));
   QK_CHECK(device_of(g) == device_of(ref), op, ": ", name, " is on ", device_of(g), " but the data is on ",
            device_of(ref));

@@ -20,6 +20,13 @@
 
 namespace qkernels {
 
+// The shape of a stacked batch (what check_fd returns, the CPU kernels take): n samples, k directions, groups,
+// M columns, `offset` center rows before the perturbed blocks (0 or n; they cancel), the "max" reduction.
+struct FdShape {
+  int64_t n, k, groups, M, offset;
+  bool use_max;
+};
+
 // x_l of one element: (plus + minus) / eps^2.
 template <typename T, typename A = typename acc_type<T>::type>
 QK_HOST_DEVICE A fd_point(const T* x, int64_t stride, int64_t l, A inv_eps2) {

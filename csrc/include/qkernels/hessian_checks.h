@@ -1,22 +1,19 @@
-// Argument checks of the finite_difference_curvature ops, shared by the CPU kernels
-// (csrc/cpu/hessian.cpp) and the CUDA glue (csrc/cuda/hessian_glue.cpp). Uses torch's stable ABI: never include
-// from a .cu kernel file.
+// Argument checks of the finite_difference_curvature ops, shared by the CPU kernels (csrc/cpu/hessian.cpp), the
+// CUDA glue (csrc/cuda/hessian_glue.cpp) and the XLA FFI handlers (csrc/jax/hessian_ffi.cpp): templates over the
+// front-end's tensor type (qkernels/check_core.h). Never include from a .cu kernel file.
 #pragma once
 
 #include <string>
 #include <string_view>
 
 #include "qkernels/checks.h"
+#include "qkernels/hessian.h"
 
 namespace qkernels {
 
-struct FdShape {
-  int64_t n, k, groups, M, offset;  // offset: center rows before the perturbed blocks (0 or n)
-  bool use_max;
-};
-
-inline FdShape check_fd(const Tensor& stacked, int64_t n, int64_t k, double eps, int64_t groups,
-                 std::string_view reduce, const char* op) {
+template <typename X>
+FdShape check_fd(const X& stacked, int64_t n, int64_t k, double eps, int64_t groups, std::string_view reduce,
+                 const char* op) {
   QK_CHECK(stacked.dim() == 2, op, ": stacked must be (R, M), got ", shape(stacked));
   check_floating(stacked, "stacked", op);
   QK_CHECK(n >= 1, op, ": n must be >= 1, got ", n);
@@ -32,15 +29,17 @@ inline FdShape check_fd(const Tensor& stacked, int64_t n, int64_t k, double eps,
   return {n, k, groups, stacked.size(1), R - P, reduce == "max"};
 }
 
-inline FdShape check_fd_backward(const Tensor& grad, const Tensor& stacked, const Tensor& argmax, int64_t n, int64_t k,
-                                 double eps, int64_t groups, std::string_view reduce, const char* op) {
+// int32_index: argmax may be int32 (JAX without x64), else int64.
+template <typename X>
+FdShape check_fd_backward(const X& grad, const X& stacked, const X& argmax, int64_t n, int64_t k, double eps,
+                          int64_t groups, std::string_view reduce, const char* op, bool int32_index = false) {
   const FdShape s = check_fd(stacked, n, k, eps, groups, reduce, op);
   QK_CHECK(grad.dim() == 2 && grad.size(0) == groups && grad.size(1) == n, op, ": grad must be (groups, n) = (",
            groups, ", ", n, "), got ", shape(grad));
-  QK_CHECK(argmax.sizes().equals(grad.sizes()), op, ": argmax must be (groups, n), got ", shape(argmax));
+  QK_CHECK(same_shape(argmax, grad), op, ": argmax must be (groups, n), got ", shape(argmax));
   QK_CHECK(device_of(grad) == device_of(stacked), op, ": grad is on ", device_of(grad), " but stacked is on ",
            device_of(stacked));
-  check_index(argmax, "argmax", stacked, op);
+  check_index(argmax, "argmax", stacked, op, int32_index);
   return s;
 }
 

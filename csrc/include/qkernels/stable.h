@@ -1,5 +1,6 @@
 // The part of the LibTorch stable ABI the CPU kernels and the CUDA glue use, and the few helpers they
-// share: argument checks with one-line messages, float32/float64 dispatch, allocation, 0-dim results.
+// share: the torch side of the framework-free checks (qkernels/check_core.h: dtype_of, device_of),
+// float32/float64 dispatch, allocation, 0-dim results.
 // Every torch symbol reached from here is a C function of the stable shim (aoti_torch_* / torch_*),
 // so qkernels._C loads in every torch release >= TORCH_TARGET_VERSION (setup.py sets it: 2.11).
 // Include this header before any other torch header. Uses torch: never include from a .cu kernel file.
@@ -19,68 +20,39 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include <ostream>
-#include <sstream>
-#include <stdexcept>
-#include <string>
+
+#include "qkernels/check_core.h"
 
 namespace qkernels {
 
 using Tensor = torch::stable::Tensor;
 using torch::headeronly::ScalarType;
 
-namespace detail {
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
-}  // namespace detail
-
-// QK_CHECK(cond, message parts...): a RuntimeError in Python with exactly the message (no file or line:
-// STD_TORCH_CHECK would prefix both). QK_CHECK_VALUE: a ValueError: it throws std::invalid_argument,
-// which PyTorch's Python binding (pybind11) translates to ValueError, as TORCH_CHECK_VALUE's error type
-// was (that one is not part of the stable ABI); tests/test_backend.py checks the type.
-#define QK_CHECK(cond, ...)                                                  \
-  do {                                                                       \
-    if (!(cond)) throw std::runtime_error(::qkernels::detail::cat(__VA_ARGS__)); \
-  } while (0)
-#define QK_CHECK_VALUE(cond, ...)                                                \
-  do {                                                                           \
-    if (!(cond)) throw std::invalid_argument(::qkernels::detail::cat(__VA_ARGS__)); \
-  } while (0)
-
-// Shapes and devices in messages as torch prints them: [5, 3], cpu, cuda:0.
-struct Shape {
-  torch::headeronly::IntHeaderOnlyArrayRef sizes;
-};
-inline Shape shape(const Tensor& t) { return {t.sizes()}; }
-inline std::ostream& operator<<(std::ostream& out, const Shape& s) {
-  out << '[';
-  for (size_t i = 0; i < s.sizes.size(); ++i) out << (i ? ", " : "") << s.sizes[i];
-  return out << ']';
+// The torch side of qkernels/check_core.h: what the framework-free checks ask of a tensor.
+inline DType dtype_of(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case ScalarType::Float: return DType::Float32;
+    case ScalarType::Double: return DType::Float64;
+    case ScalarType::Half: return DType::Float16;
+    case ScalarType::BFloat16: return DType::BFloat16;
+    case ScalarType::Int: return DType::Int32;
+    case ScalarType::Long: return DType::Int64;
+    case ScalarType::Bool: return DType::Bool;
+    default: return DType::Other;
+  }
 }
 
-struct DeviceName {
-  int32_t type, index;
-};
 inline DeviceName device_of(const Tensor& t) {
-  DeviceName d{};
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &d.type));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &d.index));
-  return d;
+  int32_t type = 0, index = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &index));
+  const DeviceName::Kind kind = type == aoti_torch_device_type_cpu()    ? DeviceName::Cpu
+                                : type == aoti_torch_device_type_cuda() ? DeviceName::Cuda
+                                : type == aoti_torch_device_type_meta() ? DeviceName::Meta
+                                                                        : DeviceName::Other;
+  return {kind, type, index};
 }
-inline bool operator==(const DeviceName& a, const DeviceName& b) { return a.type == b.type && a.index == b.index; }
-inline bool is_cpu(const Tensor& t) { return device_of(t).type == aoti_torch_device_type_cpu(); }
-inline std::ostream& operator<<(std::ostream& out, const DeviceName& d) {
-  if (d.type == aoti_torch_device_type_cpu()) out << "cpu";
-  else if (d.type == aoti_torch_device_type_cuda()) out << "cuda";
-  else if (d.type == aoti_torch_device_type_meta()) out << "meta";
-  else out << "device type " << d.type;
-  if (d.index >= 0) out << ':' << d.index;
-  return out;
-}
+inline bool is_cpu(const Tensor& t) { return device_of(t).kind == DeviceName::Cpu; }
 
 // f(scalar_t{}) for a float32 or float64 dtype (the kernels' dtypes; the checks reject others first):
 //   dispatch_floating(t.scalar_type(), [&](auto zero) { using scalar_t = decltype(zero); ... });

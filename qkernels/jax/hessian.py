@@ -1,0 +1,244 @@
+"""Tripod's normalized Hessian penalty for JAX: :func:`normalized_hessian_penalty` and its fused reduction
+:func:`finite_difference_curvature`.
+
+The penalty builds the stacked finite-difference batch [z + v_1; z - v_1; ...; z + w_k; z - w_k] (jax.numpy,
+differentiable in z and std), calls ``fn`` ONCE on it, and reduces each activation to per-sample curvature values
+with :func:`finite_difference_curvature`: a ``jax.custom_vjp`` whose forward and backward are XLA FFI calls of the
+C++ CPU kernel the torch op uses (csrc/cpu/hessian_impl.h through csrc/jax/hessian_ffi.cpp). ``fn`` is never called
+on z itself: f(z) cancels from a variance over directions (:mod:`qkernels.ops.hessian` says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from qkernels._validation import check_positive, is_finite_number
+from qkernels.jax import _checks
+from qkernels.jax._ffi import call, index_dtype, like
+
+NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
+STD_EPS = 1e-6  # the default scale: population std of z + 1e-6
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
+def _curvature(stacked: jax.Array, n: int, k: int, eps: float, groups: int, unbiased: bool, reduce: str) -> jax.Array:
+    return _curvature_fwd(stacked, n, k, eps, groups, unbiased, reduce)[0]
+
+
+def _attrs(n, k, eps, groups, unbiased, reduce):
+    return dict(n=n, num_perturbations=k, eps=eps, groups=groups, unbiased=unbiased, reduce=reduce)
+
+
+def _curvature_fwd(stacked, n, k, eps, groups, unbiased, reduce):
+    values, argmax = call(
+        "fd_curvature_fwd",
+        (like(stacked, (groups, n)), like(stacked, (groups, n), index_dtype())),
+        stacked,
+        **_attrs(n, k, eps, groups, unbiased, reduce),
+    )
+    return values, (stacked, argmax)
+
+
+def _curvature_bwd(n, k, eps, groups, unbiased, reduce, res, grad):
+    stacked, argmax = res
+    return (
+        call("fd_curvature_bwd", like(stacked), grad, stacked, argmax, **_attrs(n, k, eps, groups, unbiased, reduce)),
+    )
+
+
+_curvature.defvjp(_curvature_fwd, _curvature_bwd)
+
+
+def _check_k_eps(num_perturbations: int, eps: float) -> tuple[int, float]:
+    check_positive("num_perturbations", num_perturbations, integer=True)
+    if num_perturbations < 2:
+        raise ValueError(f"num_perturbations must be >= 2 (a variance needs two), got {num_perturbations}")
+    check_positive("eps", eps)
+    if not is_finite_number(eps):
+        raise ValueError(f"eps must be finite, got {eps}")
+    return int(num_perturbations), float(eps)
+
+
+def _activation(name: str, a: Any) -> jax.Array:
+    """A float32 / float64 activation (finite differences of half-precision ones lose the curvature)."""
+    a = _checks.array(name, a, min_ndim=1)
+    if a.dtype in _checks.HALF:
+        raise TypeError(
+            f"{name} has dtype {a.dtype}: finite differences of half-precision activations lose the "
+            f"curvature to rounding; compute them in float32"
+        )
+    return a
+
+
+def finite_difference_curvature(
+    stacked: jax.Array,
+    n: int,
+    num_perturbations: int,
+    eps: float,
+    *,
+    groups: int = 2,
+    unbiased: bool = False,
+    reduce: str = "mean",
+) -> jax.Array:
+    """Fused reduction of a stacked finite-difference batch to per-sample curvature values, as
+    :func:`qkernels.finite_difference_curvature`.
+
+    Args:
+        stacked: (R, ...) activations (trailing dims flattened to M columns), R = n 2k groups rows [group 0:
+            f(z + h_1), f(z - h_1), ..., f(z + h_k), f(z - h_k); group 1: ...] in blocks of n rows, or n (1 + 2k
+            groups) with the center rows f(z) first (they cancel).
+        n: the batch size; num_perturbations: k >= 2; eps: the step (> 0); groups: 2 (NHP) or 1 (HP); unbiased:
+            divisor k - 1; reduce: "mean" or "max" over the M columns.
+
+    Returns:
+        (groups, n) in stacked's dtype: the mean (or max) over columns of the variance over the k directions of
+        the second differences (f(z + h) + f(z - h) - 2 f(z)) / eps^2. Differentiable in stacked.
+    """
+    stacked = _activation("stacked", stacked)
+    k, eps = _check_k_eps(num_perturbations, eps)
+    check_positive("n", n, integer=True)
+    if groups not in (1, 2) or reduce not in ("mean", "max"):
+        raise ValueError(f"groups must be 1 or 2 and reduce 'mean' or 'max', got {groups} and {reduce!r}")
+    rows = stacked.shape[0]
+    if rows - n * 2 * k * groups not in (0, n):
+        raise ValueError(
+            f"stacked must have n * 2k * groups = {n * 2 * k * groups} rows (or n more, the center "
+            f"rows first), got shape {tuple(stacked.shape)}"
+        )
+    return _curvature(stacked.reshape(rows, -1), n, k, eps, groups, bool(unbiased), reduce)
+
+
+def _population_std(z: jax.Array) -> jax.Array:
+    """z.std(0) with a zero (not NaN) gradient where a column is constant."""
+    var = jnp.var(z, axis=0)
+    pos = var > 0
+    return jnp.sqrt(jnp.where(pos, var, 1.0)) * pos
+
+
+def _curvatures(
+    fn: Callable[[jax.Array], Any], z: jax.Array, std: Any, draws: jax.Array, eps: float, chunk_size: int | None
+) -> tuple[list[jax.Array], Any]:
+    """Per activation of fn (its pytree leaves), the (2, n) curvature values [Rademacher group; Gaussian group] of
+    the stacked batch built from ``draws`` (2k, n, d): the signs of the first k, the other k as they are."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if chunk_size is not None:
+        check_positive("chunk_size", chunk_size, integer=True)
+    n, d = z.shape
+    k = draws.shape[0] // 2
+    s = _population_std(z) + STD_EPS if std is None else _checks.std_array(std, d, z.dtype)
+    u = jnp.concatenate([jnp.where(draws[:k] >= 0, 1.0, -1.0).astype(z.dtype), draws[k:]])
+    h = u * (eps * s)
+    stacked = jnp.stack([z + h, z - h], axis=1).reshape(-1, d)  # [z + h_1; z - h_1; ...] in blocks of n rows
+    rows = stacked.shape[0]
+    if chunk_size is None:
+        out = fn(stacked)
+    else:
+        parts = [fn(stacked[i : i + chunk_size]) for i in range(0, rows, chunk_size)]
+        if any(jax.tree_util.tree_structure(p) != jax.tree_util.tree_structure(parts[0]) for p in parts):
+            raise ValueError("fn must return the same structure (array / list / dict) for every chunk")
+        out = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *parts)
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    if not leaves:
+        raise ValueError("fn returned no arrays")
+    values = []
+    for i, a in enumerate(leaves):
+        a = _activation("fn output" if len(leaves) == 1 else f"fn output [{i}]", a)
+        if a.shape[0] != rows:
+            raise ValueError(
+                f"fn output must have the stacked batch ({rows} rows) as its first dimension, got "
+                f"shape {tuple(a.shape)}; fn must map latents (N, d) to activations (N, ...)"
+            )
+        values.append(_curvature(a.reshape(rows, -1), n, k, eps, 2, False, "mean"))
+    return values, tree
+
+
+def hessian_penalty_terms(
+    fn: Callable[[jax.Array], Any],
+    z: jax.Array,
+    std: jax.Array | float | None = None,
+    *,
+    draws: jax.Array,
+    eps: float = 0.1,
+    chunk_size: int | None = None,
+) -> tuple[Any, Any]:
+    """The per-sample numerator and denominator of :func:`normalized_hessian_penalty`, from the caller's directions.
+
+    For training code that draws its own directions (e.g. per-sample keys, as the Tripod authors' code does).
+
+    Args:
+        fn, z, std, eps, chunk_size: as :func:`normalized_hessian_penalty`.
+        draws: (2k, n, d), k >= 2: the signs of the first k (+1 where >= 0; Rademacher signs pass unchanged) scale
+            the Rademacher directions, the other k (standard normals) the Gaussian ones: h = u * eps * std.
+
+    Returns:
+        (numerator, denominator), each in fn's structure with (n,) per activation: the mean over the activation's
+        elements of the variance over the k second differences of the Rademacher (numerator) and the Gaussian
+        (denominator) directions. The penalty per sample is numerator / (denominator + 1e-10).
+    """
+    z = _checks.array("z", z, ndim=2)
+    draws = _checks.array("draws", draws, ndim=3)
+    if draws.shape[1:] != z.shape or draws.shape[0] % 2:
+        raise ValueError(f"draws must be (2k, n, d) with (n, d) = {tuple(z.shape)}, got shape {tuple(draws.shape)}")
+    _, eps = _check_k_eps(draws.shape[0] // 2, eps)
+    dt = _checks.compute_dtype(z, draws)
+    values, tree = _curvatures(fn, z.astype(dt), std, draws.astype(dt), eps, chunk_size)
+    return jax.tree_util.tree_unflatten(tree, [v[0] for v in values]), jax.tree_util.tree_unflatten(
+        tree, [v[1] for v in values]
+    )
+
+
+def normalized_hessian_penalty(
+    fn: Callable[[jax.Array], Any],
+    z: jax.Array,
+    key: Any,
+    std: jax.Array | float | None = None,
+    *,
+    num_perturbations: int = 2,
+    eps: float = 0.1,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Any:
+    """Tripod's normalized Hessian penalty (Section 3.3, Prop. 3.2, Algorithm 1), as
+    :func:`qkernels.normalized_hessian_penalty`.
+
+    Directions v_l = eps std r_l (r Rademacher: the signs of the first k of ONE (2k, n, d) standard-normal draw
+    from ``key``) and w_l = eps std g_l (g: the other k); per activation and sample mean(numerator) /
+    (mean(denominator) + 1e-10), the variances over the k second differences of each group; batch mean; summed
+    over fn's activations. :func:`hessian_penalty_terms` takes the directions from the caller instead.
+
+    Args:
+        fn: maps latents (N, d) to an activation array (N, ...) or a pytree (list, tuple, dict) of them; called
+            once on the stacked batch of 4k n rows (in row chunks of ``chunk_size`` when given). Deterministic and
+            smooth at the scale eps * std.
+        z: (n, d) latents. Gradients reach z, std and whatever fn closes over.
+        key: a ``jax.random`` key for the directions.
+        std: (d,) positive scales, or one (a number or 0-d array); default the population std of z + 1e-6
+            (differentiable in z).
+        num_perturbations: k >= 2; eps: the step (> 0), relative to each latent's std.
+        reduction: "mean" (a scalar) or "none": per-sample values (n,) in fn's structure.
+        chunk_size: at most this many rows per fn call.
+
+    Returns:
+        A scalar ("mean") or per-activation (n,) values ("none"), in the activations' dtype.
+
+    Raises:
+        TypeError: fn not callable or half-precision activations. ValueError: k < 2, eps <= 0, a misshaped std,
+            another reduction, or activations without the stacked batch as their first dimension.
+    """
+    z = _checks.array("z", z, ndim=2)
+    k, eps = _check_k_eps(num_perturbations, eps)
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be one of ('mean', 'none'), got {reduction!r}")
+    dt = _checks.compute_dtype(z)
+    draws = jax.random.normal(key, (2 * k, *z.shape), dt)
+    values, tree = _curvatures(fn, z.astype(dt), std, draws, eps, chunk_size)
+    per = [v[0] / (v[1] + NHP_DENOM_EPS) for v in values]
+    if reduction == "none":
+        return jax.tree_util.tree_unflatten(tree, per)
+    return sum((p.mean() for p in per[1:]), per[0].mean())
