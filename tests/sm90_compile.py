@@ -8,11 +8,12 @@ dtype-only stand-ins, ints and floats as they were) under a stub driver that say
 launches nothing, so the specialization (ints equal to 1 or divisible by 16, aligned pointers, float
 annotations, constexprs) is Triton's own. Per kernel: shared memory, registers and spill bytes (the ptxas
 ``-v`` log of the compile itself), the ``tt.dot`` shapes and input precisions of the TTIR, and whether the
-PTX holds tensor-core instructions (``mma`` / ``wgmma``). Results are cached, keyed by Triton's version, the
-kernel's source hash (``cache_key``: its callees included) and the specialization Triton compiles from
-(argument types and divisibility, constexprs, num_warps / num_stages): read from SEED (the committed
-tests/sm90_cache.json, {key: result}) or CACHE_DIR, written to CACHE_DIR. A changed kernel or a new
-specialization has a new key and is compiled.
+PTX holds tensor-core instructions (``mma``: either of ``wgmma``, Hopper's warp-group MMAs, and ``mma_sync``,
+Ampere's ``mma.sync``, which Triton falls back to for small tiles: a fraction of the rate on sm_90). Results are
+cached, keyed by SCHEMA, Triton's version, the kernel's source hash (``cache_key``: its callees included) and the
+specialization Triton compiles from (argument types and divisibility, constexprs, num_warps / num_stages): read
+from SEED (the committed tests/sm90_cache.json, {key: result}) or CACHE_DIR, written to CACHE_DIR. A changed
+kernel or a new specialization has a new key and is compiled.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+SCHEMA = 2  # part of every result's key: raise it when a result gains a field (2: "wgmma", "mma_sync")
 DOT = re.compile(r"tt\.dot %\S+, %\S+, %[^,\s]+(?:, inputPrecision = (\w+))?[^:]*: tensor<(\d+)x(\d+)x(\w+)> \* "
                  r"tensor<(\d+)x(\d+)x\w+>")
 
@@ -87,13 +89,14 @@ def _properties(kernel, ptxas_log: str) -> dict:
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas_log)]
     return {"shared": kernel.metadata.shared, "regs": int(regs.group(1)),
             "spill_bytes": sum(spills), "dots": dots, "mma": bool(re.search(r"\bw?gmma\.|\bmma\.sync", ptx)),
+            "wgmma": bool(re.search(r"\bwgmma\.", ptx)), "mma_sync": bool(re.search(r"\bmma\.sync", ptx)),
             "num_warps": kernel.metadata.num_warps, "num_stages": kernel.metadata.num_stages}
 
 
 def _identity(repr_: str, fn, compile_: dict) -> str:
     spec = json.loads(compile_["specialization_data"])
     spec["options"].pop("extern_libs", None)  # absolute paths of this install: not part of the identity
-    ident = [triton.__version__, fn.jit_function.cache_key, repr_, spec]
+    ident = [SCHEMA, triton.__version__, fn.jit_function.cache_key, repr_, spec]
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

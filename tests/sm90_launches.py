@@ -4,9 +4,10 @@ sm_90 (H100 / H200) properties of the compiled kernels (used by tests/test_trito
 :func:`record` runs one forward + backward of a public function on the ``triton`` backend with CPU tensors
 under ``TRITON_INTERPRET=1``, the interpreter's launch patched to write down each launch (kernel, arguments,
 constexprs, grid, num_warps / num_stages) and return without executing it: the host code runs as on a GPU
-(tile choices, grids, workspaces, which kernels), the kernels do not, so the benchmark shapes (up to
-(16384, 32, 128, 128)) are recorded in seconds. Outputs are then uninitialized memory, which no host code
-reads (value checks are off, as on a GPU). An autotuned kernel records every config.
+(tile choices, grids, workspaces, which kernels; an H100's 132 SMs where a plan reads the SM count), the kernels
+do not, so the benchmark shapes (up to (16384, 32, 128, 128)) are recorded in seconds. Outputs are then
+uninitialized memory, which no host code reads (value checks are off, as on a GPU). An autotuned kernel records
+every config.
 
 :data:`CASES` are the shapes of ``qkernels bench`` (qkernels/bench/quantize.py, kde.py, hessian.py; their own
 input makers and loss functions), float32 and float64; Cliff float32 at the bench's two matmul precisions.
@@ -178,14 +179,18 @@ def recording():
             self.fn.run(*args, **kwargs, **config.all_kwargs())
 
     from qkernels import _validation
+    from qkernels.triton.kde import cliff_fused
 
     checks, _validation.CHECK_VALUES = _validation.CHECK_VALUES, "0"
+    # Cliff plans its chunks from the device's SM count, off a GPU from one SM (the interpreter runs one program
+    # at a time); recorded, it plans for an H100's (the other kernels' plans assume 132 off a GPU already)
+    sm_count, cliff_fused._sm_count = cliff_fused._sm_count, lambda device: SMS
     interpreter.InterpretedFunction.run, autotuner.Autotuner.run = record, every_config
     try:
         yield launches
     finally:
         interpreter.InterpretedFunction.run, autotuner.Autotuner.run = run, tuned
-        _validation.CHECK_VALUES = checks
+        _validation.CHECK_VALUES, cliff_fused._sm_count = checks, sm_count
 
 
 def record(run: Callable[[], None]) -> list[dict]:
@@ -241,34 +246,38 @@ def compile_launches(launches: list[dict], workers: int = 2) -> list[dict]:
 def budget_scenarios(dtype: torch.dtype) -> list[Case]:
     """The launch-budget scenarios of tests/test_launches.py (every public op, n = 16, d = 3: the branches the
     benchmark shapes do not take, e.g. gumbel_quantize, hessian_penalty), and Cliff's GEMM path at a small shape
-    with each float32 matmul precision. Not held to the grid rule (tiny shapes)."""
+    with each float32 matmul precision, and with tests/test_kde.py's 16-wide tiles (an H200 failed its tl.dot
+    K >= 16 there). Not held to the grid rule (tiny shapes)."""
     from test_launches import forward_backward, scenarios
 
     import qkernels.triton.kde._cliff_common as common
     import qkernels.triton.kde.cliff_fused as fused
+    import qkernels.triton.kde.cliff_gemm as gemm
 
     out = [Case(name, f"{name} budget scenario {str(dtype)[6:]}", lambda f=f, lv=lv: forward_backward(f, lv)(), 0.0)
            for name, (f, lv, _) in scenarios(dtype).items()]
 
-    def gemm_path(precision):
+    def gemm_path(precision, blocks=None):
         def run():
             z = torch.randn(40, 3, dtype=dtype, requires_grad=True)
-            before = torch.get_float32_matmul_precision(), fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK
+            before = torch.get_float32_matmul_precision(), fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS
             torch.set_float32_matmul_precision(precision)
             # the GEMM path at a small shape; "highest" runs exact FMA products below IEEE_MAX_WORK multiply-adds:
             # 0 here, to compile its 3xTF32 products
-            fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK = 0, 0
+            fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS = 0, 0, blocks or gemm.GEMM_BLOCKS
             try:
                 qkernels.cliff_loss(z, num_cond=5, grid=(-3.0, 3.0, 20)).backward()
             finally:
                 torch.set_float32_matmul_precision(before[0])
-                fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK = before[1], before[2]
+                fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS = before[1:]
 
         return run
 
+    kind = str(dtype)[6:]
     for precision in ("highest", "high", "medium") if dtype == torch.float32 else ("highest",):
-        out.append(Case("cliff_loss", f"cliff GEMM path n=40 d=3 {str(dtype)[6:]} {precision}", gemm_path(precision),
-                        0.0))
+        out.append(Case("cliff_loss", f"cliff GEMM path n=40 d=3 {kind} {precision}", gemm_path(precision), 0.0))
+    small = {"R": 16, "S": 16, "K": 16, "warps": 4}
+    out.append(Case("cliff_loss", f"cliff GEMM path 16-wide tiles n=40 d=3 {kind}", gemm_path("highest", small), 0.0))
     return out
 
 

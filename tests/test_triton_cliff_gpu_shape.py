@@ -1,39 +1,43 @@
-"""The Triton Cliff loss shaped for an H100 / H200 (issue 44), checked without a GPU.
+"""The Triton Cliff loss shaped for an H100 / H200 (issue 44), checked without a GPU: what the sm_90 property
+harness (tests/test_triton_sm90.py: every launch compiles; shared memory; ``tl.dot`` tiles >= 16 and tensor-core
+instructions; spills; >= 2 x 132 programs of the heaviest kernels) does not check of Cliff.
 
-- Values and gradients of the fused path against the reference with tiles small enough that every
-  split crosses a boundary (chunks of samples with a partial last one, column and row blocks, the
-  reduction's blocks of chunk shares and row blocks), under the interpreter.
-- At the four benchmark shapes, the launches of one forward + backward (recorded, not run): six kernels,
-  and the heavy ones with at least 2 programs per SM of an H100 (132) from the off-diagonal pairs alone.
-- Those launches compiled for sm_90 (``QKERNELS_SM90_TRITON=DIR``: with the Triton in DIR, e.g. torch
-  2.11's 3.6, as tests/test_triton_sm90.py): shared memory within an H100's 227 KB per block, no register
-  spills in float32, the products on the tensor cores (``wgmma`` in the PTX; float64 ``mma``), and the GEMM
-  path with the small tiles of tests/test_kde.py compiles (``tl.dot`` rejects a tile dimension under 16).
+- Values and gradients of the fused path against the reference with tiles small enough that every split crosses
+  a boundary (chunks of samples with a partial last one, column and row blocks, the reduction's blocks of chunk
+  shares and row blocks), under the interpreter.
+- At the benchmark shapes, recorded as the harness records them (tests/sm90_launches.py: the host code as on an
+  H100's 132 SMs, no kernel run): the six launches of a forward + backward in order, the d^2 pairs on the grid's
+  first axis, and each heavy kernel with >= 2 x 132 programs from the off-diagonal pairs alone (the harness
+  counts every program; a diagonal one does a small share of a pair's work).
+- Their sm_90 compiles (the harness's, cached): the products at the precision torch asks for and where they run:
+  float32 "highest" 3xTF32 (exact FMA below IEEE_MAX_WORK multiply-adds), "high" TF32, on Hopper's ``wgmma``
+  without an ``mma.sync`` fallback where the tiles allow it (64 rows); float64 exact, on the DMMA tensor cores
+  (the harness asks for tensor-core instructions only of TF32 / 3xTF32 products).
+- The GEMM path's scenario with tests/test_kde.py's 16-wide tiles (an H200 failed its ``tl.dot`` K >= 16; the
+  harness compiles it) launches the three product kernels.
 Compiling is not running: speed, and the memory ordering of the reduction's atomic counters, need a GPU.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import math
 
 import pytest
 import torch
 
 import qkernels
+from qkernels.bench import kde as bench_kde
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() or "triton" not in qkernels.available_backends("cpu"),
     reason="runs and records launches under the Triton interpreter (CPU only)",
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = [(64, 10, 10, 100), (1024, 12, 64, 100), (5000, 2, 100, 100), (4096, 32, 128, 128)]  # (n, d, M, K)
-H100_SMS = 132
-SMEM_LIMIT = 232448  # bytes of shared memory per block on an H100 / H200 (the H200's OutOfResources message)
+import sm90_launches as sm90  # noqa: E402 - a helper module beside this file
+
 HEAVY = ("_cliff_fused_fwd", "_cliff_fused_bwd")
+SIX = ["_cliff_fused_fwd", "_cliff_reduce", "_cliff_fused_fwd", "_cliff_reduce", "_cliff_fused_bwd", "_cliff_grad"]
+MODES = ("float32 highest", "float32 high", "float64")
 
 
 def _modules():
@@ -95,120 +99,78 @@ def test_fused_tiles_cross_every_boundary(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=what)
 
 
-def _record(shape, dtype, *, gemm_blocks=None):
-    """The Triton launches of one Cliff forward + backward at ``shape`` (n, d, M, K), recorded and not run:
-    (kernel, module, signature, constexprs, num_warps, grid) each."""
-    from test_triton_sm90 import _signature
-    from triton.runtime import interpreter
-
-    cliff, fused, gemm = _modules()
-    seen = []
-
-    def spy(self, *args, grid, warmup, **kwargs):
-        sig, consts = _signature(self.fn, args, kwargs)
-        seen.append(
-            {
-                "module": self.fn.__module__,
-                "kernel": self.fn.__name__,
-                "signature": sig,
-                "constexprs": consts,
-                "num_warps": kwargs.get("num_warps", 4),
-                "grid": list(grid) + [1] * (3 - len(grid)),
-            }
-        )
-
+def _case_name(shape, mode: str) -> str:
     n, d, m, k = shape
-    g = torch.Generator().manual_seed(0)
-    z = torch.randn(n, d, generator=g, dtype=dtype)
-    idx = torch.stack([torch.randperm(n, generator=g)[:m] for _ in range(d)])
-    one = torch.ones((), dtype=dtype)
-    original, tile, blocks = interpreter.InterpretedFunction.run, fused.FUSED_MAX_TILE, gemm.GEMM_BLOCKS
-    interpreter.InterpretedFunction.run = spy
-    if gemm_blocks:
-        fused.FUSED_MAX_TILE, gemm.GEMM_BLOCKS = 0, gemm_blocks
-    try:
-        cliff.cliff_loss(z, idx, 0.1, -5.0, 5.0, k, 0.5, 1.0, 0.7)
-        cliff.cliff_loss_backward(one, None, None, one, z, idx, 0.1, -5.0, 5.0, k, 0.5, 1.0, 0.7)
-    finally:
-        interpreter.InterpretedFunction.run = original
-        fused.FUSED_MAX_TILE, gemm.GEMM_BLOCKS = tile, blocks
-    return seen
+    return f"cliff n={n} d={d} M={m} K={k} {mode}"
 
 
-@pytest.mark.parametrize("shape", BENCH, ids=["x".join(map(str, s)) for s in BENCH])
-def test_fused_grids_fill_an_h100(shape, monkeypatch):
+@pytest.fixture(scope="module")
+def bench_launches() -> dict[str, list[dict]]:
+    """The harness's Cliff cases at the benchmark shapes (float32 "highest" / "high", float64) -> their
+    recorded launches, not run."""
+    cases = {c.name: c for dt in (torch.float32, torch.float64) for c in sm90.cases(dt) if c.op == "cliff_loss"}
+    names = [_case_name(s, mode) for s in bench_kde.CLIFF for mode in MODES]
+    return {name: sm90.record(cases[name].run) for name in names}
+
+
+@pytest.mark.parametrize("shape", bench_kde.CLIFF, ids=["x".join(map(str, s)) for s in bench_kde.CLIFF])
+def test_fused_grids_fill_an_h100(bench_launches, shape):
     """Six launches per forward + backward (two _cliff_fused_fwd, two _cliff_reduce, _cliff_fused_bwd,
     _cliff_grad), and each heavy kernel's off-diagonal pairs alone make >= 2 x 132 programs on an H100's 132
-    SMs (the plan reads the device's count; off a GPU it plans for one SM unless told otherwise, as here)."""
-    monkeypatch.setattr(_modules()[1], "_sm_count", lambda device: H100_SMS)
-    launches = _record(shape, torch.float32)
-    names = [e["kernel"] for e in launches]
-    assert names == [
-        "_cliff_fused_fwd",
-        "_cliff_reduce",
-        "_cliff_fused_fwd",
-        "_cliff_reduce",
-        "_cliff_fused_bwd",
-        "_cliff_grad",
-    ], names
+    SMs (the plan reads the device's count; off a GPU it plans for one SM, recorded for 132)."""
     d = shape[1]
-    for e in launches:
-        if e["kernel"] in HEAVY:
-            pairs, *rest = e["grid"]
-            assert pairs == d * d
-            off_diagonal = d * (d - 1) * rest[0] * rest[1]
-            assert off_diagonal >= 2 * H100_SMS, (e["kernel"], e["grid"])
+    for mode in MODES:
+        launches = bench_launches[_case_name(shape, mode)]
+        assert [e["kernel"] for e in launches] == SIX, (mode, [e["kernel"] for e in launches])
+        for e in launches:
+            if e["kernel"] in HEAVY:
+                pairs, *rest = e["grid"]
+                assert pairs == d * d, (mode, e["kernel"], e["grid"])
+                assert d * (d - 1) * math.prod(rest) >= sm90.MIN_PROGRAMS, (mode, e["kernel"], e["grid"])
 
 
-def _compile(launches):
-    unique = {
-        json.dumps(
-            {x: e[x] for x in ("module", "kernel", "signature", "constexprs", "num_warps")}, sort_keys=True, default=str
-        ): e
-        for e in launches
-    }
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("QKERNELS_SM90_TRITON"), ROOT]))
-    from test_triton_sm90 import COMPILE  # shared memory, spills and the PTX's mma instructions per kernel
-
-    res = subprocess.run(
-        [sys.executable, "-c", COMPILE],
-        input=json.dumps(list(unique.values()), default=str),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert res.returncode == 0, res.stderr[-4000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def heavy_compiled(bench_launches) -> dict[str, list[tuple[dict, dict]]]:
+    """The heavy launches of :func:`bench_launches` with their sm_90 compile results (the harness's cache)."""
+    heavy = {name: [e for e in launches if e["kernel"] in HEAVY] for name, launches in bench_launches.items()}
+    distinct = {sm90.key(e): e for launches in heavy.values() for e in launches}
+    results = dict(zip(distinct, sm90.compile_launches(list(distinct.values())), strict=True))
+    return {name: [(e, results[sm90.key(e)]) for e in launches] for name, launches in heavy.items()}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
-def test_fused_kernels_fit_an_h100_at_the_largest_tiles(dtype):
-    """(4096, 32, 128, 128), the largest tiles of the fused path (128 x 128 pair grids): every kernel
-    within 227 KB of shared memory (the H200 needed 295 KB for float64 before); no register spills; the
-    products on the tensor cores: float32 "highest" = 3xTF32 ``wgmma`` (and no ``mma.sync`` fallback),
-    float64 ``mma`` (DMMA). Prints the table for benchmarks/RESULTS.md (-s)."""
-    launches = [e for e in _record(BENCH[-1], dtype) if dtype == torch.float32 or e["kernel"] in HEAVY]
-    built = _compile(launches)
-    print(json.dumps(built))
-    for b in built:
-        assert b["shared"] <= SMEM_LIMIT, b
-        assert b["spill_bytes"] in (None, 0), b
-        if b["kernel"] in HEAVY:
-            assert (b["wgmma"] > 0 and b["mma"] == 0) if dtype == torch.float32 else b["mma"] > 0, b
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", bench_kde.CLIFF, ids=["x".join(map(str, s)) for s in bench_kde.CLIFF])
+def test_fused_products_on_the_tensor_cores(heavy_compiled, shape, mode):
+    """The heavy kernels' tl.dot products: float32 "highest" 3xTF32 at >= IEEE_MAX_WORK multiply-adds per call
+    (d^2 n M K: (1024, 12) and the d = 32 shapes), exact FMA below ((64, 10), (5000, 2)); "high" TF32; each
+    TF32 / 3xTF32 product on Hopper's wgmma where it has >= 64 rows (one warp group's MMA), else on
+    mma.sync; float64 exact, on the tensor cores (DMMA: mma.sync ... f64)."""
+    from qkernels.triton.kde._cliff_common import IEEE_MAX_WORK
+
+    n, d, m, k = shape
+    want = {"float32 highest": "tf32x3" if d * d * n * m * k >= IEEE_MAX_WORK else "ieee", "float32 high": "tf32"}
+    want = want.get(mode, "ieee")
+    for launch, res in heavy_compiled[_case_name(shape, mode)]:
+        what = (launch["kernel"], res)
+        assert "error" not in res and res["dots"], what
+        assert {dot["precision"] for dot in res["dots"]} == {want}, what
+        assert {dot["dtype"] for dot in res["dots"]} == {"f64" if mode == "float64" else "f32"}, what
+        if mode == "float64":
+            assert res["mma_sync"] and not res["wgmma"], what
+        elif want != "ieee":
+            rows = {dot["m"] >= 64 for dot in res["dots"]}
+            assert (res["wgmma"], res["mma_sync"]) == (True in rows, False in rows), what
+        else:
+            assert not res["mma"], what
 
 
-def test_gemm_path_small_tiles_compile():
-    """The GEMM path with tests/test_kde.py's 16-wide tiles compiles for sm_90: on an H200 _biv_dx's 8-wide
-    row block failed ``tl.dot``'s K >= 16 (the interpreter does not check it)."""
-    launches = [
-        e
-        for e in _record((160, 3, 20, 48), torch.float32, gemm_blocks={"R": 16, "S": 16, "K": 16, "warps": 4})
-        if e["kernel"] in ("_biv_fwd", "_biv_dx", "_biv_dkz")
-    ]
-    assert {e["kernel"] for e in launches} == {"_biv_fwd", "_biv_dx", "_biv_dkz"}
-    assert all(b["shared"] <= SMEM_LIMIT for b in _compile(launches))
+def test_gemm_path_small_tiles_are_compiled():
+    """The harness's GEMM-path scenario with tests/test_kde.py's 16-wide tiles launches _biv_fwd, _biv_dx and
+    _biv_dkz (so that its compile checks cover the tiles an H200 rejected: _biv_dx's row block was 8)."""
+    for dtype in (torch.float32, torch.float64):
+        (case,) = [c for c in sm90.budget_scenarios(dtype) if c.name.startswith("cliff GEMM path 16-wide tiles")]
+        kernels = {e["kernel"] for e in sm90.record(case.run)}
+        assert {"_biv_fwd", "_biv_dx", "_biv_dkz"} <= kernels, kernels
 
 
 def test_product_precision_follows_torch():
