@@ -18,10 +18,10 @@ torch op's message. CPU only: there is no GPU path yet (scripts/gpu_check_jax.py
 
 from __future__ import annotations
 
-try:
+from qkernels._extras import needs
+
+with needs("qkernels.jax", "jax"):
     import jax  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError('qkernels.jax needs JAX: pip install "qkernels[jax]" (or pip install jax)') from exc
 
 from qkernels.jax.hessian import finite_difference_curvature, hessian_penalty_terms, normalized_hessian_penalty
 from qkernels.jax.kde import CliffTerms, cliff_loss, kde_grid, klm_loss
