@@ -4,7 +4,7 @@
 Start-up: the parser is built without importing torch, scikit-learn or any qkernels module that does (``import
 qkernels`` is light, :mod:`qkernels`), so ``--help`` and a bad command line answer at once; each command imports
 what it needs when it runs. The names the parser offers (:data:`MODELS`, :data:`PROTOCOL_NAMES`,
-:data:`PAPER_STEPS`) are copies of the registries' (tests/test_cli_startup.py checks them).
+:data:`PAPER_STEPS`) are copies of the registries' (tests/test_light_install.py checks them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ name, a path or a device that cannot work) and 1 for a run that failed; --debug 
 # qkernels.metrics.protocols.PROTOCOLS, copied: importing those modules imports torch and scikit-learn
 MODELS = ("ae", "qlae", "tripod", "qvae", "factorqvae", "dvae", "factordvae", "beta_vae", "beta_tcvae", "factorvae",
           "cliff_vae", "cliff_ae")
-PAPER_STEPS = {"ae": 200_000, "qlae": 200_000, "tripod": 250_000, "qvae": 100_000, "factorqvae": 50_000}
+PAPER_STEPS = {"ae": 200_000, "qlae": 200_000, "tripod": 250_000, "qvae": 100_000, "factorqvae": 50_000,
+               "dvae": 300_000, "factordvae": 300_000, "cliff_ae": 1_000, "cliff_vae": 750_000}
 PROTOCOL_NAMES = ("qlae", "tripod", "factorqvae", "dlib", "fast")
 
 

@@ -616,13 +616,14 @@ def categorical_latent(
     values are made once per (K, dtype, device).
 
     Examples:
-        Equal logits without noise: y is uniform, z the mean of linspace(-1, 1, K) and kl zero.
+        Equal logits without noise: y is uniform, z the mean of linspace(-1, 1, K) (0 up to float32
+        rounding: the cpu kernel sums in another order than the reference) and kl zero.
 
         >>> import torch
         >>> import qkernels
         >>> s = qkernels.categorical_latent(torch.zeros(1, 2, 5), noise_scale=0.0)
-        >>> s.y[0, 0], s.z.abs().max(), s.kl.abs().max()
-        (tensor([0.2000, 0.2000, 0.2000, 0.2000, 0.2000]), tensor(0.), tensor(0.))
+        >>> s.y[0, 0], bool(s.z.abs().max() < 1e-7), s.kl.abs().max()
+        (tensor([0.2000, 0.2000, 0.2000, 0.2000, 0.2000]), True, tensor(0.))
     """
     check_tensor("logits", logits, min_ndim=2, finite=False)
     k = logits.shape[-1]
