@@ -49,18 +49,17 @@ ONE_VALUE = "a one-value spill at low register use (ptxas's choice, not pressure
 KNOWN: dict[tuple[str, str], str] = {
     ("cliff n=64 d=10 M=10 K=100 float32 highest", "no_spills"):
         f"_cliff_fused_fwd (FMA, 64 registers) and _cliff_grad (48) spill 8 bytes each: {ONE_VALUE}; {CLIFF}",
-    ("cliff n=64 d=10 M=10 K=100 float32 high", "no_spills"): f"_cliff_grad spills 8 bytes (48 registers): {ONE_VALUE}; {CLIFF}",
+    ("cliff n=64 d=10 M=10 K=100 float32 high", "no_spills"):
+        f"_cliff_grad spills 8 bytes (48 registers): {ONE_VALUE}; {CLIFF}",
     ("cliff n=1024 d=12 M=64 K=100 float64", "no_spills"):
         f"_cliff_fused_fwd 64 x 64 float64 FMA tiles at 128 registers spill 56 bytes; {CLIFF}",
-    ("cliff n=4096 d=32 M=128 K=128 float32 highest", "no_spills"): f"_cliff_grad spills 8 bytes (56 registers): {ONE_VALUE}; {CLIFF}",
-    ("cliff n=4096 d=32 M=128 K=128 float32 high", "no_spills"): f"_cliff_grad spills 8 bytes (56 registers): {ONE_VALUE}; {CLIFF}",
-    ("cliff n=16384 d=32 M=128 K=128 float32 highest", "no_spills"): f"_cliff_grad spills 8 bytes (56 registers): {ONE_VALUE}; {CLIFF}",
-    ("cliff n=16384 d=32 M=128 K=128 float32 high", "no_spills"): f"_cliff_grad spills 8 bytes (56 registers): {ONE_VALUE}; {CLIFF}",
-    ("cliff GEMM path n=40 d=3 float32 high", "no_spills"): f"_biv_dx 32 x 32 x 32 TF32 spills 20 bytes (128 registers); {CLIFF}",
-    ("cliff GEMM path n=40 d=3 float32 medium", "no_spills"): f"_biv_dx 32 x 32 x 32 TF32 spills 20 bytes (128 registers); {CLIFF}",
-    ("cliff GEMM path n=40 d=3 float64 highest", "no_spills"): f"_biv_dkz float64 spills 12 bytes (72 registers): {ONE_VALUE}; {CLIFF}",
-    ("cliff GEMM path 16-wide tiles n=40 d=3 float64", "no_spills"):
-        f"_biv_dkz float64 spills 12 bytes (72 registers): {ONE_VALUE}; {CLIFF}",
+    **{(f"cliff n={n} d=32 M=128 K=128 float32 {mode}", "no_spills"):
+       f"_cliff_grad spills 8 bytes (56 registers): {ONE_VALUE}; {CLIFF}"
+       for n in (4096, 16384) for mode in ("highest", "high")},
+    **{(f"cliff GEMM path n=40 d=3 float32 {mode}", "no_spills"):
+       f"_biv_dx 32 x 32 x 32 TF32 spills 20 bytes (128 registers); {CLIFF}" for mode in ("high", "medium")},
+    **{(name, "no_spills"): f"_biv_dkz float64 spills 12 bytes (72 registers): {ONE_VALUE}; {CLIFF}"
+       for name in ("cliff GEMM path n=40 d=3 float64 highest", "cliff GEMM path 16-wide tiles n=40 d=3 float64")},
     # the forward curvature kernel is one program per (sample, group), 128 at n = 64; a column split needs its
     # reduction in a second launch per activation (host-bound at n = 64) or in curvature_penalty's kernel (an
     # op-boundary change, for after a GPU run has timed _fdc_fwd: ~21 / 41 us of HBM work here)
