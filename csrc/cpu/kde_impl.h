@@ -20,20 +20,8 @@ namespace {
 constexpr double kSqrt2Pi = 2.5066282746310002;
 }  // namespace
 
-// 32-byte vector types in the baseline copy are emulated with SSE pairs: no ABI concern here (all
-// of it is internal to the library).
-#pragma GCC diagnostic ignored "-Wpsabi"
-namespace isa_base {
-#include "kde_kernels.h"
-}  // namespace isa_base
-#if QK_AVX_COPY
-#pragma GCC push_options
-#pragma GCC target("avx,fma")
-namespace isa_avx {
-#include "kde_kernels.h"
-}  // namespace isa_avx
-#pragma GCC pop_options
-#endif
+#define QK_KERNELS_FILE "kde_kernels.h"
+#include "isa_copies.h"
 
 namespace cpu {
 

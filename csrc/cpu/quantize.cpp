@@ -21,20 +21,8 @@
 
 namespace qkernels {
 
-// 32-byte vector types in the baseline copy are emulated with SSE pairs: no ABI concern here (all
-// of it is internal to this file).
-#pragma GCC diagnostic ignored "-Wpsabi"
-namespace isa_base {
-#include "quantize_kernels.h"
-}  // namespace isa_base
-#if QK_AVX_COPY
-#pragma GCC push_options
-#pragma GCC target("avx,fma")
-namespace isa_avx {
-#include "quantize_kernels.h"
-}  // namespace isa_avx
-#pragma GCC pop_options
-#endif
+#define QK_KERNELS_FILE "quantize_kernels.h"
+#include "isa_copies.h"
 
 namespace {
 
