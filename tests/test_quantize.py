@@ -98,14 +98,15 @@ def test_latent_quantize_ties_and_out_of_range(backend):
     assert torch.equal(out.z_q.cpu(), values.cpu()[torch.arange(2), expected])
 
 
+@pytest.mark.parametrize("nv", [9, 40])  # the cpu kernel scans up to 16 values, searches more (both paths)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("global_codebook", [False, True])
-def test_latent_quantize_indices_exact_on_hard_inputs(backend, dtype, global_codebook):
+def test_latent_quantize_indices_exact_on_hard_inputs(backend, dtype, global_codebook, nv):
     # unsorted codebooks with repeated values, z on the values, halfway between them and far outside the
     # range (where distances round together: the first index among equal rounded distances wins), and a
     # codebook that changes between calls: indices exactly the float64 oracle's argmin of |z - v|
     g = _gen(5)
-    d, nv = 6, 9
+    d = 6
     rows = 1 if global_codebook else d
     base = torch.randint(-4, 5, (rows, nv), generator=g).to(dtype) / 2  # steps of 0.5, repeats
     mid = (base[:, :-1] + base[:, 1:]) / 2

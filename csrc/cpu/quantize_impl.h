@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -78,19 +79,32 @@ inline int32_t nearest_sorted(scalar_t x, const scalar_t* s, const int32_t* orde
   return idx == std::numeric_limits<int32_t>::max() ? 0 : idx;
 }
 
+// Up to this many values, the nearest is found by scanning them all: no dependent loads (the binary search's)
+// and no data-dependent loop exits (its tie walk's), so at QLAE's n_v = 10 the scan is the faster one.
+constexpr int64_t kScanMaxValues = 16;
+
+// Index of the value nearest to x by a scan of v[0..nv): the first minimum of |x - v| (argmin's rule; NaN
+// distances never win, so an all-NaN row gives index 0, as nearest_sorted).
+template <typename scalar_t>
+inline int32_t nearest_scan(scalar_t x, const scalar_t* v, int32_t nv) {
+  scalar_t best = std::abs(x - v[0]);
+  int32_t idx = 0;
+  for (int32_t k = 1; k < nv; ++k) {
+    const scalar_t dist = std::abs(x - v[k]);
+    idx = dist < best ? k : idx;
+    best = dist < best ? dist : best;
+  }
+  return idx;
+}
+
 // z (N, d), values (G, nv) with G = 1 or d -> z_q (N, d), indices (N, d); returns the loss mean((z - z_q)^2)
-// (loss_quantize and loss_commit alike).
-template <typename scalar_t, typename index_t>
-double latent_quantize_forward(const scalar_t* zp, const scalar_t* vp, int64_t N, int64_t d, int64_t G, int64_t nv,
-                               scalar_t* qp, index_t* ip) {
+// (loss_quantize and loss_commit alike). nearest(x, g) -> the index of the value of codebook row g nearest x.
+template <typename scalar_t, typename index_t, typename Nearest>
+double latent_quantize_rows(const scalar_t* zp, const scalar_t* vp, int64_t N, int64_t d, int64_t G, int64_t nv,
+                            int64_t ops_per_element, const Nearest& nearest, scalar_t* qp, index_t* ip) {
   const int64_t rows = chunk_rows(N), n_chunks = (N + rows - 1) / rows;
   std::vector<double> partial(std::max<int64_t>(n_chunks, 1), 0.0);
-  std::vector<scalar_t> sorted;
-  std::vector<int32_t> order;
-  sort_codebook(vp, G, nv, sorted, order);
-  int32_t levels = 0;  // binary-search steps per element, for the parallel grain
-  while ((int64_t(1) << levels) < nv) ++levels;
-  parallel_for(0, n_chunks, grain(n_chunks, rows * d * (levels + 2)), [&](int64_t c0, int64_t c1) {
+  parallel_for(0, n_chunks, grain(n_chunks, rows * d * ops_per_element), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       double acc = 0.0;
       const int64_t r1 = std::min(N, (c + 1) * rows);
@@ -98,7 +112,7 @@ double latent_quantize_forward(const scalar_t* zp, const scalar_t* vp, int64_t N
         for (int64_t j = 0; j < d; ++j) {
           const int64_t g = G == 1 ? 0 : j;
           const scalar_t x = zp[i * d + j];
-          const int32_t k = nearest_sorted(x, sorted.data() + g * nv, order.data() + g * nv, static_cast<int32_t>(nv));
+          const int32_t k = nearest(x, g);
           const scalar_t q = vp[g * nv + k];
           qp[i * d + j] = q;
           ip[i * d + j] = static_cast<index_t>(k);
@@ -112,6 +126,25 @@ double latent_quantize_forward(const scalar_t* zp, const scalar_t* vp, int64_t N
   double total = 0.0;
   for (double p : partial) total += p;
   return total / static_cast<double>(N * d);
+}
+
+template <typename scalar_t, typename index_t>
+double latent_quantize_forward(const scalar_t* zp, const scalar_t* vp, int64_t N, int64_t d, int64_t G, int64_t nv,
+                               scalar_t* qp, index_t* ip) {
+  const auto n = static_cast<int32_t>(nv);
+  if (nv <= kScanMaxValues) {
+    auto scan = [&](scalar_t x, int64_t g) { return nearest_scan(x, vp + g * nv, n); };
+    return latent_quantize_rows(zp, vp, N, d, G, nv, nv + 2, scan, qp, ip);
+  }
+  std::vector<scalar_t> sorted;
+  std::vector<int32_t> order;
+  sort_codebook(vp, G, nv, sorted, order);
+  int32_t levels = 0;  // binary-search steps per element, for the parallel grain
+  while ((int64_t(1) << levels) < nv) ++levels;
+  auto search = [&](scalar_t x, int64_t g) {
+    return nearest_sorted(x, sorted.data() + g * nv, order.data() + g * nv, n);
+  };
+  return latent_quantize_rows(zp, vp, N, d, G, nv, levels + 2, search, qp, ip);
 }
 
 // Upstream gradients of z_q (N, d) and of the two losses (grad_lq, grad_lc) -> grad_z (N, d) (straight
