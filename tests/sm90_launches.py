@@ -168,9 +168,11 @@ def recording():
         names = list(inspect.signature(fn).parameters)
         bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
         grid = grid(bound) if callable(grid) else grid
+        params = inspect.signature(fn).parameters
         launches.append({
             "module": fn.__module__, "kernel": fn.__name__, "args": [_describe(a) for a in args],
             "kwargs": {k: _describe(v) for k, v in kwargs.items()},
+            "constexpr_args": [i for i, name in enumerate(names[:len(args)]) if _is_constexpr(params[name])],
             "grid": [int(g) for g in (grid if isinstance(grid, (tuple, list)) else (grid,))],
         })
 
@@ -200,8 +202,16 @@ def record(run: Callable[[], None]) -> list[dict]:
     return launches
 
 
+def _is_constexpr(param: inspect.Parameter) -> bool:
+    ann = param.annotation  # a string under ``from __future__ import annotations``
+    return ann is not inspect.Parameter.empty and "constexpr" in (ann if isinstance(ann, str) else repr(ann))
+
+
 def key(launch: dict) -> str:
-    """Identity of a launch for compiling: everything but the grid (ints only as Triton specializes them)."""
+    """Identity of a launch for compiling: everything but the grid; runtime ints only as Triton specializes them
+    (1, divisible by 16, other), floats only as floats. Constexprs (the keyword arguments, as every kernel here
+    takes them, and positional ones) and launch options (num_warps) are kept whole: 32 and 64 are one
+    specialization of a runtime int but two kernels as a tile size."""
     def spec(a):
         if isinstance(a, float):
             return "float"
@@ -209,8 +219,9 @@ def key(launch: dict) -> str:
             return a
         return "1" if a == 1 else "d16" if a % 16 == 0 else "int"
 
-    return json.dumps([launch["module"], launch["kernel"], [spec(a) for a in launch["args"]],
-                       {k: spec(v) for k, v in sorted(launch["kwargs"].items())}], default=str)
+    const = set(launch.get("constexpr_args", ()))
+    args = [a if i in const else spec(a) for i, a in enumerate(launch["args"])]
+    return json.dumps([launch["module"], launch["kernel"], args, sorted(launch["kwargs"].items())], default=str)
 
 
 def sm90_triton() -> str | None:

@@ -43,7 +43,7 @@ def _partials(z, ci, sigma, a, b, k) -> dict:
     pl["precision"] = _dot_precision(z.dtype, d * d * n * m * k)
     pl["ws"] = (z.new_empty(d * d * s * m * k), z.new_empty(d * s * 3 * k),
                 z.new_empty(d * d * pl["RB"] * (pl["BLOCK_K"] + 1)))
-    pl["stat"], pl["cnt"] = z.new_empty(3 * d), torch.empty(d * d + 1, dtype=torch.int32, device=z.device)
+    pl["stat"], pl["cnt"] = z.new_empty(4 * d), torch.empty(d * d + 1, dtype=torch.int32, device=z.device)
     _cliff_fused_fwd[(d * d, s, pl["KH"])](z, ci, pl["ws"][0], pl["ws"][1], pl["stat"], pl["cnt"], n, d, m, k, pl["CS"],
                                            a, b, 1.0 / sigma, PRECISION=pl["precision"], num_warps=pl["num_warps"],
                                            BLOCK_K=pl["BLOCK_KJ"], BLOCK_S=pl["BLOCK_SF"],
@@ -112,8 +112,8 @@ def cliff_loss_backward(
                                                num_warps=pl["num_warps"], BLOCK_M=pl["BLOCK_MH"],
                                                **{x: pl[x] for x in ("BLOCK_S", "BLOCK_K", "BLOCK_KB")})
         gz = torch.empty_like(z)
-        _cliff_grad[(d,)](z, ci, stat, wsd, wsc, wsz, gz, n, d, m, pl["S"], h, BLOCK_S=64, BLOCK_M=pl["BLOCK_M"],
-                          BLOCK_O=min(32, triton.next_power_of_2(max(d * h, pl["S"]))))
+        _cliff_grad[(d,)](z, ci, stat, wsd, wsc, wsz, gz, n, d, m, pl["S"], h, 1.0 / n, BLOCK_S=64,
+                          BLOCK_M=pl["BLOCK_M"], BLOCK_O=min(32, triton.next_power_of_2(max(d * h, pl["S"]))))
         return gz
     # the GEMM path: terms' gradients and the standardization's backward in torch (large shapes)
     zero = z.new_zeros(())

@@ -212,7 +212,7 @@ def _cliff_fused_fwd(
     [h BLOCK_K, (h + 1) BLOCK_K): wsj[pair, c, :, k] (M, BLOCK_K) = the chunk's share of J = Kz_j @ Dt_i;
     diagonal programs wsu[i, c, :, k] (3, BLOCK_K) = the chunk's share of G_i[k] = sum_s D(t_k - x_si) and
     the KL-uni points' running (max, sum of exp). Diagonal program (c, h) = (0, 0) writes latent i's (mean,
-    std, unclamped) to stat[i]; program (0, 0, 0) zeroes the D^2 + 1 counters of _cliff_reduce."""
+    std, unclamped, 1 / std) to stat[i]; program (0, 0, 0) zeroes the D^2 + 1 counters of _cliff_reduce."""
     dt = z_ptr.dtype.element_ty
     a, b, inv_sigma = tl.full((), a, dt), tl.full((), b, dt), tl.full((), inv_sigma, dt)
     pair = tl.program_id(0)
@@ -233,9 +233,10 @@ def _cliff_fused_fwd(
     hi = tl.minimum(N, lo + CS)
     if i == j:
         if (c == 0) & (h == 0):
-            tl.store(stat_ptr + 3 * i, mean_i)
-            tl.store(stat_ptr + 3 * i + 1, std_i)
-            tl.store(stat_ptr + 3 * i + 2, full_i.to(dt))
+            tl.store(stat_ptr + 4 * i, mean_i)
+            tl.store(stat_ptr + 4 * i + 1, std_i)
+            tl.store(stat_ptr + 4 * i + 2, full_i.to(dt))
+            tl.store(stat_ptr + 4 * i + 3, _div(tl.full((), 1.0, dt), std_i))
         v = _kl_points(K, ks, dt)
         g = tl.zeros((BLOCK_K,), dt)
         m_run = tl.full((BLOCK_K,), float("-inf"), dt)
@@ -427,8 +428,8 @@ def _cliff_fused_bwd(
     h = tl.program_id(2) % n_row_blocks
     j = pair // D
     i = pair % D
-    mean_i, std_i = tl.load(stat_ptr + 3 * i), tl.load(stat_ptr + 3 * i + 1)
-    mean_j, std_j = tl.load(stat_ptr + 3 * j), tl.load(stat_ptr + 3 * j + 1)
+    mean_i, std_i = tl.load(stat_ptr + 4 * i), tl.load(stat_ptr + 4 * i + 1)
+    mean_j, std_j = tl.load(stat_ptr + 4 * j), tl.load(stat_ptr + 4 * j + 1)
     lo = c * CS
     hi = tl.minimum(N, lo + CS)
     out = (pair * n_row_blocks + h) * N  # this program's row of wsd / wsc
@@ -495,7 +496,7 @@ def _cliff_fused_bwd(
 
 
 @triton.jit
-def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M, N_CHUNKS, H,
+def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M, N_CHUNKS, H, inv_n: tl.float64,
                 BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_O: tl.constexpr):
     """Latent c = program_id(0): dLoss/dx_sc = sum_j sum_h wsd[j D + c, h, s] + sum_i sum_h wsc[c D + i, h,
     s] (H row blocks per pair) + the conditioning values' share (rows cond_index[c, m]: sum_i sum_chunk
@@ -504,7 +505,7 @@ def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D
     dLoss/dz = (g - mean(g) - x mean(g x)) / std (without the last term where the std is clamped)."""
     dt = z_ptr.dtype.element_ty
     c = tl.program_id(0)
-    mean, std, full = tl.load(stat_ptr + 3 * c), tl.load(stat_ptr + 3 * c + 1), tl.load(stat_ptr + 3 * c + 2) > 0
+    mean, inv_std = tl.load(stat_ptr + 4 * c), tl.load(stat_ptr + 4 * c + 3)
     ms = tl.arange(0, BLOCK_M)
     mmask = ms < M
     rows = tl.load(ci_ptr + c * M + ms, mask=mmask, other=-1)
@@ -526,16 +527,20 @@ def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D
             rd = ((f // H) * D + c) * H + f % H  # wsd row of pair (f // H, c), row block f % H
             g += tl.sum(tl.load(wsd_ptr + rd[:, None] * N + ss[None, :], mask=msk, other=0.0), 0)
             g += tl.sum(tl.load(wsc_ptr + (c * D * H + f)[:, None] * N + ss[None, :], mask=msk, other=0.0), 0)
-        x = _standardized(z_ptr, ss, smask, c, D, mean, std)
+        x = (tl.load(z_ptr + ss * D + c, mask=smask, other=0.0) - mean) * inv_std
         acc_g += tl.where(smask, g, 0.0)
         acc_gx += tl.where(smask, g * x, 0.0)
         tl.store(gz_ptr + ss * D + c, g, mask=smask)
-    g_mean = tl.sum(acc_g, 0) / N
-    gx_mean = tl.where(full, tl.sum(acc_gx, 0) / N, 0.0)
+    # no division in this kernel (x and the result multiply by 1 / std, the means by 1 / n): ptxas spilled around
+    # the IEEE division's slow-path subroutine; full is read here, not kept through the loops
+    full = tl.load(stat_ptr + 4 * c + 2) > 0
+    inv_n = tl.full((), inv_n, dt)
+    g_mean = tl.sum(acc_g, 0) * inv_n
+    gx_mean = tl.where(full, tl.sum(acc_gx, 0) * inv_n, 0.0)
     tl.debug_barrier()
     for s0 in range(0, N, BLOCK_S):
         ss = s0 + tl.arange(0, BLOCK_S)
         smask = ss < N
-        x = _standardized(z_ptr, ss, smask, c, D, mean, std)
+        x = (tl.load(z_ptr + ss * D + c, mask=smask, other=0.0) - mean) * inv_std
         g = tl.load(gz_ptr + ss * D + c, mask=smask, other=0.0)
-        tl.store(gz_ptr + ss * D + c, _div(g - g_mean - x * gx_mean, std), mask=smask)
+        tl.store(gz_ptr + ss * D + c, (g - g_mean - x * gx_mean) * inv_std, mask=smask)
