@@ -3,6 +3,7 @@ and one profiler table per shape, for the Triton backend as rebuilt for the GPU.
 
     python scripts/cliff_gpu_check.py OUT_DIR            # the four benchmark shapes (a GPU: about 3 minutes)
     python scripts/cliff_gpu_check.py OUT_DIR --rehearse  # tiny shapes on the CPU (TRITON_INTERPRET=1)
+    python scripts/cliff_gpu_check.py OUT_DIR --triton-only  # triton's rows only (scripts/cliff_ab.sh)
 
 Writes OUT_DIR/cliff.jsonl (one row per measurement, as soon as it is taken) and OUT_DIR/cliff_profiles.txt.
 Rows: ``correct`` (float32 "highest" and float64: relative loss and gradient-norm errors of triton and of the
@@ -77,7 +78,7 @@ def timed(fn, z, idx, reps):
 
 
 def main(argv):
-    out_dir, rehearse = argv[0], "--rehearse" in argv
+    out_dir, rehearse, triton_only = argv[0], "--rehearse" in argv, "--triton-only" in argv
     os.makedirs(out_dir, exist_ok=True)
     device = "cpu" if rehearse else "cuda"
     rows = open(os.path.join(out_dir, "cliff.jsonl"), "a")
@@ -92,7 +93,8 @@ def main(argv):
         case = f"{n}x{d} M{m} K{k}"
         z, idx = inputs(n, d, m, device)
         want, gwant = fwd_bwd(loss_fn("reference", k), z.double(), idx)
-        for backend, dtype in (("triton", torch.float32), ("reference", torch.float32), ("triton", torch.float64)):
+        checked = [("triton", torch.float32), ("reference", torch.float32), ("triton", torch.float64)]
+        for backend, dtype in [c for c in checked if c[0] == "triton" or not triton_only]:
             try:
                 got, g = fwd_bwd(loss_fn(backend, k), z.to(dtype), idx)
                 emit(
@@ -113,7 +115,9 @@ def main(argv):
             "triton_tf32": ("triton", "high"),
             "reference": ("reference", "highest"),
         }
-        if not rehearse:
+        if triton_only:
+            del variants["reference"]
+        elif not rehearse:
             variants["reference_compiled"] = ("compiled", "highest")
         for name, (backend, mode) in variants.items():
             torch.set_float32_matmul_precision(mode)
@@ -123,6 +127,7 @@ def main(argv):
                         "kind": "speed",
                         "case": case,
                         "variant": name,
+                        "qkernels": os.path.dirname(qkernels.__file__),
                         "ms": timed(loss_fn(backend, k), z, idx, 3 if rehearse else 20),
                     }
                 )
