@@ -56,8 +56,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("cliff n=1024 d=12 M=64 K=100 float64", "no_spills"):
         f"_cliff_fused_fwd 64 x 64 float64 FMA tiles spill 56 bytes at 128 registers (pressure, and {DIVISION}); "
         f"{CLIFF}",
-    **{(f"cliff GEMM path n=40 d=3 float32 {mode}", "no_spills"):
-       f"_biv_dx 32 x 32 x 32 TF32 spills 20 bytes (128 registers); {CLIFF}" for mode in ("high", "medium")},
     ("cliff GEMM path 16-wide tiles n=40 d=3 float64", "no_spills"):
         f"_biv_dkz float64 16 x 16 x 16 spills 12 bytes at 72 registers; {CLIFF}",
     # the forward curvature kernel is one program per (sample, group), 128 at n = 64; a column split needs its

@@ -459,8 +459,9 @@ def _gemm_terms_backward(
             x, grid, prod, gkz, i0, n, d, dm, k, c, 1.0 / sigma, win, ACCUMULATE=i0 > 0, PRECISION=precision,
             BLOCK_R=b["R"], BLOCK_S=b["S"], BLOCK_K=b["K"], num_warps=b["warps"])
         _biv_dx[(triton.cdiv(n, b["S"]), c)](kzt, order, xs, grid, prod, gu, gx, i0, n, d, dm, k, c, 1.0 / sigma, win,
-                                             PRECISION=precision, BLOCK_S=b["S"], BLOCK_K=b["K"], num_warps=b["warps"],
-                                             BLOCK_R=max(16, b["R"] // 2))  # tl.dot: every tile dimension >= 16
+                                             PRECISION=precision, BLOCK_S=b["S"], BLOCK_K=b["K"],
+                                             BLOCK_R=max(16, b["R"] // 2),  # tl.dot: every tile dimension >= 16
+                                             num_warps=min(4, b["warps"]))  # 8: 128 registers, spills (sm_90)
     gxz = torch.empty_like(x)
     nb = triton.cdiv(n, bl["s"])
     gzeta = x.new_empty(nb, d, m)
