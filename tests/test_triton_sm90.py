@@ -57,7 +57,8 @@ KNOWN: dict[tuple[str, str], str] = {
         f"_cliff_fused_fwd 64 x 64 float64 FMA tiles spill 56 bytes at 128 registers (pressure, and {DIVISION}); "
         f"{CLIFF}",
     ("cliff GEMM path 16-wide tiles n=40 d=3 float64", "no_spills"):
-        f"_biv_dkz float64 16 x 16 x 16 spills 12 bytes at 72 registers; {CLIFF}",
+        f"_biv_dkz float64 at test_kde's 16 x 16 x 16 tiles and 4 warps spills 12 bytes at 72 registers (none at 2 or "
+        f"8 warps, none at the GEMM path's own 64 x 32 x 32 tiles); {CLIFF}",
     # the forward curvature kernel is one program per (sample, group), 128 at n = 64; a column split needs its
     # reduction in a second launch per activation (host-bound at n = 64) or in curvature_penalty's kernel (an
     # op-boundary change, for after a GPU run has timed _fdc_fwd: ~21 / 41 us of HBM work here)
