@@ -88,20 +88,32 @@ def _klm_y(z_ptr, std, rows, cols, cmask, N, D):
 
 
 @triton.jit
-def _ws_add(ws_ptr, p, q, r0, NSB, W, msum, jsum, cmask, ACCUMULATE, JOINT: tl.constexpr, SUPER: tl.constexpr,
-            BLOCK: tl.constexpr):
-    """ws[p, q, r0:r0 + BLOCK] (+)= [msum (BLOCK, d) | jsum (BLOCK,) if JOINT] (+ where ACCUMULATE)."""
+def _ws_offsets(p, q, r0, NSB, W, SUPER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Offsets of ws[p, q, r0:r0 + BLOCK]: (BLOCK, BLOCK_D) marginal columns and (BLOCK,) the joint one (W - 1)."""
     rows = ((p * NSB + q) * SUPER + r0 + tl.arange(0, BLOCK)) * W
-    cols = tl.arange(0, msum.shape[1])
-    offs = rows[:, None] + cols[None, :]
-    if ACCUMULATE:
-        msum += tl.load(ws_ptr + offs, mask=cmask[None, :], other=0.0)
-        if JOINT:
-            jsum += tl.load(ws_ptr + rows + W - 1)
+    return rows[:, None] + tl.arange(0, BLOCK_D)[None, :], rows + W - 1
+
+
+@triton.jit
+def _ws_load(ws_ptr, p, q, r0, NSB, W, cmask, JOINT: tl.constexpr, SUPER: tl.constexpr, BLOCK: tl.constexpr,
+             BLOCK_D: tl.constexpr):
+    """ws[p, q, r0:r0 + BLOCK]: (msum (BLOCK, BLOCK_D), jsum (BLOCK,); 0 without JOINT)."""
+    offs, joint = _ws_offsets(p, q, r0, NSB, W, SUPER, BLOCK, BLOCK_D)
+    msum = tl.load(ws_ptr + offs, mask=cmask[None, :], other=0.0)
+    jsum = tl.zeros((BLOCK,), ws_ptr.dtype.element_ty)
+    if JOINT:
+        jsum = tl.load(ws_ptr + joint)
+    return msum, jsum
+
+
+@triton.jit
+def _ws_store(ws_ptr, p, q, r0, NSB, W, msum, jsum, cmask, JOINT: tl.constexpr, SUPER: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """ws[p, q, r0:r0 + BLOCK] = [msum (BLOCK, d) | jsum (BLOCK,) if JOINT]."""
+    offs, joint = _ws_offsets(p, q, r0, NSB, W, SUPER, BLOCK, msum.shape[1])
     tl.store(ws_ptr + offs, msum, mask=cmask[None, :])
     if JOINT:
-        tl.store(ws_ptr + rows + W - 1, jsum)
-    tl.debug_barrier()  # later tiles of this program read these rows back
+        tl.store(ws_ptr + joint, jsum)
 
 
 @triton.jit
@@ -140,6 +152,15 @@ def _klm_tiles(
                 eltb = tl.exp(-tl.load(lse_ptr + rows_b[:, None] * (D + 1) + 1 + cols[None, :], mask=mb, other=0.0))
             a_end = tl.where(q < p, SUPER, b0 + BLOCK)  # the diagonal super-block: its lower triangle of tiles
             for a0 in range(0, a_end, BLOCK):
+                # off the diagonal the tile's column sums are rows a's (antisymmetric backward), added to what earlier
+                # row blocks left in ws[q, p, a0] (the diagonal super-block's: the row sums of row block a0). That
+                # value is loaded before the tile's exponentials, so that its latency hides behind them, and stored
+                # after: no barrier per tile, one per row block (below)
+                cols_a = (q < p) | (a0 < b0)
+                prev_m = tl.zeros((BLOCK, BLOCK_D), dt)
+                prev_j = tl.zeros((BLOCK,), dt)
+                if cols_a & (b0 > 0):
+                    prev_m, prev_j = _ws_load(ws_ptr, q, p, a0, NSB, w, cmask, not BACKWARD, SUPER, BLOCK, BLOCK_D)
                 rows_a = q * SUPER + a0 + tl.arange(0, BLOCK)
                 ya, amask = _klm_y(z_ptr, std, rows_a, cols, cmask, N, D)
                 diff = yb[:, None, :] - ya[None, :, :]  # (B, A, D); masked latents are 0 - 0
@@ -156,11 +177,12 @@ def _klm_tiles(
                     em = (wj[:, :, None] + em * (eltb[:, None, :] + elta[None, :, :])) * diff
                 msum += tl.sum(em, 1)
                 jsum += tl.sum(ej, 1)
-                if (q < p) | (a0 < b0):  # off the diagonal: the column sums are rows a's (antisymmetric backward)
+                if cols_a:
                     cm = tl.sum(em, 0)
-                    _ws_add(ws_ptr, q, p, a0, NSB, w, -cm if BACKWARD else cm, tl.sum(ej, 0), cmask, b0 > 0,
-                            not BACKWARD, SUPER, BLOCK)
-            _ws_add(ws_ptr, p, q, b0, NSB, w, msum, jsum, cmask, False, not BACKWARD, SUPER, BLOCK)
+                    _ws_store(ws_ptr, q, p, a0, NSB, w, prev_m + (-cm if BACKWARD else cm), prev_j + tl.sum(ej, 0),
+                              cmask, not BACKWARD, SUPER, BLOCK)
+            _ws_store(ws_ptr, p, q, b0, NSB, w, msum, jsum, cmask, not BACKWARD, SUPER, BLOCK)
+            tl.debug_barrier()  # this row block's stores before the next one's loads (a value's threads may differ)
 
 
 @triton.jit
