@@ -121,6 +121,10 @@ def cases(dtype: torch.dtype) -> list[Case]:
         case = bench_kde._klm_case((n, d), "cpu")
         add("klm_loss", f"klm n={n} d={d}", lambda case=case: case.make(1), bench_kde._klm_loss,
             n * n * d / EXPS * 1e6)  # one exp per pair and latent, forward and backward, half by symmetry
+    n, d = bench_kde.KLM[2]  # Tripod's call: the std given (its continuous latents'), a kernel variant of its own
+    add("klm_loss", f"klm n={n} d={d} given std",
+        lambda n=n, d=d: (torch.randn(n, d).requires_grad_(), (torch.rand(d) + 0.5).requires_grad_()),
+        lambda z, std: qkernels.klm_loss(z, std=std), n * n * d / EXPS * 1e6)
     for n, d, k in bench_kde.KDE_GRID:
         case = bench_kde._kde_grid_case((n, d, k), "cpu")
         add("kde_grid", f"kde_grid n={n} d={d} K={k}", lambda case=case: case.make(1), bench_kde._kde_grid_loss,

@@ -56,9 +56,12 @@ def _klm_blocks(d: int) -> tuple[int, int, int]:
 @triton.jit
 def _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD: tl.constexpr, BLOCK_A: tl.constexpr,
                BLOCK_D: tl.constexpr):
-    """(std, mean, var) of the latent columns ``cols``: std given, or z's population std + 1e-6 (two passes over z,
-    BLOCK_A rows per step)."""
+    """(std, mean, var) of the latent columns ``cols``: std given (mean and var then 0: not read), or z's population
+    std + 1e-6 (two passes over z, BLOCK_A rows per step)."""
     dt = z_ptr.dtype.element_ty
+    if HAS_STD:
+        zero = tl.zeros((BLOCK_D,), dt)
+        return tl.load(std_ptr + cols, mask=cmask, other=1.0), zero, zero
     acc = tl.zeros((BLOCK_A, BLOCK_D), dt)
     for a0 in range(0, N, BLOCK_A):
         rows = a0 + tl.arange(0, BLOCK_A)
@@ -71,11 +74,8 @@ def _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD: tl.constexpr, BLOCK_A
         dev = tl.where(m, tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0) - mean[None, :], 0.0)
         acc += dev * dev
     var = tl.sum(acc, 0) / N
-    if HAS_STD:
-        std = tl.load(std_ptr + cols, mask=cmask, other=1.0)
-    else:
-        pos = var > 0
-        std = tl.where(pos, tl.sqrt(tl.where(pos, var, 1.0)), 0.0) + tl.full((), 1e-6, dt)
+    pos = var > 0
+    std = tl.where(pos, tl.sqrt(tl.where(pos, var, 1.0)), 0.0) + tl.full((), 1e-6, dt)
     return std, mean, var
 
 
