@@ -18,7 +18,8 @@ PY=${PYTHON:-python}
 PKG=$(cd /tmp && "$PY" -c "import os, qkernels; print(os.path.dirname(qkernels.__file__))")
 VARIANT=$(mktemp -d)
 cp -r "$PKG" "$VARIANT/qkernels"
-patch -d "$VARIANT" -p1 -s < "$ROOT/scripts/experiments/cliff_standardize_once.patch"
+PATCH="$ROOT/scripts/experiments/cliff_standardize_once.patch"
+(cd "$VARIANT" && { git apply -p1 "$PATCH" 2>/dev/null || patch -p1 -s < "$PATCH"; })
 got=$(cd /tmp && PYTHONPATH="$VARIANT" "$PY" -c "import os, qkernels; print(os.path.dirname(qkernels.__file__))")
 [ "$got" = "$VARIANT/qkernels" ] || { echo "cliff_ab.sh: the variant imports $got, not $VARIANT/qkernels" >&2; exit 1; }
 for round in 1 2; do

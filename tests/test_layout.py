@@ -133,3 +133,13 @@ def import_each(mods: list[str]) -> list[tuple[str, str | None]]:
 
     with multiprocessing.get_context("fork").Pool(max(2, os.cpu_count() or 2), maxtasksperchild=1) as pool:
         return pool.map(_import, mods, chunksize=1)
+
+
+def test_the_prepared_gpu_experiment_still_applies():
+    """scripts/cliff_ab.sh (issue 44's GPU A/B) patches a copy of the package with
+    scripts/experiments/cliff_standardize_once.patch: it must apply to this tree's Cliff kernels (regenerate it from
+    branch cliff-standardize-once, or delete the experiment, when they change)."""
+    root = Path(__file__).resolve().parents[1]
+    patch = root / "scripts" / "experiments" / "cliff_standardize_once.patch"
+    done = subprocess.run(["git", "apply", "--check", "-p1", str(patch)], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
