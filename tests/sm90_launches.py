@@ -258,6 +258,22 @@ def compile_launches(launches: list[dict], workers: int = 2) -> list[dict]:
     return results
 
 
+@contextlib.contextmanager
+def cliff_gemm_path(blocks: dict | None = None):
+    """Inside: Cliff takes its GEMM path at any shape (the fused path off; "highest" products, exact FMA below
+    IEEE_MAX_WORK multiply-adds, compiled as 3xTF32: 0 here), with ``blocks`` as its tiles (default: its own)."""
+    import qkernels.triton.kde._cliff_common as common
+    import qkernels.triton.kde.cliff_fused as fused
+    import qkernels.triton.kde.cliff_gemm as gemm
+
+    before = fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS
+    fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS = 0, 0, blocks or gemm.GEMM_BLOCKS
+    try:
+        yield
+    finally:
+        fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS = before
+
+
 def budget_scenarios(dtype: torch.dtype) -> list[Case]:
     """The launch-budget scenarios of tests/test_launches.py (every public op, n = 16, d = 3: the branches the
     benchmark shapes do not take, e.g. gumbel_quantize, hessian_penalty), and Cliff's GEMM path at a small shape
@@ -265,26 +281,19 @@ def budget_scenarios(dtype: torch.dtype) -> list[Case]:
     K >= 16 there). Not held to the grid rule (tiny shapes)."""
     from test_launches import forward_backward, scenarios
 
-    import qkernels.triton.kde._cliff_common as common
-    import qkernels.triton.kde.cliff_fused as fused
-    import qkernels.triton.kde.cliff_gemm as gemm
-
     out = [Case(name, f"{name} budget scenario {str(dtype)[6:]}", lambda f=f, lv=lv: forward_backward(f, lv)(), 0.0)
            for name, (f, lv, _) in scenarios(dtype).items()]
 
     def gemm_path(precision, blocks=None):
         def run():
             z = torch.randn(40, 3, dtype=dtype, requires_grad=True)
-            before = torch.get_float32_matmul_precision(), fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS
+            before = torch.get_float32_matmul_precision()
             torch.set_float32_matmul_precision(precision)
-            # the GEMM path at a small shape; "highest" runs exact FMA products below IEEE_MAX_WORK multiply-adds:
-            # 0 here, to compile its 3xTF32 products
-            fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS = 0, 0, blocks or gemm.GEMM_BLOCKS
             try:
-                qkernels.cliff_loss(z, num_cond=5, grid=(-3.0, 3.0, 20)).backward()
+                with cliff_gemm_path(blocks):
+                    qkernels.cliff_loss(z, num_cond=5, grid=(-3.0, 3.0, 20)).backward()
             finally:
-                torch.set_float32_matmul_precision(before[0])
-                fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS = before[1:]
+                torch.set_float32_matmul_precision(before)
 
         return run
 

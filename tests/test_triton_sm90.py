@@ -142,18 +142,10 @@ def test_launches_compile_apart_when_their_constexprs_differ():
     """The harness compiles one launch per key: runtime ints of one Triton specialization (1, divisible by 16,
     other) share it, constexprs and launch options do not (tile sizes 16 / 32 / 64 and num_warps 4 / 8 were one
     key, and 30 launches were reported with another launch's compile). Read from real recorded launches."""
-    import qkernels.triton.kde._cliff_common as common
-    import qkernels.triton.kde.cliff_fused as fused
-    import qkernels.triton.kde.cliff_gemm as gemm
-
     def launch(tiles, n):
         z = torch.randn(n, 3, dtype=torch.float64, requires_grad=True)
-        before = fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS
-        fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS = 0, 0, tiles or gemm.GEMM_BLOCKS  # GEMM path
-        try:
+        with sm90.cliff_gemm_path(tiles):
             runs = sm90.record(lambda: qkernels.cliff_loss(z, num_cond=5, grid=(-3.0, 3.0, 20)).backward())
-        finally:
-            fused.FUSED_MAX_TILE, common.IEEE_MAX_WORK, gemm.GEMM_BLOCKS = before
         return next(x for x in runs if x["kernel"] == "_biv_dkz")
 
     small = {"R": 16, "S": 16, "K": 16, "warps": 4}
