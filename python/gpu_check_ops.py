@@ -5,6 +5,7 @@ scripts/gpu_check.sh; no network):
     python python/gpu_check_ops.py speed OUT/speed.jsonl       # the issue's speed table, compiled baseline
     python python/gpu_check_ops.py profile OUT/profiles.txt    # one torch.profiler table per slow case
     python python/gpu_check_ops.py keops OUT/keops.jsonl       # KLM 4096 x 64: triton against pykeops
+    python python/gpu_check_ops.py warm OUT/warm.jsonl         # one call of every speed variant: fills the caches
     python python/gpu_check_ops.py STEP OUT --dry-run          # the same on the CPU at tiny shapes (rehearsal)
 
 Cases are the benchmark's (qkernels/bench/: its input makers and loss functions). ``correct``: the loss and the
@@ -13,7 +14,9 @@ input gradients of each backend, float32 and float64, against the reference run 
 error is the yardstick. The Hessian penalty draws its directions in the inputs' dtype: each dtype against the
 reference in that dtype (same draws). ``speed``: forward + backward, float32, matmul precision "highest",
 variants interleaved (qkernels.bench.time_variants), median ms; ``reference_compiled`` is torch.compile of the
-reference. ``keops``: pykeops (``pip download pykeops keopscore`` into the carried wheel folder; the GPU machine has no
+reference. ``warm``: one forward + backward of every ``speed`` variant (and of pykeops' KLM), so that the
+compiles land in the on-disk caches (inductor's FX graph and autograd caches, Triton's kernel cache, pykeops' build
+folder) while the GPU tests run, and ``speed`` starts compiled. ``keops``: pykeops (``pip download pykeops keopscore`` into the carried wheel folder; the GPU machine has no
 network) computes KLM's log-sum-exps over the same pairs; skipped with a row saying why when not importable.
 """
 
@@ -116,12 +119,14 @@ def correct(path: str, device: str, scale: int) -> None:
                 _emit(path, row)
 
 
-def _variants(op: str, loss, device: str) -> dict[str, Callable[..., None]]:
+def _variants(op: str, name: str, loss, device: str) -> dict[str, Callable[..., None]]:
     out = {"auto": variant(loss, "auto")}
     out |= {b: variant(loss, b) for b in kernels(op, device) if not (b == "triton" and device == "cpu")}
     out["reference_compiled"] = variant(loss, compiled=True)
     if op == "cliff_loss" and "triton" in out:
         out["triton high"] = bk._matmul_precision(out["triton"], "high")
+    if name == "klm n=4096 d=64":  # the dense reference holds d (n, n) tensors (> 10 GB): as the bench, left out
+        out = {v: f for v, f in out.items() if not v.startswith("reference")}
     return out
 
 
@@ -131,9 +136,7 @@ def speed(path: str, device: str, scale: int) -> None:
     torch.set_float32_matmul_precision("highest")
     todo = []
     for op, name, make, loss in _cases(device):
-        variants = _variants(op, loss, device)
-        if name == "klm n=4096 d=64":  # the dense reference holds d (n, n) tensors (> 10 GB): as the bench, left out
-            variants = {v: f for v, f in variants.items() if not v.startswith("reference")}
+        variants = _variants(op, name, loss, device)
         todo.append(Case("speed", name, (lambda s, m=make: m(scale)), variants))
     todo += [c for c in overhead.cases(device) if "klm" in c.name]  # the host floor: tiny KLM against a bare add
     for case in todo:
@@ -145,6 +148,26 @@ def speed(path: str, device: str, scale: int) -> None:
                 "ms": round(1e3 * statistics.median(t), 4), "rounds": len(t)}
             _emit(path, row)
         _emit(path, {"kind": "speed_case_s", "case": case.name, "s": round(time.perf_counter() - t0, 1)})
+
+
+def warm(path: str, device: str, scale: int) -> None:
+    for op, name, make, loss in _cases(device):
+        t0 = time.perf_counter()
+        inputs = make(scale)
+        for vname, run in _variants(op, name, loss, device).items():
+            try:
+                run(*inputs)
+            except Exception as exc:  # noqa: BLE001 - speed reports it again
+                _emit(path, {"kind": "warm", "case": name, "variant": vname, "error": repr(exc)[:300]})
+        if device == "cuda":
+            torch.cuda.synchronize()
+        _emit(path, {"kind": "warm", "case": name, "s": round(time.perf_counter() - t0, 1)})
+    try:
+        t0 = time.perf_counter()
+        _keops_klm(torch.randn(64, 3, device=device, requires_grad=True)).backward()
+        _emit(path, {"kind": "warm", "case": "keops klm", "s": round(time.perf_counter() - t0, 1)})
+    except Exception as exc:  # noqa: BLE001 - not installed: the keops step says so
+        _emit(path, {"kind": "warm", "case": "keops klm", "error": repr(exc)[:300]})
 
 
 def profile(path: str, device: str, scale: int) -> None:
@@ -209,7 +232,7 @@ def keops(path: str, device: str, scale: int) -> None:
         _emit(path, row)
 
 
-STEPS = {"correct": correct, "speed": speed, "profile": profile, "keops": keops}
+STEPS = {"correct": correct, "speed": speed, "profile": profile, "keops": keops, "warm": warm}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,8 @@ set -euo pipefail
 OUT=${1:?usage: cliff_ab.sh OUT_DIR [--rehearse]}
 shift
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-python}
+PY=$(command -v "${PYTHON:-python}")
+[[ $PY = /* ]] || PY=$PWD/$PY  # absolute: the package is located from /tmp
 PKG=$(cd /tmp && "$PY" -c "import os, qkernels; print(os.path.dirname(qkernels.__file__))")
 VARIANT=$(mktemp -d)
 cp -r "$PKG" "$VARIANT/qkernels"

@@ -18,11 +18,16 @@
 #
 # Works offline with the torch already installed (no pip install): set PYTHON to its interpreter
 # (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
-# the suite runs in one process), triton. STEPS picks the steps (default "build probe correct speed profile tests
-# keops"; also "roofline" and "bench", the `qkernels bench` tables); time limits per step (seconds):
-# CORRECT_TIMEOUT (75), SPEED_TIMEOUT (210), PROFILE_TIMEOUT (45), SUITE_TIMEOUT (120), KEOPS_TIMEOUT (45),
-# BENCH_TIMEOUT (150 per hot path): with a ~40 s build, 9 minutes at most; a step that runs over is reported as
-# such (its rows so far kept) and the report is still written.
+# the suite runs in one process), triton. STEPS picks the steps, run in this order (default "build probe tests warm
+# speed correct profile keops ab"; also "roofline" and "bench", the `qkernels bench` tables, before keops): "warm"
+# runs one call of every speed variant beside the tests (gpu_check_ops.py warm: the compiles land in the on-disk
+# caches, so speed times compiled code from its start on a quiet GPU); "ab" is scripts/cliff_ab.sh (main's Cliff
+# against the standardize-once experiment). Time limits per step (seconds): SUITE_TIMEOUT (170, warm included),
+# SPEED_TIMEOUT (150), CORRECT_TIMEOUT (75), PROFILE_TIMEOUT (45), KEOPS_TIMEOUT (40), AB_TIMEOUT (180),
+# BENCH_TIMEOUT (150 per hot path); DEADLINE (seconds from the start, default 0 = none) cuts each step's limit to
+# what is left before it, less 20 s for the report, and skips a step with under 10 s left: set it below the
+# device call's limit so that the command ends, and its files are packed, in time. A step that runs over is
+# reported as such (its rows so far kept) and the report is still written.
 # TESTS: the pytest arguments (default: the GPU test files of issue 44), BENCH_HOTPATHS / BENCH_ARGS_<hotpath> as
 # before. Target: under 9 minutes on an H100/H200 with 16 cores.
 set -uo pipefail
@@ -37,7 +42,8 @@ fi
 export PYTHONUNBUFFERED=1  # a step cut by its timeout still leaves its partial output
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 REPORT="$OUT/gpu_check.md"
-STEPS=${STEPS:-build probe correct speed profile tests keops}
+STEPS=${STEPS:-build probe tests warm speed correct profile keops ab}
+DEADLINE=${DEADLINE:-0}
 DRY_RUN=${DRY_RUN:-0}
 DRY=""
 if [ "$DRY_RUN" = 1 ]; then  # rehearsal: no build, the steps' scripts at tiny shapes on the CPU
@@ -49,6 +55,16 @@ GPU_TESTS="tests/test_kde.py tests/test_quantize.py tests/test_hessian.py tests/
 tests/test_precision.py tests/test_raw_ops.py tests/test_compile.py"
 T0=$(date +%s)
 step() { echo "[gpu_check $(($(date +%s) - T0))s] $*"; }
+limit() {  # limit SECONDS: a step's time limit, cut to what is left before DEADLINE less 20 s (0: skip the step)
+    local l=$1 left
+    if [ "$DEADLINE" -gt 0 ]; then
+        left=$((DEADLINE - ($(date +%s) - T0) - 20))
+        [ "$left" -lt "$l" ] && l=$left
+        [ "$l" -lt 10 ] && l=0
+    fi
+    echo "$l"
+}
+skipped() { step "$1: skipped (DEADLINE)"; printf '\n## %s: skipped, under 10 s left before DEADLINE=%s\n' "$1" "$DEADLINE" >> "$REPORT"; }
 
 # ---------------------------------------------------------------- environment
 {
@@ -135,9 +151,11 @@ torch.ops.qkernels.finite_difference_curvature(torch.randn(10, 3), 2, 2, 0.1, 2,
     } >> "$REPORT"
 fi
 
-# ---------------------------------------------------------------- issue 44: values, speed, profiles (python/gpu_check_ops.py)
+# ---------------------------------------------------------------- one step of python/gpu_check_ops.py
 ops_step() {  # ops_step STEP FILE TIMEOUT: one step of python/gpu_check_ops.py, its rows in OUT/FILE as it goes
-    local name=$1 file=$2 limit=$3 t0 rc
+    local name=$1 file=$2 limit t0 rc
+    limit=$(limit "$3")
+    [ "$limit" = 0 ] && { skipped "$name"; return; }
     step "$name"
     t0=$(date +%s)
     # shellcheck disable=SC2086  # DRY is one optional word
@@ -154,22 +172,26 @@ ops_step() {  # ops_step STEP FILE TIMEOUT: one step of python/gpu_check_ops.py,
         echo '```'
     } >> "$REPORT"
 }
-want correct && ops_step correct correct.jsonl "${CORRECT_TIMEOUT:-75}"
-want speed && ops_step speed speed.jsonl "${SPEED_TIMEOUT:-210}"
-want profile && ops_step profile profiles.txt "${PROFILE_TIMEOUT:-45}"
 
 # ---------------------------------------------------------------- the whole suite on the GPU
-if want tests; then
+SUITE_LIMIT=$(limit "${SUITE_TIMEOUT:-170}")
+if want tests && [ "$SUITE_LIMIT" = 0 ]; then skipped tests; elif want tests; then
     step "tests"
+    if want warm; then  # beside the tests: one call of every speed variant, compiles into the on-disk caches
+        TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$SUITE_LIMIT" "$PYTHON" python/gpu_check_ops.py warm \
+            "$OUT/warm.jsonl" $DRY > "$OUT/warm.log" 2>&1 &
+        WARM_PID=$!
+    fi
     XDIST=""
-    "$PYTHON" -c 'import xdist' 2>/dev/null && XDIST="-n $(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))"
+    SPARE=$(want warm && echo 4 || echo 2)  # cores left to the warm-up beside the workers
+    "$PYTHON" -c 'import xdist' 2>/dev/null && XDIST="-n $(( $(nproc) > 2 * SPARE ? $(nproc) - SPARE : 2 ))"
     S0=$(date +%s)
     # -v: one line per test as it ends, so a run cut by the timeout still names its failures; SIGINT
     # makes pytest print its summary; its own process group, killed afterwards, takes the xdist workers
     # with it (2026-11-26 H100: orphaned workers kept loading the GPU and CPUs after a timeout);
     # one inductor compile thread per worker (16 workers x 16 threads overloaded 16 cores)
     # shellcheck disable=SC2086  # TESTS / GPU_TESTS hold several words
-    TORCHINDUCTOR_COMPILE_THREADS=1 setsid timeout -s INT -k 20 "${SUITE_TIMEOUT:-120}" "$PYTHON" -m pytest ${TESTS:-$GPU_TESTS} \
+    TORCHINDUCTOR_COMPILE_THREADS=1 setsid timeout -s INT -k 20 "$SUITE_LIMIT" "$PYTHON" -m pytest ${TESTS:-$GPU_TESTS} \
         $XDIST -v -rfE -p no:cacheprovider --durations=25 $([ "$DRY_RUN" = 1 ] && echo --collect-only -q) \
         > "$OUT/tests.log" 2>&1 &
     SUITE_PID=$!
@@ -177,9 +199,14 @@ if want tests; then
     SUITE_RC=$?
     kill -9 -- -$SUITE_PID 2>/dev/null
     SUITE_S=$(($(date +%s) - S0))
+    if [ -n "${WARM_PID:-}" ]; then
+        wait "$WARM_PID"
+        WARM_RC=$?
+        { echo; echo "## \`gpu_check_ops.py warm\` beside the tests: exit $WARM_RC"; echo; echo '```'; cat "$OUT/warm.jsonl" 2>/dev/null; tail -3 "$OUT/warm.log"; echo '```'; } >> "$REPORT"
+    fi
     {
         echo
-        echo "## Tests (\`pytest ${TESTS:-the GPU test files} $XDIST\`): exit $SUITE_RC in ${SUITE_S} s$([ $SUITE_RC -eq 124 ] && echo ' (TIMED OUT)')"
+        echo "## Tests (\`pytest ${TESTS:-the GPU test files} $XDIST\`): exit $SUITE_RC in ${SUITE_S} s (limit $SUITE_LIMIT)$([ $SUITE_RC -eq 124 ] && echo ' (TIMED OUT)')"
         echo
         echo "$(grep -cE ' PASSED ' "$OUT/tests.log") passed, $(grep -cE ' FAILED ' "$OUT/tests.log") failed, $(grep -cE ' SKIPPED ' "$OUT/tests.log") skipped (per-test lines)"
         echo
@@ -194,6 +221,12 @@ if want tests; then
         echo '```'
     } >> "$REPORT"
 fi
+want warm && ! want tests && ops_step warm warm.jsonl "${SUITE_TIMEOUT:-170}"
+
+# ---------------------------------------------------------------- issue 44: values, speed, profiles (python/gpu_check_ops.py)
+want speed && ops_step speed speed.jsonl "${SPEED_TIMEOUT:-150}"
+want correct && ops_step correct correct.jsonl "${CORRECT_TIMEOUT:-75}"
+want profile && ops_step profile profiles.txt "${PROFILE_TIMEOUT:-45}"
 
 # ---------------------------------------------------------------- quantize against the HBM floor
 if want roofline; then
@@ -232,7 +265,30 @@ if want keops; then
     if [ -n "${KEOPS_WHEELS:-}" ]; then
         "$PYTHON" -m pip install -q --no-index --find-links "$KEOPS_WHEELS" pykeops keopscore > "$OUT/keops_install.log" 2>&1
     fi
-    ops_step keops keops.jsonl "${KEOPS_TIMEOUT:-45}"
+    ops_step keops keops.jsonl "${KEOPS_TIMEOUT:-40}"
+fi
+# ---------------------------------------------------------------- issue 44: Cliff, main against the standardize-once experiment
+if want ab; then
+    AB_LIMIT=$(limit "${AB_TIMEOUT:-180}")
+    if [ "$AB_LIMIT" = 0 ]; then skipped ab; else
+        step "ab"
+        A0=$(date +%s)
+        # shellcheck disable=SC2046  # the optional rehearsal flag
+        ( [ "$DRY_RUN" = 1 ] && export TRITON_INTERPRET=1
+          PYTHON=$PYTHON timeout -k 10 "$AB_LIMIT" bash scripts/cliff_ab.sh "$OUT/ab" $([ "$DRY_RUN" = 1 ] && echo --rehearse) ) \
+            > "$OUT/ab.log" 2>&1
+        AB_RC=$?
+        {
+            echo
+            echo "## \`scripts/cliff_ab.sh\` ($OUT/ab): exit $AB_RC in $(($(date +%s) - A0)) s (limit $AB_LIMIT)"
+            echo
+            echo '```'
+            grep -h '"speed"' "$OUT"/ab/*/cliff.jsonl 2>/dev/null
+            grep -h '"correct"' "$OUT"/ab/*/cliff.jsonl 2>/dev/null | head -20
+            tail -3 "$OUT/ab.log"
+            echo '```'
+        } >> "$REPORT"
+    fi
 fi
 step "done: $REPORT ($(($(date +%s) - T0)) s)"
 echo "- total: $(($(date +%s) - T0)) s" >> "$REPORT"
