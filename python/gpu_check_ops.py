@@ -16,8 +16,9 @@ reference in that dtype (same draws). ``speed``: forward + backward, float32, ma
 variants interleaved (qkernels.bench.time_variants), median ms; ``reference_compiled`` is torch.compile of the
 reference. ``warm``: one forward + backward of every ``speed`` variant (and of pykeops' KLM), so that the
 compiles land in the on-disk caches (inductor's FX graph and autograd caches, Triton's kernel cache, pykeops' build
-folder) while the GPU tests run, and ``speed`` starts compiled. ``keops``: pykeops (``pip download pykeops keopscore`` into the carried wheel folder; the GPU machine has no
-network) computes KLM's log-sum-exps over the same pairs; skipped with a row saying why when not importable.
+folder) while the GPU tests run, and ``speed`` starts compiled. ``keops``: pykeops (its wheels carried: the GPU
+machine has no network; built from the sdists with ``pip wheel --no-deps pykeops keopscore``) computes KLM's
+log-sum-exps over the same pairs; skipped with a row saying why when not importable.
 """
 
 from __future__ import annotations
@@ -216,8 +217,8 @@ def keops(path: str, device: str, scale: int) -> None:
     try:
         import pykeops  # noqa: F401
     except ImportError as exc:
-        _emit(path, {"kind": "keops", "error": f"pykeops not importable ({exc}); carry its wheels: pip download "
-                                               "pykeops keopscore -d WHEELS, then pip install --no-index -f WHEELS"})
+        _emit(path, {"kind": "keops", "error": f"pykeops not importable ({exc}); carry its wheels: pip wheel --no-deps "
+                                               "pykeops keopscore -w WHEELS, then pip install --no-index -f WHEELS"})
         return
     for n, d in ((1024, 32), (4096, 64)) if scale else ((16, 3),):
         z = torch.randn(n, d, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()

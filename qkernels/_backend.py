@@ -31,7 +31,10 @@ BACKENDS = ("reference", "cpu", "triton", "cuda")
 # benchmarks/RESULTS.md (CPU: sections "Quantization" and "KDE", 2 cores; CUDA: section "GPU", the H200 run of
 # 2026-11-27). A kernel comes first only where it ran correct and was measured faster than the reference on
 # that device.
-AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
+# An order may be split in bands by the size of the call: ``((largest work, order), ..., (inf, order))``, the first
+# band whose bound is >= the call's work (:data:`WORK`) applies.
+Order = tuple[str, ...]
+AUTO_ORDER: dict[str, dict[str, Order | tuple[tuple[float, Order], ...]]] = {
     "cpu": {
         # every op with a cpu kernel. relaxed_categorical (categorical_latent; gumbel_quantize composes torch logits
         # with it): the vectorized kernel of issue 48, 2.2x / 2.75x the reference at categorical_latent
@@ -40,27 +43,53 @@ AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
         "*": ("cpu", "reference"),
     },
     "cuda": {
-        # Every entry cites the H200 run of 2026-11-27 (torch 2.11, triton 3.6; benchmarks/RESULTS.md "GPU",
-        # benchmarks/results/nvidia-h200/), forward + backward medians, unless it says otherwise.
-        # klm: triton correct there (float32 and float64 against the reference); per call (n=8, d=3) triton
-        # 0.74 ms, cuda 1.18, reference 3.38. Not timed at n >= 1024 in that run (the bench was cut); an earlier
-        # Triton KLM on an H200 (2026-11-26): 1.47 ms vs reference 10.4 at 1024x32. cuda: see below
-        "klm": ("triton", "reference"),
-        # The CUDA C++ rows: the H200 run measured the cuda kernels faster than the reference (latent_quantize
-        # 0.76 vs 1.10 ms at 128x12, 1.13 vs 1.70 at 4096x64 global, 1.44 vs 4.16 at 65536x64; categorical_latent
-        # 4096x10 K=64 1.24 vs 1.38; kde_grid per call 0.28 vs 0.73; nhp n=64 d=12 k=2 3.04 vs 3.50) and correct.
-        # After that run the CUDA glue and kernels were rewritten for the stable ABI (issue 37: codebook and loss
-        # reductions without atomics, KLM's scale / loss / unscale in kernels); they compile for sm_80 / sm_90 but
-        # have not run on a GPU since, so auto does not pick them until a GPU run passes the suite again
-        # (issue 36); use_backend("cuda") runs them. triton: latent_quantize 1.0-2.6x the reference's time there,
-        # categorical_latent 1.50 vs 1.38, kde_grid per call 0.85 vs 0.73, nhp 3.76 / 3.58 vs 3.50 / 3.79.
-        # cliff: triton (fused path) 4.5x / 1.9x the reference at (64, 10, 10, 100) / (1024, 12, 64, 100) but
-        # 1.9x SLOWER at (5000, 2, 100, 100) (d = 2: 4 programs) and 3.4x slower at (4096, 32, 128, 128) (GEMM
-        # path, 3xTF32), and its float64 kernels failed to compile under Triton 3.6 (fixed since, not yet rerun
-        # on a GPU): the reference stays first. The CUDA C++ Cliff was deleted in issue 26
+        # Every entry cites the H200 run of 2026-11-27 22:55 UTC (main at d290235, torch 2.11, triton 3.6, the
+        # extension built for sm_90; benchmarks/RESULTS.md "GPU", benchmarks/results/nvidia-h200/2026-11-27-d290235):
+        # forward + backward medians in ms, float32, "highest", every backend correct against float64 there (the
+        # GPU test files passed but for three tests unrelated to these picks). "tiny": the overhead bench (n = 8,
+        # d = 3), medians.
+        # cliff (work d^2 n M K): triton 1.34 / 2.68 / 1.79 vs reference 5.54 / 6.11 / 5.63 at (64, 10, 10, 100),
+        # (1024, 12, 64, 100), (5000, 2, 100, 100) (work 6.4e6, 9.4e8, 2.0e8); at (4096, 32, 128, 128) (6.9e10)
+        # triton 83.1 (3xTF32) vs reference 18.7. Linear fits (triton ~1.3 ms + 1.2e-9 ms per unit, reference
+        # ~5.5 ms + 1.9e-10) cross at ~4e9: triton up to half of that
+        "cliff_loss": ((2e9, ("triton", "reference")), (float("inf"), ("reference",))),
+        # klm (work n^2 d): tiny cuda 0.30, triton 0.73, reference 2.69; 1024 x 32 (3.4e7) cuda 0.98, triton 1.03,
+        # reference 15.8; 4096 x 64 (1.1e9) triton 4.19, cuda 6.81
+        "klm": ((1e8, ("cuda", "triton", "reference")), (float("inf"), ("triton", "cuda", "reference"))),
+        # latent_quantize (work n d): tiny cuda 0.62, triton 1.08, reference 0.89; 4096 x 64 (2.6e5) per-latent /
+        # global cuda 0.57 / 0.74, triton 0.81 / 1.04, reference 0.88 / 1.12; 65536 x 64 (4.2e6) triton 1.29,
+        # cuda 1.47, reference 4.16
+        "latent_quantize": ((1e6, ("cuda", "triton", "reference")), (float("inf"), ("triton", "cuda", "reference"))),
+        # kde_grid (work n d K): tiny cuda 0.40, triton 0.66, reference 0.99; 4096 x 32, K = 128 (1.7e7) triton
+        # 0.72, cuda 0.94, reference 1.20 (the band's bound is not measured between the two)
+        "kde_grid": ((1e6, ("cuda", "triton", "reference")), (float("inf"), ("triton", "cuda", "reference"))),
+        # relaxed_categorical: tiny cuda 0.67, triton 0.88, reference 0.98; 4096 x 10, K = 64: reference 1.01,
+        # cuda 1.05, triton 1.05 (within their spread)
+        "relaxed_categorical": ("cuda", "triton", "reference"),
+        # the NHP reduction, n = 64, d = 12, k = 2: MLP / conv decoder triton 2.71 / 3.10, cuda 2.79 / 3.27,
+        # reference 3.37 / 3.82 (all behind torch.compile of the reference: 1.93 / 2.56)
+        "finite_difference_curvature": ("triton", "cuda", "reference"),
+        # gumbel_quantize, curvature_penalty, perturbed_batch: not measured on a GPU
         "*": ("reference",),
     },
 }
+
+# the size of a call that picks its band (an op without bands ignores it): per op, what select()'s work counts
+WORK = {
+    "cliff_loss": "d^2 n M K (latents, samples, conditioning rows, grid points)",
+    "klm": "n^2 d",
+    "latent_quantize": "elements of z",
+    "kde_grid": "n d K (samples, latents, points)",
+}
+
+
+def _auto_order(op: str, device_type: str, work: float) -> Order:
+    """auto's backends for ``op`` on ``device_type``, in order, for a call of size ``work``."""
+    table = AUTO_ORDER.get(device_type, {})
+    entry = table.get(op) or table.get("*", ("reference",))
+    if isinstance(entry[0], str):
+        return entry  # type: ignore[return-value]
+    return next(order for bound, order in entry if work <= bound)  # type: ignore[misc]
 
 
 class BackendUnavailableError(RuntimeError):
@@ -258,25 +287,26 @@ KERNEL_DTYPES = (torch.float32, torch.float64)
 SELF_CHECKING = frozenset({"cpu"})
 
 
-# select()'s answers per (op, device type, dtype, forced backend): one dict lookup per eager call (the
+# select()'s answers per (op, device type, dtype, forced backend, band): one dict lookup per eager call (the
 # registry and AUTO_ORDER are fixed once the ops are registered; register() clears it). Not while
 # torch.compile traces: a global dict that grows between traces would fail dynamo's guards and
 # recompile the graph at the next batch size
-_SELECTED: dict[tuple[str, str, torch.dtype, str], tuple[str, Kernel]] = {}
+_SELECTED: dict[tuple[str, str, torch.dtype, str, Order], tuple[str, Kernel]] = {}
 
 
-def select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Kernel]:
-    """``(backend, implementation)`` of ``op`` for ``dtype`` tensors on ``device``."""
+def select(op: str, device: torch.device, dtype: torch.dtype, work: float = 0) -> tuple[str, Kernel]:
+    """``(backend, implementation)`` of ``op`` for ``dtype`` tensors on ``device``; ``work``: the call's size as
+    :data:`WORK` counts it, for the ops whose order on the device depends on it."""
     if torch.compiler.is_compiling():
-        return _select(op, device, dtype)
-    key = (op, device.type, dtype, _forced)
+        return _select(op, device, dtype, work)
+    key = (op, device.type, dtype, _forced, _auto_order(op, device.type, work))
     hit = _SELECTED.get(key)
     if hit is None:
-        hit = _SELECTED[key] = _select(op, device, dtype)
+        hit = _SELECTED[key] = _select(op, device, dtype, work)
     return hit
 
 
-def _select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Kernel]:
+def _select(op: str, device: torch.device, dtype: torch.dtype, work: float = 0) -> tuple[str, Kernel]:
     impls = _REGISTRY.get(op, {})
     if _forced != "auto":
         reason = unavailable_reason(_forced, device)
@@ -287,8 +317,7 @@ def _select(op: str, device: torch.device, dtype: torch.dtype) -> tuple[str, Ker
         if reason is not None:
             raise BackendUnavailableError(f"backend {_forced!r} unavailable for {op}: {reason}")
         return _forced, impls[_forced]
-    table = AUTO_ORDER.get(device.type, {})
-    for name in table.get(op) or table.get("*", ("reference",)):
+    for name in _auto_order(op, device.type, work):
         if name != "reference" and dtype not in KERNEL_DTYPES:
             continue
         if name in impls and unavailable_reason(name, device) is None:

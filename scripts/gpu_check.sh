@@ -13,8 +13,9 @@
 # (qkernels/_C.abi3.so, qkernels/_C_cuda.abi3.so) are unpacked into this checkout instead of compiling on the device
 # (minutes of device time); the checkout's Python code runs with them. Without WHEEL, or when its CUDA kernels do
 # not load here, the extension is built in place for the local GPU as before.
-# KEOPS_WHEELS: a folder of pykeops / keopscore wheels (`pip download pykeops keopscore -d DIR` on a machine with
-# network; carry DIR to the device), installed with --no-index for the keops step; without it the step reports why.
+# KEOPS_WHEELS: a folder of pykeops / keopscore wheels (PyPI has sdists only: `pip wheel --no-deps pykeops keopscore
+# -w DIR` on a machine with network; keep DIR ignored (.git/info/exclude) and carry it to the device), installed
+# with --no-index for the keops step; without it the step reports why.
 #
 # Works offline with the torch already installed (no pip install): set PYTHON to its interpreter
 # (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
@@ -22,7 +23,7 @@
 # speed correct profile keops ab"; also "roofline" and "bench", the `qkernels bench` tables, before keops): "warm"
 # runs one call of every speed variant beside the tests (gpu_check_ops.py warm: the compiles land in the on-disk
 # caches, so speed times compiled code from its start on a quiet GPU); "ab" is scripts/cliff_ab.sh (main's Cliff
-# against the standardize-once experiment). Time limits per step (seconds): SUITE_TIMEOUT (170, warm included),
+# against each scripts/experiments/*.patch). Time limits per step (seconds): SUITE_TIMEOUT (170, warm included),
 # SPEED_TIMEOUT (150), CORRECT_TIMEOUT (75), PROFILE_TIMEOUT (45), KEOPS_TIMEOUT (40), AB_TIMEOUT (180),
 # BENCH_TIMEOUT (150 per hot path); DEADLINE (seconds from the start, default 0 = none) cuts each step's limit to
 # what is left before it, less 20 s for the report, and skips a step with under 10 s left: set it below the
@@ -267,7 +268,7 @@ if want keops; then
     fi
     ops_step keops keops.jsonl "${KEOPS_TIMEOUT:-40}"
 fi
-# ---------------------------------------------------------------- issue 44: Cliff, main against the standardize-once experiment
+# ---------------------------------------------------------------- issue 44: Cliff, main against scripts/experiments/*.patch
 if want ab; then
     AB_LIMIT=$(limit "${AB_TIMEOUT:-180}")
     if [ "$AB_LIMIT" = 0 ]; then skipped ab; else

@@ -226,14 +226,14 @@ def test_deterministic_mode(backend, hotpath, monkeypatch):
     assert all(torch.equal(x, y) for x, y in zip(ga, gb, strict=True))
 
 
-def _training_losses(name, compiled, steps=4):
+def _training_losses(name, compiled, steps=4, dtype=torch.float32):
     from qkernels.models import build_model
 
     torch.manual_seed(0)
     obs, kw = ((2,), {}) if name == "cliff_ae" else ((3, 32, 32), {"arch": "small"})
-    model = build_model(name, obs, 2 if name == "cliff_ae" else 4, **kw).to(DEVICE)
+    model = build_model(name, obs, 2 if name == "cliff_ae" else 4, **kw).to(DEVICE, dtype)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = (torch.randn(256, 2) if name == "cliff_ae" else torch.rand(16, *obs)).to(DEVICE)
+    x = (torch.randn(256, 2) if name == "cliff_ae" else torch.rand(16, *obs)).to(DEVICE, dtype)
     loss_fn = lambda x, step: model.loss(x, step)["total"]
     if compiled:
         loss_fn = torch.compile(loss_fn, mode="reduce-overhead", fullgraph=True)
@@ -251,16 +251,23 @@ def _training_losses(name, compiled, steps=4):
 @CUDA
 @pytest.mark.parametrize("name", ["qlae", "tripod", "cliff_ae"])
 def test_cuda_graph_training_step_gives_eager_losses(name):
-    """QLAE, Tripod and Cliff training steps under torch.compile(mode="reduce-overhead") (CUDA graphs)."""
+    """QLAE, Tripod and Cliff training steps under torch.compile(mode="reduce-overhead") (CUDA graphs): in float64
+    the four captured steps give the eager losses (the same draws; the fused graph's rounding stays ~1e-16). In
+    float32 only the first step is compared, and not Tripod's: on an H200 (2026-11-27, RESULTS.md "GPU") Tripod's
+    first float32 loss was 2.1e-4 off (its finite-difference Hessian penalty: at the NHP bench case the float32
+    reference's own gradient moves 33% / 89% under a 1-ulp change of its input), and Cliff's loss left eager's by 6%
+    at step 2 while its first step matched: Adam's first updates move each parameter by about lr times the sign of
+    its gradient, so rounding-level differences of near-zero gradient elements become lr-sized steps."""
     torch._dynamo.reset()
     with torch._inductor.config.patch(fallback_random=True):
-        eager = _training_losses(name, compiled=False)
-        graphed = _training_losses(name, compiled=True)
-    # the first step sees the same parameters and draws: equal to fp32 rounding; later steps start
-    # from parameters that differ by the rounding of the fused graph, which Adam compounds (the
-    # Cliff loss at sigma 0.1 amplifies it most: 0.4% at step 4 on an H200)
-    assert abs(graphed[0] - eager[0]) <= 1e-5 * abs(eager[0]) + 1e-6, (graphed, eager)
-    torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=1e-2, atol=1e-4)
+        eager = _training_losses(name, compiled=False, dtype=torch.float64)
+        graphed = _training_losses(name, compiled=True, dtype=torch.float64)
+        torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=1e-9, atol=1e-12)
+        if name != "tripod":
+            torch._dynamo.reset()
+            eager = _training_losses(name, compiled=False, steps=1)
+            graphed = _training_losses(name, compiled=True, steps=1)
+            assert abs(graphed[0] - eager[0]) <= 1e-5 * abs(eager[0]) + 1e-6, (graphed, eager)
 
 
 @CUDA

@@ -135,11 +135,14 @@ def import_each(mods: list[str]) -> list[tuple[str, str | None]]:
         return pool.map(_import, mods, chunksize=1)
 
 
-def test_the_prepared_gpu_experiment_still_applies():
-    """scripts/cliff_ab.sh (issue 44's GPU A/B) patches a copy of the package with
-    scripts/experiments/cliff_standardize_once.patch: it must apply to this tree's Cliff kernels (regenerate it from
-    branch cliff-standardize-once, or delete the experiment, when they change)."""
+def test_the_prepared_gpu_experiments_still_apply():
+    """scripts/cliff_ab.sh (issue 44's GPU A/B) patches a copy of the package with each
+    scripts/experiments/*.patch: each must apply to this tree (regenerate it, or delete the experiment, when the
+    code it changes changes)."""
     root = Path(__file__).resolve().parents[1]
-    patch = root / "scripts" / "experiments" / "cliff_standardize_once.patch"
-    done = subprocess.run(["git", "apply", "--check", "-p1", str(patch)], cwd=root, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    patches = sorted((root / "scripts" / "experiments").glob("*.patch"))
+    assert patches, "no prepared experiment: delete scripts/cliff_ab.sh and its gpu_check.sh step instead"
+    for patch in patches:
+        done = subprocess.run(["git", "apply", "--check", "-p1", str(patch)], cwd=root, capture_output=True,
+                              text=True)
+        assert done.returncode == 0, (patch.name, done.stderr)

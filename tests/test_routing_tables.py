@@ -10,6 +10,10 @@ orders and run lengths there too."""
 
 from __future__ import annotations
 
+import glob
+import os
+import re
+
 import pytest
 import torch
 
@@ -59,10 +63,30 @@ def _every_backend(backend: str, device=None) -> str | None:
     return None if dev is None or dev in _RUNS_ON[backend] else f"{backend} does not run on {dev}"
 
 
+# the ops with CUDA C++ kernels, read from the extension's sources (their CUDA glue's m.impl lines)
+CUDA_OPS = {
+    name
+    for path in glob.glob(os.path.join(os.path.dirname(__file__), "..", "csrc", "cuda", "*_glue.cpp"))
+    for name in re.findall(r'm\.impl\("(\w+)"', open(path).read())
+    if not name.endswith("_backward")
+}
+
+
 @pytest.fixture
 def gpu_machine(monkeypatch):
     """Backend availability of a machine with a GPU and every backend installed."""
     monkeypatch.setattr(_backend, "unavailable_reason", _every_backend)
+    monkeypatch.setattr(_backend, "_SELECTED", {})
+
+
+@pytest.fixture
+def cuda_kernels(gpu_machine, monkeypatch):
+    """... with the extension's CUDA kernels: the cuda backend registered for the ops that have them, as such a
+    build registers it (stand-ins: auto's choice is tested, not the kernels)."""
+    registry = {op: dict(impls) for op, impls in _backend._REGISTRY.items()}
+    for op in CUDA_OPS:
+        registry[op].setdefault("cuda", registry[op]["reference"])
+    monkeypatch.setattr(_backend, "_REGISTRY", registry)
 
 
 # auto's pick per op: every row of AUTO_ORDER (benchmarks/RESULTS.md measured each), resolved
@@ -78,26 +102,33 @@ AUTO_PICKS = {
         "curvature_penalty": "reference",
         "perturbed_batch": "reference",  # no cpu kernel
     },
-    "cuda": {  # triton only for KLM; the cuda kernels wait for a GPU run since their rewrite (issue 36)
-        "klm": "triton",
-        **{
-            op: "reference"
-            for op in (
-                "cliff_loss",
-                "kde_grid",
-                "latent_quantize",
-                "finite_difference_curvature",
-                "relaxed_categorical",
-                "gumbel_quantize",
-                "curvature_penalty",
-                "perturbed_batch",
-            )
-        },
+    "cuda": {  # the H200 run of 2026-11-27 22:55 UTC; at the smallest calls (work 0: the first band)
+        "cliff_loss": "triton",
+        "klm": "cuda",
+        "kde_grid": "cuda",
+        "latent_quantize": "cuda",
+        "finite_difference_curvature": "triton",
+        "relaxed_categorical": "cuda",
+        "gumbel_quantize": "reference",
+        "curvature_penalty": "reference",
+        "perturbed_batch": "reference",
     },
 }
 
+# the ops whose pick on CUDA depends on the call's size (_backend.WORK): (work, pick) at the measured shapes
+AUTO_BANDS_CUDA = {
+    "cliff_loss": [(6.4e6, "triton"), (2.0e8, "triton"), (9.4e8, "triton"), (6.9e10, "reference")],
+    "klm": [(192, "cuda"), (3.4e7, "cuda"), (1.1e9, "triton")],
+    "latent_quantize": [(24, "cuda"), (2.6e5, "cuda"), (4.2e6, "triton")],
+    "kde_grid": [(1.7e7, "triton")],
+}
 
-def test_auto_picks_per_op_and_device(gpu_machine):
+
+def test_the_cuda_kernels_are_read_from_the_sources():
+    assert CUDA_OPS == {"klm", "kde_grid", "latent_quantize", "relaxed_categorical", "finite_difference_curvature"}
+
+
+def test_auto_picks_per_op_and_device(cuda_kernels):
     assert set(_backend._REGISTRY) == set(AUTO_PICKS["cpu"]) == set(AUTO_PICKS["cuda"]), "an op without a row"
     for device, picks in AUTO_PICKS.items():
         for op, want in picks.items():
@@ -106,6 +137,40 @@ def test_auto_picks_per_op_and_device(gpu_machine):
             # kernels take float32 / float64: half precision is computed by the reference (or upcast by the
             # public function first: qkernels._precision)
             assert _backend._select(op, torch.device(device), torch.bfloat16)[0] == "reference", (device, op)
+
+
+def test_auto_picks_by_the_size_of_the_call_on_cuda(cuda_kernels):
+    assert set(AUTO_BANDS_CUDA) == set(_backend.WORK), "an op with bands without a WORK entry (or the reverse)"
+    for op, picks in AUTO_BANDS_CUDA.items():
+        for work, want in picks:
+            assert _backend._select(op, torch.device("cuda"), torch.float32, work)[0] == want, (op, work)
+            assert _backend.select(op, torch.device("cuda"), torch.float32, work)[0] == want, (op, work)
+    # the bands' orders fall back like the others: without triton and cuda, the reference at every size
+    assert _backend._select("cliff_loss", torch.device("cpu"), torch.float32, 1e12)[0] == "cpu"
+
+
+def test_the_public_functions_give_select_their_work(monkeypatch):
+    """Each banded op's public function passes the size _backend.WORK names."""
+    seen = {}
+    real = _backend.select
+
+    def spy(op, device, dtype, work=0):
+        seen[op] = work
+        return real(op, device, dtype, work)
+
+    for module in ("qkernels.ops.kde", "qkernels.ops.quantize"):
+        monkeypatch.setattr(f"{module}.select", spy)
+    z = torch.randn(40, 3)
+    qkernels.cliff_loss(z, cond_index=torch.stack([torch.arange(7)] * 3), grid=(-3.0, 3.0, 11))
+    qkernels.klm_loss(z)
+    qkernels.latent_quantize(z, torch.linspace(-1, 1, 5))
+    qkernels.kde_grid(torch.zeros(3, 9), z, 0.5)
+    assert seen == {
+        "cliff_loss": 3 * 3 * 40 * 7 * 11,
+        "klm": 40 * 40 * 3,
+        "latent_quantize": 40 * 3,
+        "kde_grid": 40 * 3 * 9,
+    }
 
 
 def test_auto_falls_back_to_the_reference_where_its_choice_cannot_run(monkeypatch):

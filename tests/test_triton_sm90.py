@@ -44,8 +44,9 @@ PROPERTIES = ("compiles", "shared_memory", "dot_tiles", "no_spills", "grid")
 # rewrite (qkernels/triton/kde/cliff_*.py): spills of a few bytes, stored and loaded once per loop, none of them in
 # an inner product loop. _cliff_fused_fwd's: ptxas's calling convention around the slow-path subroutine of the IEEE
 # division (CALL.REL in the SASS), which standardizes each tile's samples as torch rounds them; precomputing the
-# standardized samples in a launch of their own (branch cliff-standardize-once) removes every fused spill but adds
-# two launches per forward + backward, a loss at the small shapes while the H200's host takes ~0.1-0.2 ms per launch.
+# standardized samples in a launch of their own removed every fused spill but added two launches per forward +
+# backward; an H200 A/B (2026-11-27, RESULTS.md "GPU") measured it 3-9% faster at (4096, 32, 128, 128) and slower
+# at the small shapes (1024 x 12 "high": 1.24-1.52 ms against 1.02-1.49), so it was not merged.
 CLIFF = "issue 44 (qkernels/triton/kde/cliff_*.py)"
 DIVISION = "ptxas's calling convention around the IEEE division's slow-path subroutine"
 GRAD = "_cliff_grad spills 20 bytes at 40 registers (loop-carried sums; no division or call left in it)"

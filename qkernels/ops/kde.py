@@ -285,7 +285,7 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
         )
     sigma = check_sigma(sigma)
     dt = compute_dtype(points=points, samples=samples)
-    backend, impl = select("kde_grid", points.device, dt)
+    backend, impl = select("kde_grid", points.device, dt, samples.numel() * points.shape[1])
     if backend not in SELF_CHECKING:
         check_finite("points", points)
         check_finite("samples", samples)
@@ -475,7 +475,7 @@ def cliff_loss(
             raise TypeError(f"{name} must be a number, got {type(lam).__name__}")
     idx = _cond_index(cond_index, num_cond, generator, n, d, z.device)
     dt = compute_dtype(z=z)
-    backend, impl = select("cliff_loss", z.device, dt)
+    backend, impl = select("cliff_loss", z.device, dt, d * d * n * idx.shape[1] * k)
     if backend not in SELF_CHECKING:
         check_finite("z", z)
         if cond_index is not None and value_checks(idx) and not in_range(idx, n):
@@ -528,7 +528,7 @@ def klm_loss(
         z = gather_rows(z, group)
     _check_latents(z)
     dt = compute_dtype(z=z, std=std if isinstance(std, torch.Tensor) else None)
-    backend, impl = select("klm", z.device, dt)
+    backend, impl = select("klm", z.device, dt, z.shape[0] * z.numel())
     checked = backend not in SELF_CHECKING
     if checked:
         check_finite("z", z)

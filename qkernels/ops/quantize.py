@@ -403,7 +403,7 @@ def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
     vals = _codebook("values", values, z.shape[-1], finite=False, z=z)
     check_same("z", z, "values", values, dtype=False)
     dt = compute_dtype(z=z, values=values)
-    backend, impl = select("latent_quantize", z.device, dt)
+    backend, impl = select("latent_quantize", z.device, dt, z.numel())
     if backend not in SELF_CHECKING:
         check_finite("z", z)
         check_finite("values", values)
