@@ -88,8 +88,8 @@ def _auto_order(op: str, device_type: str, work: float) -> Order:
     table = AUTO_ORDER.get(device_type, {})
     entry = table.get(op) or table.get("*", ("reference",))
     if isinstance(entry[0], str):
-        return entry  # type: ignore[return-value]
-    return next(order for bound, order in entry if work <= bound)  # type: ignore[misc]
+        return entry
+    return next(order for bound, order in entry if work <= bound)
 
 
 class BackendUnavailableError(RuntimeError):

@@ -20,11 +20,12 @@
 # Works offline with the torch already installed (no pip install): set PYTHON to its interpreter
 # (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
 # the suite runs in one process), triton. STEPS picks the steps, run in this order (default "build probe tests warm
-# speed correct profile keops ab"; also "roofline" and "bench", the `qkernels bench` tables, before keops): "warm"
+# speed correct profile keops ab split3"; also "roofline" and "bench", the `qkernels bench` tables, before keops): "warm"
 # runs one call of every speed variant beside the tests (gpu_check_ops.py warm: the compiles land in the on-disk
 # caches, so speed times compiled code from its start on a quiet GPU); "ab" is scripts/cliff_ab.sh (main's Cliff
-# against each scripts/experiments/*.patch). Time limits per step (seconds): SUITE_TIMEOUT (170, warm included),
-# SPEED_TIMEOUT (150), CORRECT_TIMEOUT (75), PROFILE_TIMEOUT (45), KEOPS_TIMEOUT (40), AB_TIMEOUT (180),
+# against each scripts/experiments/*.patch); "split3" is scripts/cliff_split3.py (the reference's product as three
+# TF32 GEMMs). Time limits per step (seconds): SUITE_TIMEOUT (170, warm included), SPEED_TIMEOUT (150),
+# CORRECT_TIMEOUT (75), PROFILE_TIMEOUT (45), KEOPS_TIMEOUT (40), AB_TIMEOUT (180), SPLIT3_TIMEOUT (120),
 # BENCH_TIMEOUT (150 per hot path); DEADLINE (seconds from the start, default 0 = none) cuts each step's limit to
 # what is left before it, less 20 s for the report, and skips a step with under 10 s left: set it below the
 # device call's limit so that the command ends, and its files are packed, in time. A step that runs over is
@@ -43,7 +44,7 @@ fi
 export PYTHONUNBUFFERED=1  # a step cut by its timeout still leaves its partial output
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 REPORT="$OUT/gpu_check.md"
-STEPS=${STEPS:-build probe tests warm speed correct profile keops ab}
+STEPS=${STEPS:-build probe tests warm speed correct profile keops ab split3}
 DEADLINE=${DEADLINE:-0}
 DRY_RUN=${DRY_RUN:-0}
 DRY=""
@@ -287,6 +288,27 @@ if want ab; then
             grep -h '"speed"' "$OUT"/ab/*/cliff.jsonl 2>/dev/null
             grep -h '"correct"' "$OUT"/ab/*/cliff.jsonl 2>/dev/null | head -20
             tail -3 "$OUT/ab.log"
+            echo '```'
+        } >> "$REPORT"
+    fi
+fi
+# ---------------------------------------------------------------- issue 44: Cliff's product as three cuBLAS TF32 GEMMs
+if want split3; then
+    SPLIT3_LIMIT=$(limit "${SPLIT3_TIMEOUT:-120}")
+    if [ "$SPLIT3_LIMIT" = 0 ]; then skipped split3; else
+        step "split3"
+        P0=$(date +%s)
+        # shellcheck disable=SC2046  # the optional rehearsal flag
+        TORCHINDUCTOR_COMPILE_THREADS=$(nproc) timeout -k 10 "$SPLIT3_LIMIT" "$PYTHON" scripts/cliff_split3.py \
+            "$OUT/split3" $([ "$DRY_RUN" = 1 ] && echo --rehearse) > "$OUT/split3.log" 2>&1
+        SPLIT3_RC=$?
+        {
+            echo
+            echo "## \`scripts/cliff_split3.py\` ($OUT/split3): exit $SPLIT3_RC in $(($(date +%s) - P0)) s (limit $SPLIT3_LIMIT)"
+            echo
+            echo '```'
+            cat "$OUT/split3/split3.jsonl" 2>/dev/null
+            tail -3 "$OUT/split3.log"
             echo '```'
         } >> "$REPORT"
     fi

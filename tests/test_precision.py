@@ -204,8 +204,8 @@ def test_autocast_runs_the_kernels_in_float32(monkeypatch):
     for module in (quantize_ops, kde_ops, hessian_ops):
         real = module.select
 
-        def spy(op, device, dtype, real=real):
-            backend, impl = real(op, device, dtype)
+        def spy(op, device, dtype, work=0, real=real):
+            backend, impl = real(op, device, dtype, work)
             seen.append((op, dtype, backend))
             return backend, impl
 

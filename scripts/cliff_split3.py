@@ -1,0 +1,119 @@
+"""Issue 44's experiment for Cliff at large shapes on a GPU: the reference's bivariate product (its one GEMM,
+``einsum("ikn,jmn->ijmk")``, forward and both backward products) as three cuBLAS TF32 GEMMs on a hi / lo split of
+each operand ("3xTF32": hi = the operand rounded to TF32, lo = the rest; hi @ hi + (hi @ lo + lo @ hi), float32
+accumulation), the rest of the reference unchanged, eager and under ``torch.compile``; against the compiled
+reference with float32 "highest" GEMMs, at the four benchmark shapes. Is the issue's "products through cuBLAS in
+TF32 with a hi / lo split" worth building into the triton backend: how fast, and how close to float64?
+
+    python scripts/cliff_split3.py OUT_DIR             # a GPU: about 1.5 minutes (two compiles per shape)
+    python scripts/cliff_split3.py OUT_DIR --rehearse  # tiny shapes on the CPU (its matmuls ignore TF32)
+
+Rows in OUT_DIR/split3.jsonl as they are taken: ``correct`` (relative loss / gradient errors against the float64
+reference) and ``speed`` (fwd + bwd median ms, CUDA events, after two warm-ups) of ``split3``, ``split3_compiled``
+and ``reference_compiled`` (float32 "highest"), the variants of a shape timed in turn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cliff_gpu_check import REHEARSAL, SHAPES, fwd_bwd, inputs, timed  # noqa: E402
+
+from qkernels.reference import kde as ref  # noqa: E402
+
+
+def _tf32_hi(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to TF32 (10 mantissa bits, to nearest, ties away: cvt.rna.tf32.f32), as float32."""
+    return ((x.contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def _mm3(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b as three TF32 GEMMs on the split operands (float64: one exact GEMM)."""
+    if a.dtype != torch.float32:
+        return a @ b
+    ah, bh = _tf32_hi(a), _tf32_hi(b)
+    return ah @ bh + (ah @ (b - bh) + (a - ah) @ bh)
+
+
+class _Product(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _mm3(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return _mm3(g, b.t()), _mm3(a.t(), g)
+
+
+class _Torch:
+    """The reference module's ``torch`` with its bivariate einsum as a split-TF32 product."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def einsum(eq, *ops):
+        if eq != "ikn,jmn->ijmk":
+            return torch.einsum(eq, *ops)
+        dker, ker = ops
+        (d, k, n), m = dker.shape, ker.shape[1]
+        out = _Product.apply(ker.reshape(d * m, n), dker.reshape(d * k, n).t())  # (j m, i k)
+        return out.reshape(d, m, d, k).permute(2, 0, 1, 3)
+
+
+def _loss(k):
+    def plain(z, idx):
+        return ref.cliff_loss(z, idx, 0.1, -5.0, 5.0, k, 0.5, 1.0, 0.7)[0]
+
+    return plain
+
+
+def main(argv: list[str]) -> None:
+    out_dir, rehearse = argv[0], "--rehearse" in argv
+    os.makedirs(out_dir, exist_ok=True)
+    device = "cpu" if rehearse else "cuda"
+    rows = open(os.path.join(out_dir, "split3.jsonl"), "a")
+
+    def emit(row):
+        print(json.dumps(row), flush=True)
+        rows.write(json.dumps(row) + "\n")
+        rows.flush()
+
+    plain_torch = ref.torch
+    for n, d, m, k in REHEARSAL if rehearse else SHAPES:
+        case = f"{n}x{d} M{m} K{k}"
+        z, idx = inputs(n, d, m, device)
+        torch.set_float32_matmul_precision("highest")
+        want, gwant = fwd_bwd(_loss(k), z.double(), idx)
+        plain = _loss(k)
+        variants = {  # (function, the module's torch, matmul precision)
+            "reference_compiled": (torch.compile(plain, dynamic=False), plain_torch, "highest"),
+            "split3": (plain, _Torch(), "high"),
+            "split3_compiled": (torch.compile(_loss(k), dynamic=False), _Torch(), "high"),
+        }
+        for name, (fn, module_torch, mode) in variants.items():
+            ref.torch = module_torch
+            torch.set_float32_matmul_precision(mode)
+            try:
+                got, g = fwd_bwd(fn, z, idx)
+                emit({"kind": "correct", "case": case, "variant": name,
+                      "loss_rel": abs(got.double() - want).item() / abs(want).item(),
+                      "grad_rel": ((g.double() - gwant).norm() / gwant.norm()).item(),
+                      "grad_max_rel": ((g.double() - gwant).abs().max() / gwant.abs().max()).item()})
+                emit({"kind": "speed", "case": case, "variant": name, "ms": timed(fn, z, idx, 3 if rehearse else 20)})
+            except Exception as e:  # noqa: BLE001 (a failure is a row, the run goes on)
+                emit({"kind": "error", "case": case, "variant": name, "error": repr(e)[:300]})
+            finally:
+                ref.torch = plain_torch
+                torch.set_float32_matmul_precision("highest")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
