@@ -11,6 +11,8 @@ norm (relative) and its largest element (relative to the largest). A MODE joins 
   ``tl.dot(..., input_precision="tf32x3")``: hi = cvt.rna.tf32(a), lo = a - hi read as a TF32 tensor core
   reads a float32 register (the low 13 bits dropped), hi @ hi + (hi @ lo + lo @ hi) accumulated in float32;
 - ``tf32``: the products with both operands truncated to TF32 (one TF32 MMA);
+- ``split3``: the products as three matmuls on the operands split as for ``tf32x3``, at torch's matmul precision
+  (scripts/cliff_split3.py: three cuBLAS TF32 GEMMs on a GPU under "high"; exact on a CPU);
 - ``ex2``: every float32 exp as ``tl.exp``: ex2.approx.f32(fl32(x log2 e)), the argument's rounding exact and
   ex2.approx's own error (<= 2^-22.5 relative, PTX ISA) as a uniform random factor of that size;
 - ``div``: the standardized latents perturbed by a uniform relative 2^-23 (div.full.f32 and sqrt.approx.f32
@@ -45,11 +47,13 @@ def _trunc(x):  # a raw float32 operand as a TF32 MMA reads it
 
 
 def _mm(a, b):
-    if a.dtype == torch.float64 or not MODES & {"tf32", "tf32x3"}:
+    if a.dtype == torch.float64 or not MODES & {"tf32", "tf32x3", "split3"}:
         return a @ b
     if "tf32" in MODES:
         return _trunc(a) @ _trunc(b)
     ah, bh = _rna(a), _rna(b)
+    if "split3" in MODES:  # the split only: the three products at the matmuls' own precision
+        return ah @ bh + (ah @ (b - bh) + (a - ah) @ bh)
     return (_trunc(a - ah) @ bh + ah @ _trunc(b - bh)) + ah @ bh
 
 

@@ -23,49 +23,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cliff_gpu_check import REHEARSAL, SHAPES, fwd_bwd, inputs, timed  # noqa: E402
+from cliff_precision_emulation import MODES, _Torch  # noqa: E402  (its einsum: a product of MODES' kind)
 
 from qkernels.reference import kde as ref  # noqa: E402
-
-
-def _tf32_hi(x: torch.Tensor) -> torch.Tensor:
-    """x rounded to TF32 (10 mantissa bits, to nearest, ties away: cvt.rna.tf32.f32), as float32."""
-    return ((x.contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
-def _mm3(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b as three TF32 GEMMs on the split operands (float64: one exact GEMM)."""
-    if a.dtype != torch.float32:
-        return a @ b
-    ah, bh = _tf32_hi(a), _tf32_hi(b)
-    return ah @ bh + (ah @ (b - bh) + (a - ah) @ bh)
-
-
-class _Product(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return _mm3(a, b)
-
-    @staticmethod
-    def backward(ctx, g):
-        a, b = ctx.saved_tensors
-        return _mm3(g, b.t()), _mm3(a.t(), g)
-
-
-class _Torch:
-    """The reference module's ``torch`` with its bivariate einsum as a split-TF32 product."""
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    @staticmethod
-    def einsum(eq, *ops):
-        if eq != "ikn,jmn->ijmk":
-            return torch.einsum(eq, *ops)
-        dker, ker = ops
-        (d, k, n), m = dker.shape, ker.shape[1]
-        out = _Product.apply(ker.reshape(d * m, n), dker.reshape(d * k, n).t())  # (j m, i k)
-        return out.reshape(d, m, d, k).permute(2, 0, 1, 3)
 
 
 def _loss(k):
@@ -87,6 +47,8 @@ def main(argv: list[str]) -> None:
         rows.flush()
 
     plain_torch = ref.torch
+    MODES.clear()
+    MODES.add("split3")
     for n, d, m, k in REHEARSAL if rehearse else SHAPES:
         case = f"{n}x{d} M{m} K{k}"
         z, idx = inputs(n, d, m, device)
