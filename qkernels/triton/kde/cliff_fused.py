@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qkernels.triton.kde._cliff_common import _column_backward, _dxlogx, _mma, _normalized, _xlogx
+from qkernels.triton.kde._cliff_common import _column_backward, _div, _dxlogx, _mma, _normalized, _xlogx
 
 FUSED_MAX_TILE = 128 * 128  # the fused path holds a BLOCK_M x BLOCK_K block of J per program (else: GEMM path)
 BLOCK_R = 16  # rows of J per program of _cliff_reduce
@@ -83,15 +83,6 @@ def plan(n: int, d: int, m: int, k: int, dtype: torch.dtype, device: torch.devic
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-@triton.jit
-def _div(a, b):
-    """a / b rounded to nearest as torch divides (Triton's float32 ``/`` is approximate: div.full.f32)."""
-    if a.dtype == tl.float32:
-        return tl.div_rn(a, b)
-    else:
-        return a / b
 
 
 @triton.jit
@@ -147,7 +138,7 @@ def _dker(t, x, inv_sigma):
 @triton.jit
 def _linspace(lo, hi, K, ks):
     """torch.linspace(lo, hi, K)[ks] in lo's dtype (the same formula: the second half counted from hi)."""
-    step = (hi - lo) / (K - 1)
+    step = _div(hi - lo, (K - 1).to(hi.dtype))
     return tl.where(ks < K // 2, lo + step * ks, hi - step * (K - 1 - ks))
 
 
@@ -195,7 +186,7 @@ def _rows_normalized(jg, step):
     c = step * tl.sum(tl.abs(jg), 1)
     cpos = c > 0
     cs = tl.where(cpos, c, 1.0)
-    return tl.where(cpos[:, None], tl.abs(jg) / cs[:, None], 0.0), cs, cpos
+    return tl.where(cpos[:, None], _div(tl.abs(jg), cs[:, None]), 0.0), cs, cpos
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -324,7 +315,7 @@ def _uni_kl_finish(wsu_ptr, wst_ptr, gt_ptr, gu_ptr, gk_ptr, i, D, K, n_chunks, 
         tl.store(wst_ptr + i * D + i, tl.zeros((), dt))
         tl.store(wst_ptr + D * D + i, -step * tl.sum(tl.sum(_xlogx(p), 1), 0))
         # kl_i = -log(2 sqrt 3) - mean_v log p_i(v), log p_i(v) = lse_v - log(n sigma sqrt(2 pi))
-        tl.store(wst_ptr + D * D + D + i, log_const - tl.sum(tl.where(kmask, lse, 0.0), 0) / K)
+        tl.store(wst_ptr + D * D + D + i, log_const - _div(tl.sum(tl.where(kmask, lse, 0.0), 0), K.to(lse.dtype)))
 
 
 @triton.jit
@@ -381,7 +372,7 @@ def _cliff_reduce(
                 share = wsm_ptr + (pair * n_blocks + r) * (BLOCK_K + 1)
                 mix += tl.load(share + ks, cache_modifier=".cg")
                 h_each += tl.load(share + BLOCK_K, cache_modifier=".cg")
-            mix = mix / M
+            mix = _div(mix, M.to(mix.dtype))
             nan = h_each != h_each  # a NaN in J (out-of-range conditioning row): NaN JSD and gradient
             if BACKWARD:
                 # JSD = H(mix) - mean_m H(p_m): dLoss/dp_mk = g_b step / M (dxlogx(p_mk) - dxlogx(mix_k)),
@@ -393,13 +384,13 @@ def _cliff_reduce(
                     rk = rows[:, None] * K + ks[None, :]
                     jr = tl.load(base + rk, mask=msk, other=0.0, cache_modifier=".cg")
                     p, cs, cpos = _rows_normalized(jr, step)
-                    gp = g_b * step / M * (_dxlogx(p) - _dxlogx(mix)[None, :])
+                    gp = _div(g_b * step, M.to(mix.dtype)) * (_dxlogx(p) - _dxlogx(mix)[None, :])
                     dot = tl.sum(gp * p, 1)
                     sgn = tl.where(jr > 0, 1.0, tl.where(jr < 0, -1.0, 0.0))
-                    dj = tl.where(cpos[:, None], sgn * (gp - step * dot[:, None]) / cs[:, None], 0.0)
+                    dj = tl.where(cpos[:, None], _div(sgn * (gp - step * dot[:, None]), cs[:, None]), 0.0)
                     tl.store(base + rk, tl.where(nan, float("nan"), dj), mask=msk)
             else:
-                jsd = -step * tl.sum(_xlogx(mix), 0) + step * h_each / M
+                jsd = -step * tl.sum(_xlogx(mix), 0) + _div(step * h_each, M.to(mix.dtype))
                 tl.store(wst_ptr + pair, tl.where(nan, float("nan"), jsd))
                 _arrive_total(wst_ptr, cnt_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, D, lu, lb, lk, BLOCK_K)
 
@@ -457,7 +448,7 @@ def _cliff_fused_bwd(
             ddx = _dker(t, x, inv_sigma)[1]  # (K, S)
             u = (v[:, None] - x[None, :]) * inv_sigma
             sm = tl.where(kmask[:, None], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
-            gx = tl.sum(dg[:, None] * ddx, 0) - g_k / K * tl.sum(sm * u * inv_sigma, 0)
+            gx = tl.sum(dg[:, None] * ddx, 0) - _div(g_k, K.to(u.dtype)) * tl.sum(sm * u * inv_sigma, 0)
             tl.store(wsd_ptr + out + ss, gx, mask=smask)
     else:
         zeta, mmask = _zeta(z_ptr, ci_ptr, j, N, D, M, mean_j, std_j, ms)
