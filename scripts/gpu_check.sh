@@ -155,13 +155,14 @@ fi
 
 # ---------------------------------------------------------------- one step of python/gpu_check_ops.py
 ops_step() {  # ops_step STEP FILE TIMEOUT: one step of python/gpu_check_ops.py, its rows in OUT/FILE as it goes
+    # (-X faulthandler: a crash leaves its Python stack in OUT/STEP.log; KeOps died with SIGSEGV on an H200)
     local name=$1 file=$2 limit t0 rc
     limit=$(limit "$3")
     [ "$limit" = 0 ] && { skipped "$name"; return; }
     step "$name"
     t0=$(date +%s)
     # shellcheck disable=SC2086  # DRY is one optional word
-    TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$limit" "$PYTHON" python/gpu_check_ops.py "$name" "$OUT/$file" $DRY \
+    TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$limit" "$PYTHON" -X faulthandler python/gpu_check_ops.py "$name" "$OUT/$file" $DRY \
         > "$OUT/$name.log" 2>&1
     rc=$?
     {
