@@ -149,6 +149,20 @@ def test_auto_picks_by_the_size_of_the_call_on_cuda(cuda_kernels):
     assert _backend._select("cliff_loss", torch.device("cpu"), torch.float32, 1e12)[0] == "cpu"
 
 
+def test_the_bands_hold_under_torch_compile_with_symbolic_sizes():
+    """Under torch.compile(dynamic=True) the call's size is symbolic: a band is a guard, so the compiled function
+    changes its pick where the eager one does (here Cliff's band on CUDA, at 2e9)."""
+
+    def pick(x):
+        order = _backend._auto_order("cliff_loss", "cuda", x.shape[0] * 1_000_000)
+        return x * (1.0 if order[0] == "triton" else 2.0)
+
+    compiled = torch.compile(pick, dynamic=True, fullgraph=True)
+    for n in (10, 20, 1999, 2001, 5000, 30):
+        x = torch.ones(n)
+        assert compiled(x)[0].item() == pick(x)[0].item() == (1.0 if n <= 2000 else 2.0), n
+
+
 def test_the_public_functions_give_select_their_work(monkeypatch):
     """Each banded op's public function passes the size _backend.WORK names."""
     seen = {}
