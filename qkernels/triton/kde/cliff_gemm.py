@@ -15,6 +15,7 @@ import triton.language as tl
 
 from qkernels.triton.kde._cliff_common import (
     _column_backward,
+    _div,
     _dker_tile,
     _dot_precision,
     _dxlogx,
@@ -192,8 +193,8 @@ def _epilogue_tile(j_ptr, base, k0, mmask, cpos, cs, K, M, BLOCK_K: tl.constexpr
     normalizers cs), the mixture over m and the k indices."""
     ks = k0 + tl.arange(0, BLOCK_K)
     g = tl.load(j_ptr + base + ks[None, :], mask=mmask[:, None] & (ks < K)[None, :], other=0.0)
-    p = tl.where(cpos[:, None], tl.abs(g) / cs[:, None], 0.0)
-    return g, p, tl.sum(p, 0) / M, ks
+    p = tl.where(cpos[:, None], _div(tl.abs(g), cs[:, None]), 0.0)
+    return g, p, _div(tl.sum(p, 0), M.to(p.dtype)), ks
 
 
 @triton.jit
@@ -229,7 +230,7 @@ def _jsd_epilogue(j_ptr, g_ptr, out_ptr, gb_ptr, i0, CI, D, M, K, step: tl.float
     h_each = tl.zeros((BLOCK_M,), dt)
     h_mix = tl.zeros((BLOCK_K,), dt)
     dot = tl.zeros((BLOCK_M,), dt)
-    s = step / M
+    s = _div(step, M.to(dt))
     if BACKWARD:
         s = s * tl.load(gb_ptr)
     for k0 in range(0, K, BLOCK_K):
@@ -245,11 +246,11 @@ def _jsd_epilogue(j_ptr, g_ptr, out_ptr, gb_ptr, i0, CI, D, M, K, step: tl.float
             msk = mmask[:, None] & (ks < K)[None, :]
             gp = s * (_dxlogx(p) - _dxlogx(mix)[None, :])
             sgn = tl.where(g > 0, 1.0, tl.where(g < 0, -1.0, 0.0))
-            dg = tl.where(cpos[:, None], sgn * (gp - step * dot[:, None]) / cs[:, None], 0.0)
+            dg = tl.where(cpos[:, None], _div(sgn * (gp - step * dot[:, None]), cs[:, None]), 0.0)
             dg = tl.where(i == j, 0.0, tl.where(nan, float("nan"), dg))
             tl.store(g_ptr + base + ks[None, :], dg, mask=msk)
     else:
-        jsd = -step * tl.sum(h_mix, 0) + step * tl.sum(h_each, 0) / M
+        jsd = -step * tl.sum(h_mix, 0) + _div(step * tl.sum(h_each, 0), M.to(dt))
         jsd = tl.where(i == j, 0.0, tl.where(nan, float("nan"), jsd))
         tl.store(out_ptr + j * D + i, jsd)
 
@@ -332,7 +333,7 @@ def _cliff_uni_kl(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, guni_ptr, lse_ptr, gu_pt
     else:
         tl.store(uni_ptr + i, -step * tl.sum(tl.sum(_xlogx(p), 1), 0))
         # kl_i = -log(2 sqrt 3) - mean_v log p_i(v), log p_i(v) = lse_v - log(n sigma sqrt(2 pi))
-        tl.store(kl_ptr + i, log_const - tl.sum(tl.where(vmask, lse, 0.0), 0) / KU)
+        tl.store(kl_ptr + i, log_const - _div(tl.sum(tl.where(vmask, lse, 0.0), 0), KU.to(lse.dtype)))
 
 
 @triton.jit
@@ -352,7 +353,7 @@ def _kl_grad(x_ptr, v_ptr, lse_ptr, gk_ptr, gx_ptr, N, D, KU, inv_sigma: tl.floa
     sm = tl.where(vmask[:, None] & smask[None, :], tl.exp(-0.5 * u * u - lse[:, None]), 0.0)
     g_kl = tl.load(gk_ptr)
     prev = tl.load(gx_ptr + ss * D + i, mask=smask, other=0.0)
-    tl.store(gx_ptr + ss * D + i, prev - g_kl / KU * tl.sum(sm * u * inv_sigma, 0), mask=smask)
+    tl.store(gx_ptr + ss * D + i, prev - _div(g_kl, KU.to(u.dtype)) * tl.sum(sm * u * inv_sigma, 0), mask=smask)
 
 
 def _gemm_setup(x, grid, cond_index, sigma):
