@@ -8,7 +8,7 @@
 STABLE_TORCH_LIBRARY(qkernels, m) {
   // quantize
   m.def("latent_quantize(Tensor z, Tensor values) -> (Tensor z_q, Tensor indices, Tensor loss_quantize, Tensor loss_commit)");
-  m.def("latent_quantize_backward(Tensor grad_zq, Tensor grad_loss_quantize, Tensor grad_loss_commit, Tensor z, Tensor values, Tensor indices) -> (Tensor grad_z, Tensor grad_values)");
+  m.def("latent_quantize_backward(Tensor grad_z_q, Tensor grad_loss_quantize, Tensor grad_loss_commit, Tensor z, Tensor values, Tensor indices) -> (Tensor grad_z, Tensor grad_values)");
   m.def("relaxed_categorical(Tensor logits, Tensor values, Tensor? uniform, float tau, float noise_scale, bool hard) -> (Tensor z, Tensor y, Tensor kl)");
   m.def("relaxed_categorical_backward(Tensor grad_z, Tensor grad_y, Tensor grad_kl, Tensor logits, Tensor values, Tensor? uniform, Tensor y, float tau, float noise_scale) -> (Tensor grad_logits, Tensor grad_values)");
   // kde

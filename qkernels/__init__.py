@@ -11,19 +11,25 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (statically) for the package metadata
 
-if TYPE_CHECKING:  # what the names below resolve to (type checkers and documentation tools read these)
-    from qkernels._backend import BackendUnavailableError, available_backends, current_backend, use_backend
-    from qkernels.ops.hessian import finite_difference_curvature, hessian_penalty, normalized_hessian_penalty
-    from qkernels.ops.kde import CliffTerms, cliff_loss, kde_grid, klm_loss
-    from qkernels.ops.quantize import (
-        CategoricalSample,
-        GumbelQuantized,
-        Quantized,
-        categorical_latent,
-        fsq,
-        gumbel_quantize,
-        latent_quantize,
-    )
+if TYPE_CHECKING:  # what the names of _MODULES resolve to, for type checkers and documentation tools (re-exported)
+    from qkernels._backend import BackendUnavailableError as BackendUnavailableError
+    from qkernels._backend import available_backends as available_backends
+    from qkernels._backend import current_backend as current_backend
+    from qkernels._backend import use_backend as use_backend
+    from qkernels.ops.hessian import finite_difference_curvature as finite_difference_curvature
+    from qkernels.ops.hessian import hessian_penalty as hessian_penalty
+    from qkernels.ops.hessian import normalized_hessian_penalty as normalized_hessian_penalty
+    from qkernels.ops.kde import CliffTerms as CliffTerms
+    from qkernels.ops.kde import cliff_loss as cliff_loss
+    from qkernels.ops.kde import kde_grid as kde_grid
+    from qkernels.ops.kde import klm_loss as klm_loss
+    from qkernels.ops.quantize import CategoricalSample as CategoricalSample
+    from qkernels.ops.quantize import GumbelQuantized as GumbelQuantized
+    from qkernels.ops.quantize import Quantized as Quantized
+    from qkernels.ops.quantize import categorical_latent as categorical_latent
+    from qkernels.ops.quantize import fsq as fsq
+    from qkernels.ops.quantize import gumbel_quantize as gumbel_quantize
+    from qkernels.ops.quantize import latent_quantize as latent_quantize
 
 # the public names of each module; importing qkernels.ops registers every op and warms backend selection
 _MODULES = {
@@ -64,23 +70,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_OPS, *SUBPACKAGES})
 
 
-__all__ = [
-    "available_backends",
-    "BackendUnavailableError",
-    "categorical_latent",
-    "CategoricalSample",
-    "cliff_loss",
-    "CliffTerms",
-    "current_backend",
-    "finite_difference_curvature",
-    "fsq",
-    "gumbel_quantize",
-    "GumbelQuantized",
-    "hessian_penalty",
-    "kde_grid",
-    "klm_loss",
-    "latent_quantize",
-    "normalized_hessian_penalty",
-    "Quantized",
-    "use_backend",
-]
+__all__ = list(_OPS)  # the names of _MODULES (their imports above are the type checkers' view)

@@ -10,10 +10,8 @@ device and silently falls back to ``reference``; a backend forced with
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import os
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -258,10 +256,8 @@ def register(op: str, backend: str) -> Callable[[Kernel], Kernel]:
 
 
 def implementations(op: str) -> dict[str, Kernel]:
-    """``{backend: implementation}`` registered for ``op`` (by its module in :mod:`qkernels.ops`, imported here
-    first if nothing has: ``import qkernels`` no longer does)."""
-    if "qkernels.ops" not in sys.modules:
-        importlib.import_module("qkernels.ops")
+    """``{backend: implementation}`` registered for ``op`` (by its hot path's module in :mod:`qkernels.ops`;
+    nothing before ``import qkernels.ops``: this registry imports none of its clients)."""
     return dict(_REGISTRY.get(op, {}))
 
 

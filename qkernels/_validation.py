@@ -1,5 +1,5 @@
-"""Input checks shared by every functional op: clear ``TypeError``/``ValueError`` naming the
-argument, never a silent NaN.
+"""Tensor input checks of the torch front-end: clear ``TypeError``/``ValueError`` naming the argument, never a
+silent NaN (the rules on numbers and shapes, shared with the JAX front-end: :mod:`qkernels._args`).
 
 Checks of tensor *values* (NaN/inf, index ranges, positivity) read data back to the host: on a GPU
 that blocks the CPU until the device catches up, several times per call. They run where
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from qkernels._args import check_std_number, check_std_shape
 from qkernels.reference.kde import population_std
 
 _CHECK_MODES = ("auto", "1", "0")
@@ -114,25 +114,6 @@ def in_range(idx: torch.Tensor, hi: int) -> bool:
     return bool(lo.item() >= 0 and top.item() < hi)
 
 
-def is_finite_number(x: float) -> bool:
-    """Whether the number ``x`` is finite (comparisons, not math.isfinite: torch.compile traces them
-    when ``x`` is a symbolic float)."""
-    return -math.inf < x < math.inf
-
-
-def check_positive(name: str, value: object, *, integer: bool = False, minimum: float | None = None) -> None:
-    """A positive number (``> 0``), or ``>= minimum`` when given."""
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        kind = "an int" if integer else "a number"
-        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
-    if minimum is not None:
-        if value < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    elif not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-
-
 def check_std(std: object, z: torch.Tensor, *, values: bool = True) -> torch.Tensor:
     """Per-latent scales (d,) for latents z (n, d), all > 0 (their values checked unless ``values`` is
     False: a backend that checks them itself).
@@ -148,53 +129,12 @@ def check_std(std: object, z: torch.Tensor, *, values: bool = True) -> torch.Ten
     if isinstance(std, torch.Tensor):
         check_tensor("std", std, ndim=(0, 1), finite=values)
         check_same("std", std, "z", z, dtype=False)
-        if std.dim() == 1 and std.shape[0] != d:
-            raise ValueError(f"std must be a scalar or (d,) with d = {d}, got shape {tuple(std.shape)}")
+        check_std_shape(std.shape, d)
         if values and value_checks(std) and not bool((std > 0).all()):
             raise ValueError("std must be > 0 everywhere (a zero scale collapses its latent)")
         return std.expand(d).contiguous() if std.dim() == 0 else std
     if isinstance(std, bool) or not isinstance(std, (int, float)):
         raise TypeError(f"std must be None, a number or a tensor (a scalar or (d,)), got {type(std).__name__}")
-    if not (std > 0 and is_finite_number(std)):
-        raise ValueError(f"std must be a finite number > 0, got {std}")
-    return torch.full((d,), float(std), dtype=z.dtype, device=z.device)
+    return torch.full((d,), check_std_number(std), dtype=z.dtype, device=z.device)
 
 
-def check_sigma(sigma: float) -> float:
-    """A finite bandwidth > 0, as a float."""
-    check_positive("sigma", sigma)
-    if not is_finite_number(sigma):
-        raise ValueError(f"sigma must be finite, got {sigma}")
-    return float(sigma)
-
-
-def check_grid(grid: object) -> tuple[float, float, int]:
-    """An integration grid (a, b, K): finite a < b, integer K >= 2."""
-    if not (isinstance(grid, (tuple, list)) and len(grid) == 3):
-        raise TypeError(f"grid must be a tuple (a, b, K), got {grid!r}")
-    a, b, k = grid
-    for name, val in (("grid[0] (a)", a), ("grid[1] (b)", b)):
-        if isinstance(val, bool) or not isinstance(val, (int, float)) or not is_finite_number(val):
-            raise TypeError(f"{name} must be a finite number, got {val!r}")
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"grid[2] (K) must be an int, got {k!r}")
-    if k < 2:
-        raise ValueError(f"grid[2] (K) must be >= 2, got {k}")
-    if not a < b:
-        raise ValueError(f"grid must have a < b, got a = {a}, b = {b}")
-    return float(a), float(b), k
-
-
-def check_levels(levels: object, d: int) -> list[int]:
-    """FSQ levels given as an int or a sequence of ints: 1 or ``d`` of them, each >= 2 (the torch and JAX fsq)."""
-    if isinstance(levels, int) and not isinstance(levels, bool):
-        values = [levels]
-    elif isinstance(levels, Sequence) and all(isinstance(v, int) and not isinstance(v, bool) for v in levels):
-        values = list(levels)
-    else:
-        raise TypeError(f"levels must be an int or a sequence of ints, got {levels!r}")
-    if len(values) not in (1, d):
-        raise ValueError(f"levels must give 1 or d = {d} values, got {len(values)}")
-    if min(values) < 2:
-        raise ValueError(f"levels must all be >= 2, got {values}")
-    return values

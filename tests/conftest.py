@@ -10,6 +10,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import qkernels  # noqa: E402
+import qkernels.ops  # noqa: E402,F401 - registers every op (qkernels._backend's registry imports none of its clients)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # every backend that can run on this machine's test device, reference included

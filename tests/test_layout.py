@@ -52,12 +52,30 @@ def _import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
                     # as qkernels._C are outside the graph)
                     targets.append(full if full in mods or list(PACKAGE.parent.glob(full.replace(".", "/") + ".*.so"))
                                    else base)
+            targets += _lazy_imports(node)
             for t in targets:
                 r = resolve(t) if t.startswith("qkernels") and not list(
                     PACKAGE.parent.glob(t.replace(".", "/") + ".*.so")) else None
                 if r and r != name:
                     graph[name].add(r)
     return graph
+
+
+def _lazy_imports(node: ast.AST) -> list[str]:
+    """The module an ``importlib.import_module(...)`` call names: a string, or the constant start of an f-string
+    (``f"qkernels.triton.{module}"`` -> qkernels.triton)."""
+    if not (isinstance(node, ast.Call) and node.args):
+        return []
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name not in ("import_module", "__import__"):
+        return []
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return [arg.value]
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return [str(arg.values[0].value).rstrip(".")]
+    return []
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -99,6 +117,8 @@ def test_the_cycle_check_finds_a_cycle():
 def test_no_import_cycle():
     graph = _import_graph(_modules())
     assert "qkernels.ops.kde" in graph["qkernels.nn.kde"]  # the graph sees imports
+    assert "qkernels.ops" in graph["qkernels"]  # ... and lazy ones (importlib.import_module)
+    assert "qkernels.triton" in graph["qkernels.ops._library"]  # ... by an f-string's constant start
     assert _cycles(graph) == []
 
 

@@ -4,21 +4,21 @@ out-of-range index would read out of bounds). Valid calls with non-contiguous in
 contiguous result. Index *values* are checked on CPU tensors; on a GPU (triton, cuda) reading them
 would synchronize, so the kernels guard them and write NaN instead.
 
-Every registered ``qkernels::`` op must have a spec here (test_every_op_has_a_spec)."""
+Every registered ``qkernels::`` op is declared in :mod:`qkernels.decl`: the valid example calls and the bad inputs
+(wrong rank, empty, dtype, device, a dimension that must match another argument's, each rule's counterexample) are
+derived from the declarations."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import pytest
 import torch
 
 import qkernels
-from qkernels import _backend, _ext
+from qkernels import _backend, _ext, decl
 
 ERRORS = (RuntimeError, ValueError, TypeError)
-F, N, D, NV = torch.float32, 5, 3, 4
 
 
 @dataclasses.dataclass
@@ -37,181 +37,53 @@ def _ops():
     return torch.ops.qkernels
 
 
-def _latent_quantize(dev, suffix=""):
-    z, v = torch.randn(N, D, device=dev), torch.randn(D, NV, device=dev)
-    return [Arg(z), Arg(v)]
+DECLARED = decl.by_name()
 
 
-def _latent_quantize_backward(dev, suffix=""):
-    z, v = torch.randn(N, D, device=dev), torch.randn(D, NV, device=dev)
-    idx = getattr(_ops(), "latent_quantize" + suffix)(z, v)[1]
-    one = torch.ones((), device=dev)
-    return [Arg(torch.randn(N, D, device=dev)), Arg(one, "grad"), Arg(one, "grad"), Arg(z), Arg(v),
-            Arg(idx, "index", NV)]
+def _tensor(t: decl.Tensor, shape: tuple[int, ...], env: dict, dev: str, gen: torch.Generator) -> torch.Tensor:
+    """A valid value of tensor argument ``t`` shaped ``shape``."""
+    if t.role == "index":
+        return torch.randint(0, env[t.hi] if t.hi else 1, shape, generator=gen).to(dev)
+    if t.role == "grad":
+        return torch.ones(shape, device=dev)
+    if t.example == "uniform":
+        return torch.rand(shape, generator=gen).to(dev)
+    if t.example == "positive":
+        return (torch.rand(shape, generator=gen) + 0.5).to(dev)
+    return torch.randn(shape, generator=gen).to(dev)
 
 
-def _relaxed(dev, suffix=""):
-    lg, v, u = torch.randn(N, D, NV, device=dev), torch.randn(1, NV, device=dev), torch.rand(N, D, NV, device=dev)
-    return [Arg(lg), Arg(v), Arg(u), Arg(0.7, "scalar"), Arg(1.0, "scalar"), Arg(False, "scalar")]
+def example(op: decl.Op, dev: str) -> list[Arg]:
+    """The declaration's valid example call (its sizes and scalars), every optional tensor given."""
+    env, gen = op.example_env(), torch.Generator().manual_seed(0)
+    out = []
+    for a in op.args:
+        if isinstance(a, decl.Scalar):
+            out.append(Arg(a.example, "scalar"))
+        else:
+            value = _tensor(a, op.example_shape(a, env), env, dev, gen)
+            out.append(Arg(value, a.role, env[a.hi] if a.hi else None))
+    return out
 
 
-def _relaxed_backward(dev, suffix=""):
-    lg, v, u = torch.randn(N, D, NV, device=dev), torch.randn(1, NV, device=dev), torch.rand(N, D, NV, device=dev)
-    y = getattr(_ops(), "relaxed_categorical" + suffix)(lg, v, u, 0.7, 1.0, False)[1]
-    grads = [Arg(torch.randn(N, D, device=dev)), Arg(torch.randn(N, D, NV, device=dev)),
-             Arg(torch.randn(N, D, device=dev))]
-    return [*grads, Arg(lg), Arg(v), Arg(u), Arg(y), Arg(0.7, "scalar"), Arg(1.0, "scalar")]
-
-
-def _gumbel(dev, suffix=""):
-    z, v, u = torch.randn(N, D, device=dev), torch.randn(D, NV, device=dev), torch.rand(N, D, NV, device=dev)
-    return [Arg(z), Arg(v), Arg(u), Arg(0.7, "scalar"), Arg(False, "scalar")]
-
-
-def _gumbel_backward(dev, suffix=""):
-    z, v, u = torch.randn(N, D, device=dev), torch.randn(1, NV, device=dev), torch.rand(N, D, NV, device=dev)
-    y = getattr(_ops(), "gumbel_quantize" + suffix)(z, v, u, 0.7, False)[1]
-    grads = [Arg(torch.randn(N, D, device=dev)), Arg(torch.randn(N, D, NV, device=dev)),
-             Arg(torch.randn(N, D, NV, device=dev)), Arg(torch.randn(N, D, device=dev))]
-    return [*grads, Arg(z), Arg(v), Arg(u), Arg(y), Arg(0.7, "scalar")]
-
-
-def _kde_grid(dev, suffix=""):
-    data = [Arg(torch.randn(D, 7, device=dev)), Arg(torch.randn(N, D, device=dev))]
-    return [*data, Arg(0.3, "scalar"), Arg(True, "scalar")]
-
-
-def _kde_grid_backward(dev, suffix=""):
-    return [Arg(torch.randn(D, 7, device=dev), "dgrad"), *_kde_grid(dev)]
-
-
-def _cliff(dev, suffix=""):
-    z = torch.randn(6, D, device=dev)
-    cond = torch.tensor([[0, 5], [2, 3], [4, 1]], device=dev)
-    return [Arg(z), Arg(cond, "index", 6), *(Arg(a, "scalar") for a in (0.4, -3.0, 3.0, 8, 0.5, 1.0, 0.7))]
-
-
-def _cliff_backward(dev, suffix=""):
-    one = torch.ones((), device=dev)
-    return [Arg(one, "grad"), Arg(one, "grad"), Arg(one, "grad"), Arg(one, "grad"), *_cliff(dev)]
-
-
-def _klm(dev, suffix=""):
-    return [Arg(torch.randn(6, D, device=dev)), Arg(torch.rand(D, device=dev) + 0.5)]
-
-
-def _klm_backward(dev, suffix=""):
-    z, s = torch.randn(6, D, device=dev), torch.rand(D, device=dev) + 0.5
-    lse = getattr(_ops(), "klm" + suffix)(z, s)[1]
-    return [Arg(torch.ones((), device=dev), "grad"), Arg(z), Arg(s), Arg(lse)]
-
-
-FD = (2, 2, 0.1, 2, False, "mean")  # n, k, eps, groups, unbiased, reduce: 16 stacked rows
-
-
-def _fd(dev, suffix=""):
-    return [Arg(torch.randn(16, 3, device=dev)), *(Arg(a, "scalar") for a in FD)]
-
-
-def _fd_backward(dev, suffix=""):
-    x = torch.randn(16, 3, device=dev)
-    argmax = getattr(_ops(), "finite_difference_curvature" + suffix)(x, *FD)[1]
-    return [Arg(torch.randn(2, 2, device=dev), "dgrad"), Arg(x), Arg(argmax, "index"), *(Arg(a, "scalar") for a in FD)]
-
-
-PB = (0.1, 1, "std")  # eps, signs, scale: the first of 2 directions as signs, scaled by std
-
-
-def _pb(dev, suffix=""):
-    z, draws, std = torch.randn(N, D, device=dev), torch.randn(2, N, D, device=dev), torch.rand(D, device=dev) + 0.5
-    return [Arg(z), Arg(draws), Arg(std), *(Arg(a, "scalar") for a in PB)]
-
-
-def _pb_backward(dev, suffix=""):
-    return [Arg(torch.randn(4 * N, D, device=dev), "dgrad"), *_pb(dev)]
-
-
-def _cp(dev, suffix=""):
-    return [Arg(torch.rand(2, N, device=dev)), Arg(True, "scalar"), Arg("mean", "scalar")]
-
-
-def _cp_backward(dev, suffix=""):
-    return [Arg(torch.ones((), device=dev), "grad"), *_cp(dev)]
-
-
-# op -> (valid arguments, op-specific bad calls: (what, argument index, replacement value))
-SPECS: dict[str, tuple[Callable, list[tuple[str, int, Callable]]]] = {
-    "latent_quantize": (_latent_quantize, [("codebook rows != d", 1, lambda dev: torch.randn(D + 1, NV, device=dev))]),
-    "latent_quantize_backward": (
-        _latent_quantize_backward,
-        [("indices shape", 5, lambda dev: torch.zeros(N, D + 1, dtype=torch.long, device=dev)),
-         ("grad_zq shape", 0, lambda dev: torch.randn(N + 1, D, device=dev))],
-    ),
-    "relaxed_categorical": (
-        _relaxed,
-        [("values K", 1, lambda dev: torch.randn(1, NV + 1, device=dev)),
-         ("uniform shape", 2, lambda dev: torch.rand(N, D, NV + 1, device=dev))],
-    ),
-    "relaxed_categorical_backward": (
-        _relaxed_backward,
-        [("grad_z shape", 0, lambda dev: torch.randn(N, D + 1, device=dev)),
-         ("y shape", 6, lambda dev: torch.randn(N + 1, D, NV, device=dev))],
-    ),
-    "gumbel_quantize": (  # triton only (no C++ kernel)
-        _gumbel,
-        [("codebook rows != d", 1, lambda dev: torch.randn(D + 1, NV, device=dev)),
-         ("uniform K", 2, lambda dev: torch.rand(N, D, NV + 1, device=dev)), ("tau", 3, lambda dev: 0.0)],
-    ),
-    "gumbel_quantize_backward": (
-        _gumbel_backward,
-        [("grad_zq shape", 0, lambda dev: torch.randn(N, D + 1, device=dev)),
-         ("grad_logits shape", 2, lambda dev: torch.randn(N, D, NV + 1, device=dev)),
-         ("y shape", 7, lambda dev: torch.randn(N + 1, D, NV, device=dev))],
-    ),
-    "kde_grid": (
-        _kde_grid, [("samples d", 1, lambda dev: torch.randn(N, D + 1, device=dev)), ("sigma", 2, lambda dev: 0.0)]
-    ),
-    "kde_grid_backward": (_kde_grid_backward, [("grad shape", 0, lambda dev: torch.randn(D, 8, device=dev))]),
-    "cliff_loss": (
-        _cliff,
-        [("cond_index rows", 1, lambda dev: torch.zeros(D + 1, 2, dtype=torch.long, device=dev)),
-         ("num_points < 2", 5, lambda dev: 1), ("sigma", 2, lambda dev: -1.0), ("a >= b", 3, lambda dev: 3.0)],
-    ),
-    "cliff_loss_backward": (_cliff_backward, [("grad shape", 0, lambda dev: torch.ones(2, device=dev))]),
-    "klm": (_klm, [("std shape", 1, lambda dev: torch.ones(D + 1, device=dev))]),
-    "klm_backward": (_klm_backward, [("lse shape", 3, lambda dev: torch.zeros(6, D, device=dev))]),
-    "finite_difference_curvature": (
-        _fd,
-        [("rows", 0, lambda dev: torch.randn(10, 3, device=dev)), ("num_perturbations", 2, lambda dev: 1),
-         ("groups", 4, lambda dev: 3), ("reduce", 6, lambda dev: "min"), ("eps", 3, lambda dev: 0.0)],
-    ),
-    "finite_difference_curvature_backward": (
-        _fd_backward,
-        [("grad shape", 0, lambda dev: torch.randn(2, 3, device=dev)),
-         ("argmax shape", 2, lambda dev: torch.zeros(3, dtype=torch.long, device=dev))],
-    ),
-    "perturbed_batch": (
-        _pb,
-        [("draws n", 1, lambda dev: torch.randn(2, N + 1, D, device=dev)),
-         ("std shape", 2, lambda dev: torch.ones(D + 1, device=dev)), ("std missing", 2, lambda dev: None),
-         ("signs > D", 4, lambda dev: 3), ("signs < 0", 4, lambda dev: -1), ("eps", 3, lambda dev: 0.0),
-         ("scale", 5, lambda dev: "unit")],
-    ),
-    "perturbed_batch_backward": (
-        _pb_backward,
-        [("grad rows", 0, lambda dev: torch.randn(4 * N + 1, D, device=dev)),
-         ("draws d", 2, lambda dev: torch.randn(2, N, D + 1, device=dev))],
-    ),
-    "curvature_penalty": (
-        _cp,
-        [("groups without ratio", 1, lambda dev: False), ("reduction", 2, lambda dev: "sum")],
-    ),
-    "curvature_penalty_backward": (
-        _cp_backward,
-        [("grad of reduction none", 3, lambda dev: "none"),
-         ("values groups", 1, lambda dev: torch.rand(3, N, device=dev))],
-    ),
-}
+def declared_bad_calls(op: decl.Op, dev: str) -> list[tuple[str, int, object]]:
+    """(what, argument index, bad value) derived from the declaration: one dimension of a tensor changed where it
+    must equal another argument's, and each rule's counterexample."""
+    env, gen = op.example_env(), torch.Generator().manual_seed(1)
+    tensors = {t.name: t for t in op.tensors}
+    out = []
+    for name, axis, dim in op.dimension_mismatches():
+        t = tensors[name]
+        shape = list(op.example_shape(t, env))
+        shape[axis] += 1
+        out.append((f"{name} axis {axis} ({dim}) != {shape[axis] - 1}", op.index(name),
+                    _tensor(t, tuple(shape), env, dev, gen)))
+    for rule in op.rules:
+        for name, bad in rule.bad.items():
+            if name in tensors and bad is not None:
+                bad = _tensor(tensors[name], tuple(bad), env, dev, gen)
+            out.append((f"violates {rule.expr}", op.index(name), bad))
+    return out
 
 
 def _runs():
@@ -223,10 +95,10 @@ def _runs():
             # ops without a C++ kernel for the device (gumbel_quantize; Cliff on CUDA, deleted in issue 26) have
             # only the *_triton raw ops there
             key = "CPU" if dev == "cpu" else "CUDA"
-            out += [(op, "cpu" if dev == "cpu" else "cuda", dev) for op in SPECS if _ext.has_kernel(op, key)]
+            out += [(op, "cpu" if dev == "cpu" else "cuda", dev) for op in DECLARED if _ext.has_kernel(op, key)]
     tdev = "cuda" if torch.cuda.is_available() else "cpu"
     if _backend.unavailable_reason("triton", tdev) is None:
-        out += [(op, "triton", tdev) for op in SPECS]
+        out += [(op, "triton", tdev) for op in DECLARED]
     return out
 
 
@@ -258,7 +130,7 @@ def _mutations(args: list[Arg], dev: str):
         t = a.value
         if a.role in ("data", "dgrad", "index"):
             yield "rank", i, t.unsqueeze(0)
-            yield "empty", i, t[:0] if t.dim() else t.reshape(0)
+            yield "empty", i, t[:0] if t.dim() else t.reshape(1)[:0]
         if a.role == "data":
             yield "int dtype", i, t.long()
             if len(data) > 1:
@@ -272,23 +144,23 @@ def _mutations(args: list[Arg], dev: str):
             yield "device mismatch", i, t.to(other)
 
 
-def test_every_op_has_a_spec():
+def test_every_registered_op_is_declared():
     names = {n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("qkernels::")}
-    names = {n.removesuffix("_triton") for n in names}
-    assert names == set(SPECS), f"ops without a bad-input spec: {sorted(names - set(SPECS))}"
+    assert {n.removesuffix("_triton") for n in names} <= set(DECLARED), "ops registered without a declaration"
+    for name in names:
+        schema = str(getattr(_ops(), name).default._schema).removeprefix("qkernels::")
+        assert schema == name + DECLARED[name.removesuffix("_triton")].schema(name=False)
 
 
 @pytest.mark.parametrize("op,backend,dev", RUNS, ids=lambda v: str(v))
 def test_bad_input_raises_and_valid_input_runs(op, backend, dev):
-    make, bad = SPECS[op]
-    suffix = "_triton" if backend == "triton" else ""
-    args = make(dev, suffix)
+    args = example(DECLARED[op], dev)
     values = [a.value for a in args]
     want = _call(op, backend, values)  # the valid call runs
     for t in want:
         if t.is_floating_point():
             assert torch.isfinite(t).all(), f"{op}: valid call gave non-finite output"
-    cases = list(_mutations(args, dev)) + [(what, i, fn(dev)) for what, i, fn in bad]
+    cases = list(_mutations(args, dev)) + declared_bad_calls(DECLARED[op], dev)
     for what, i, value in cases:
         call = values[:i] + [value] + values[i + 1:]
         with pytest.raises(ERRORS):
@@ -302,17 +174,18 @@ def test_bad_input_raises_and_valid_input_runs(op, backend, dev):
                 torch.testing.assert_close(g, w, equal_nan=True, msg=f"{op}: non-contiguous argument {i}")
 
 
-INDEXED = {"latent_quantize_backward", "cliff_loss", "cliff_loss_backward"}  # ops with an Arg(..., hi=...)
+INDEXED = {name for name, op in DECLARED.items() if any(t.hi for t in op.tensors)}  # ops with a bounded index
+
+
+def test_the_bounded_indices_are_declared():
+    assert INDEXED == {"latent_quantize_backward", "cliff_loss", "cliff_loss_backward"}
 
 
 @pytest.mark.parametrize("op,backend,dev", [r for r in RUNS if r[0] in INDEXED], ids=lambda v: str(v))
 def test_out_of_range_indices(op, backend, dev):
     """CPU kernels raise; GPU kernels (and Triton anywhere) never read out of bounds: NaN outputs."""
-    make, _ = SPECS[op]
-    suffix = "_triton" if backend == "triton" else ""
-    args = make(dev, suffix)
+    args = example(DECLARED[op], dev)
     values = [a.value for a in args]
-    assert any(a.hi for a in args), f"{op} is in INDEXED but has no bounded index argument"
     for i, a in enumerate(args):
         if a.role != "index" or a.hi is None:
             continue
@@ -362,7 +235,7 @@ def test_triton_float_scalars_are_declared_float64(monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(interpreter.GridExecutor, "__call__", spy)
-    for op, (make, _) in SPECS.items():
-        _call(op, "triton", [a.value for a in make("cpu", "_triton")])
+    for op in DECLARED:
+        _call(op, "triton", [a.value for a in example(DECLARED[op], "cpu")])
     want = {"_cliff_fused_fwd", "_cliff_fused_bwd", "_klm_tiles", "_latent_quantize_bwd", "_fdc_fwd"}
     assert want <= set(seen), sorted(seen)

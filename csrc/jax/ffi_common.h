@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "qkernels/checks.h"
 #include "qkernels/parallel.h"
@@ -107,10 +108,27 @@ ffi::Error run(ffi::ThreadPool pool, F&& body) {
   }
 }
 
+// The library's registration table: every handler, named as the op it runs (qkernels/decl), added beside its
+// definition by QK_FFI_TARGET. qkernels/jax/_ffi.py reads it through qk_ffi_targets (targets.cpp) and registers each
+// entry with jax.ffi.register_ffi_target as qkernels_<name>.
+struct Target {
+  const char* name;
+  XLA_FFI_Handler* handler;
+};
+
+inline std::vector<Target>& targets() {
+  static std::vector<Target> table;
+  return table;
+}
+
+struct AddTarget {
+  AddTarget(const char* name, XLA_FFI_Handler* handler) { targets().push_back({name, handler}); }
+};
+
 }  // namespace jaxffi
 }  // namespace qkernels
 
-// Handlers are exported C symbols (XLA_FFI_DEFINE_HANDLER_SYMBOL) in a library compiled with hidden visibility:
-// qkernels/jax/_ffi.py loads them with ctypes and registers them with jax.ffi.register_ffi_target.
-#define QK_FFI_EXPORT_BEGIN _Pragma("GCC visibility push(default)")
-#define QK_FFI_EXPORT_END _Pragma("GCC visibility pop")
+// Defines the XLA FFI handler `handler` of `impl` with `binding` and adds it to the table as the op `name`.
+#define QK_FFI_TARGET(name, handler, impl, binding) \
+  XLA_FFI_DEFINE_HANDLER(handler, impl, binding);   \
+  static const ::qkernels::jaxffi::AddTarget handler##_target(name, handler)

@@ -56,8 +56,7 @@ ffi::Error fd_curvature_bwd(ffi::ThreadPool pool, ffi::AnyBuffer grad_, ffi::Any
 namespace ffi = xla::ffi;
 namespace qj = qkernels::jaxffi;
 
-QK_FFI_EXPORT_BEGIN
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_fd_curvature_fwd, qj::fd_curvature_fwd,
+QK_FFI_TARGET("finite_difference_curvature", qk_fd_curvature_fwd, qj::fd_curvature_fwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
@@ -69,7 +68,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_fd_curvature_fwd, qj::fd_curvature_fwd,
                                   .Attr<std::string_view>("reduce")
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_fd_curvature_bwd, qj::fd_curvature_bwd,
+QK_FFI_TARGET("finite_difference_curvature_backward", qk_fd_curvature_bwd, qj::fd_curvature_bwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
@@ -82,4 +81,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_fd_curvature_bwd, qj::fd_curvature_bwd,
                                   .Attr<bool>("unbiased")
                                   .Attr<std::string_view>("reduce")
                                   .Ret<ffi::AnyBuffer>());
-QK_FFI_EXPORT_END

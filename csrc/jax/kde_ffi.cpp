@@ -70,8 +70,10 @@ ffi::Error cliff_fwd(ffi::ThreadPool pool, ffi::AnyBuffer z_, ffi::AnyBuffer con
   });
 }
 
-ffi::Error cliff_bwd(ffi::ThreadPool pool, ffi::AnyBuffer g_total, ffi::AnyBuffer g_uni, ffi::AnyBuffer g_biv,
-                     ffi::AnyBuffer g_kl, ffi::AnyBuffer z_, ffi::AnyBuffer cond_, double sigma, double a, double b,
+// Operands as qkernels/jax/_ffi.py orders them: the required ones, then the upstream gradients (Tensor? in the
+// declaration; always given here).
+ffi::Error cliff_bwd(ffi::ThreadPool pool, ffi::AnyBuffer z_, ffi::AnyBuffer cond_, ffi::AnyBuffer g_total,
+                     ffi::AnyBuffer g_uni, ffi::AnyBuffer g_biv, ffi::AnyBuffer g_kl, double sigma, double a, double b,
                      int64_t K, double lu, double lb, double lk, ffi::Result<ffi::AnyBuffer> gz_) {
   return run(pool, [&] {
     const Buffer z = view(z_), cond = view(cond_), gz = view(gz_);
@@ -134,8 +136,7 @@ ffi::Error klm_bwd(ffi::ThreadPool pool, ffi::AnyBuffer grad_, ffi::AnyBuffer z_
 namespace ffi = xla::ffi;
 namespace qj = qkernels::jaxffi;
 
-QK_FFI_EXPORT_BEGIN
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_kde_grid_fwd, qj::kde_grid_fwd,
+QK_FFI_TARGET("kde_grid", qk_kde_grid_fwd, qj::kde_grid_fwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
@@ -143,7 +144,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_kde_grid_fwd, qj::kde_grid_fwd,
                                   .Attr<double>("sigma")
                                   .Attr<bool>("derivative")
                                   .Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_kde_grid_bwd, qj::kde_grid_bwd,
+QK_FFI_TARGET("kde_grid_backward", qk_kde_grid_bwd, qj::kde_grid_bwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
@@ -153,7 +154,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_kde_grid_bwd, qj::kde_grid_bwd,
                                   .Attr<bool>("derivative")
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_cliff_fwd, qj::cliff_fwd,
+QK_FFI_TARGET("cliff_loss", qk_cliff_fwd, qj::cliff_fwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
@@ -169,7 +170,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_cliff_fwd, qj::cliff_fwd,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_cliff_bwd, qj::cliff_bwd,
+QK_FFI_TARGET("cliff_loss_backward", qk_cliff_bwd, qj::cliff_bwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
@@ -186,14 +187,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_cliff_bwd, qj::cliff_bwd,
                                   .Attr<double>("lambda_biv")
                                   .Attr<double>("lambda_kl")
                                   .Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_klm_fwd, qj::klm_fwd,
+QK_FFI_TARGET("klm", qk_klm_fwd, qj::klm_fwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .OptionalArg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_klm_bwd, qj::klm_bwd,
+QK_FFI_TARGET("klm_backward", qk_klm_bwd, qj::klm_bwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
@@ -202,4 +203,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_klm_bwd, qj::klm_bwd,
                                   .OptionalArg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
-QK_FFI_EXPORT_END

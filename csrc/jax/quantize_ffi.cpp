@@ -11,9 +11,10 @@ namespace {
 
 ffi::Error latent_quantize_fwd(ffi::ThreadPool pool, ffi::AnyBuffer z_, ffi::AnyBuffer values_,
                                ffi::Result<ffi::AnyBuffer> zq_, ffi::Result<ffi::AnyBuffer> idx_,
-                               ffi::Result<ffi::AnyBuffer> loss_) {
+                               ffi::Result<ffi::AnyBuffer> loss_q_, ffi::Result<ffi::AnyBuffer> loss_c_) {
   return run(pool, [&] {
-    const Buffer z = view(z_), values = view(values_), zq = view(zq_), idx = view(idx_), loss = view(loss_);
+    const Buffer z = view(z_), values = view(values_), zq = view(zq_), idx = view(idx_), loss_q = view(loss_q_),
+                 loss_c = view(loss_c_);
     check_codebook(z, values, "latent_quantize");
     check_finite(z, "z", "latent_quantize");
     check_finite(values, "values", "latent_quantize");
@@ -21,9 +22,11 @@ ffi::Error latent_quantize_fwd(ffi::ThreadPool pool, ffi::AnyBuffer z_, ffi::Any
       using T = decltype(zero);
       dispatch_index(idx.dtype, [&](auto izero) {
         using I = decltype(izero);
-        *loss.mutable_data_ptr<T>() = static_cast<T>(cpu::latent_quantize_forward<T, I>(
-            z.const_data_ptr<T>(), values.const_data_ptr<T>(), z.size(0), z.size(1), values.size(0), values.size(1),
-            zq.mutable_data_ptr<T>(), idx.mutable_data_ptr<I>()));
+        // the two losses have one value (the mean squared distance), each its own gradient
+        *loss_q.mutable_data_ptr<T>() = *loss_c.mutable_data_ptr<T>() = static_cast<T>(
+            cpu::latent_quantize_forward<T, I>(z.const_data_ptr<T>(), values.const_data_ptr<T>(), z.size(0),
+                                               z.size(1), values.size(0), values.size(1), zq.mutable_data_ptr<T>(),
+                                               idx.mutable_data_ptr<I>()));
       });
     });
   });
@@ -60,16 +63,16 @@ ffi::Error latent_quantize_bwd(ffi::ThreadPool pool, ffi::AnyBuffer grad_zq_, ff
 namespace ffi = xla::ffi;
 namespace qj = qkernels::jaxffi;
 
-QK_FFI_EXPORT_BEGIN
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_latent_quantize_fwd, qj::latent_quantize_fwd,
+QK_FFI_TARGET("latent_quantize", qk_latent_quantize_fwd, qj::latent_quantize_fwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_latent_quantize_bwd, qj::latent_quantize_bwd,
+QK_FFI_TARGET("latent_quantize_backward", qk_latent_quantize_bwd, qj::latent_quantize_bwd,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
@@ -80,4 +83,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(qk_latent_quantize_bwd, qj::latent_quantize_bwd,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
-QK_FFI_EXPORT_END

@@ -148,6 +148,7 @@ def backend_variants(loss: Callable[..., torch.Tensor], device: str, op: str) ->
     """One variant per backend that implements ``op`` (a name of :func:`qkernels._backend.implementations`) and
     runs on ``device`` (Triton on the CPU only runs in the interpreter: left out), plus ``reference_compiled``:
     torch.compile of the reference (the second baseline: what a user gets for free)."""
+    import qkernels.ops  # noqa: F401 - registers the ops' implementations
     from qkernels._backend import kernels
 
     names = [b for b in kernels(op, device) if not (b == "triton" and device == "cpu")]

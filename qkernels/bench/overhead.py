@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 import qkernels
+import qkernels.ops  # noqa: F401 - registers the ops' implementations
 from qkernels._backend import available_backends, implementations
 from qkernels.bench import Case, variant
 

@@ -12,10 +12,10 @@ not clear from the runs (see :data:`COLUMNS`).
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import statistics
+import sys
 import textwrap
 
 HOTPATHS = ("quantize", "kde", "hessian", "overhead", "step")  # the modules qkernels.bench.<hotpath>
@@ -179,9 +179,11 @@ def wrap(text: str, indent: str = "") -> list[str]:
 
 
 def describe(variant: str, hotpath: str | None = None) -> str | None:
-    """What ``variant`` means: the hot path module's ``LEGEND`` first, then :data:`VARIANTS`."""
+    """What ``variant`` means: the hot path module's ``LEGEND`` first (the module is loaded: its cases made the
+    variants; not imported here, which would close an import cycle through :mod:`qkernels.bench`), then
+    :data:`VARIANTS`."""
     if hotpath in HOTPATHS:
-        local = getattr(importlib.import_module(f"qkernels.bench.{hotpath}"), "LEGEND", {})
+        local = getattr(sys.modules.get(f"qkernels.bench.{hotpath}"), "LEGEND", {})
         if variant in local:
             return local[variant]
     if variant in VARIANTS:
@@ -263,8 +265,6 @@ DISTORTION = (
 def distortion() -> str:
     """:data:`DISTORTION`, and the advice to run on one thread unless this process already does (torch's
     thread count where torch is imported, else ``OMP_NUM_THREADS``)."""
-    import sys
-
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else os.environ.get("OMP_NUM_THREADS", "").strip()
     return DISTORTION + ("." if str(threads) == "1" else " or with OMP_NUM_THREADS=1.")

@@ -2,7 +2,7 @@
 argument raises here (ValueError / TypeError naming it, as the torch ops do), before anything runs. Values (NaN /
 inf, index ranges) exist only at run time: the FFI handlers check them (csrc/include/qkernels/*_checks.h, shared with
 the torch ops) and XLA raises a failed check as ``jax.errors.JaxRuntimeError`` carrying the same message.
-Number arguments reuse the torch front-end's checks (:mod:`qkernels._validation`)."""
+The rules on numbers and shapes are the torch front-end's (:mod:`qkernels._args`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from qkernels._args import check_std_number, check_std_shape
 
 HALF = (jnp.float16, jnp.bfloat16)
 
@@ -71,14 +73,11 @@ def std_array(std: Any, d: int, dtype: Any) -> jax.Array:
     if isinstance(std, bool) or not (isinstance(std, (int, float)) or hasattr(std, "shape")):
         raise TypeError(f"std must be a number or an array of shape (d,), got {type(std).__name__}")
     if isinstance(std, (int, float)):
-        if not std > 0 or std == float("inf"):
-            raise ValueError(f"std must be finite and > 0, got {std}")
-        return jnp.full((d,), std, dtype)
+        return jnp.full((d,), check_std_number(std), dtype)
     s = jnp.asarray(std)
     if not jnp.issubdtype(s.dtype, jnp.floating):
         raise TypeError(f"std must be a floating-point array, got dtype {s.dtype}")
-    if s.shape not in ((), (d,)):
-        raise ValueError(f"std must be a number, 0-d or (d,) = ({d},), got shape {tuple(s.shape)}")
+    check_std_shape(s.shape, d)
     if not is_traced(s) and not bool(jnp.all(jnp.isfinite(s) & (s > 0))):
         raise ValueError("std must be finite and > 0 everywhere")
     return jnp.broadcast_to(s.astype(dtype), (d,))

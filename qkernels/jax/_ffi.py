@@ -1,8 +1,10 @@
 """The XLA FFI library of qkernels.jax: loaded with ctypes, its handlers registered as JAX FFI targets.
 
 ``qkernels/jax/_kernels.abi3.so`` (built by setup.py from csrc/jax when jax is importable at build time) exports one
-C symbol per handler, ``qk_<target>``; each becomes the CPU FFI target ``qkernels_<target>``. The handlers run the
-same C++ CPU kernels as the torch ops (csrc/cpu/*_impl.h) on XLA's intra-op thread pool.
+C symbol, ``qk_ffi_targets``: its registration table, one handler per op, named as the op's declaration
+(:mod:`qkernels.decl`); each becomes the CPU FFI target ``qkernels_<op>``. The handlers run the same C++ CPU kernels as
+the torch ops (csrc/cpu/*_impl.h) on XLA's intra-op thread pool. :func:`call` derives an FFI call's results from the
+op's declaration.
 """
 
 from __future__ import annotations
@@ -10,25 +12,15 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-TARGETS = (
-    "kde_grid_fwd",
-    "kde_grid_bwd",
-    "cliff_fwd",
-    "cliff_bwd",
-    "klm_fwd",
-    "klm_bwd",
-    "latent_quantize_fwd",
-    "latent_quantize_bwd",
-    "fd_curvature_fwd",
-    "fd_curvature_bwd",
-)
+from qkernels import decl
+
 REBUILD = (
     "install jax first, then rebuild: `bash scripts/bootstrap.sh` in a clone, or `pip install "
     "--no-build-isolation -e .` in the source tree (setup.py builds the library only when jax is importable)"
@@ -46,35 +38,52 @@ def _library_path() -> str:
     return found[0]
 
 
+def _targets(lib: ctypes.CDLL) -> dict[str, int]:
+    """The library's registration table: op name -> handler address."""
+    read = lib.qk_ffi_targets
+    read.restype = ctypes.c_int64
+    read.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64]
+    count = read(None, None, 0)
+    names, handlers = (ctypes.c_char_p * count)(), (ctypes.c_void_p * count)()
+    read(names, handlers, count)
+    return {name.decode(): handler for name, handler in zip(names, handlers, strict=True)}
+
+
 PATH = _library_path()
-_LIB = ctypes.cdll.LoadLibrary(PATH)
-for _target in TARGETS:
-    jax.ffi.register_ffi_target(
-        f"qkernels_{_target}", jax.ffi.pycapsule(getattr(_LIB, f"qk_{_target}")), platform="cpu"
-    )
+TARGETS = _targets(ctypes.cdll.LoadLibrary(PATH))
+for _name, _handler in TARGETS.items():
+    jax.ffi.register_ffi_target(f"qkernels_{_name}", jax.ffi.pycapsule(_handler), platform="cpu")
 
 
-def call(target: str, results: Any, *args: jax.Array, **attrs: Any) -> Any:
-    """ffi_call of ``qkernels_<target>`` with ``results`` (a ShapeDtypeStruct or a sequence of them).
+def call(op: decl.Op, tensors: Mapping[str, jax.Array | None], **scalars: Any) -> Any:
+    """ffi_call of ``qkernels_<op>`` on the tensor arguments ``tensors`` (by declared name; an optional one may be
+    None or left out) and the scalar arguments ``scalars`` (by declared name, every one).
 
-    Under ``jax.vmap`` the call runs once per batch element (``vmap_method="sequential"``): every op here reduces
-    over its whole input (losses, densities over the batch), so a batch of inputs is a batch of separate calls.
-    Attributes: Python floats and ints are passed as float64 / int64 (numpy scalars), bools and strings as they are.
+    Operands: the required tensors in declared order, then the optional ones given. Results: the declared outputs'
+    shapes, in the data's dtype (indices: :func:`index_dtype`); one output is returned as it is, several as a tuple.
+    Under ``jax.vmap`` the call runs once per batch element (``vmap_method="sequential"``). Scalars: Python floats and
+    ints are passed as float64 / int64 attributes (numpy scalars), bools and strings as they are.
     """
-    converted = {
-        k: np.float64(v)
-        if isinstance(v, float)
-        else np.int64(v)
-        if isinstance(v, int) and not isinstance(v, bool)
+    declared = {a.name for a in op.args}
+    missing = {a.name for a in op.args if isinstance(a, decl.Scalar)} - set(scalars)
+    if (set(tensors) | set(scalars)) - declared or missing:
+        raise TypeError(f"{op.name}: call with the declared arguments {sorted(declared)}, got "
+                        f"{sorted({*tensors, *scalars})}")
+    required = [tensors[t.name] for t in op.tensors if not t.optional]
+    optional = [tensors[t.name] for t in op.tensors if t.optional and tensors.get(t.name) is not None]
+    env = op.bind([tensors.get(a.name) if isinstance(a, decl.Tensor) else scalars[a.name] for a in op.args])
+    data = next(tensors[t.name] for t in op.tensors if t.role == "data")
+    results = tuple(
+        jax.ShapeDtypeStruct(tuple(shape), index_dtype() if o.dtype == "index" else data.dtype)
+        for o, shape in zip(op.outputs, op.output_shapes(env), strict=True)
+    )
+    attrs = {
+        k: np.float64(v) if isinstance(v, float) else np.int64(v) if isinstance(v, int) and not isinstance(v, bool)
         else v
-        for k, v in attrs.items()
+        for k, v in scalars.items()
     }
-    return jax.ffi.ffi_call(f"qkernels_{target}", results, vmap_method="sequential")(*args, **converted)
-
-
-def like(x: jax.Array, shape: Sequence[int] | None = None, dtype: Any = None) -> jax.ShapeDtypeStruct:
-    """A result shaped ``shape`` (default x's) of ``dtype`` (default x's)."""
-    return jax.ShapeDtypeStruct(tuple(x.shape) if shape is None else tuple(shape), x.dtype if dtype is None else dtype)
+    out = jax.ffi.ffi_call(f"qkernels_{op.name}", results, vmap_method="sequential")(*required, *optional, **attrs)
+    return out[0] if len(results) == 1 else tuple(out)
 
 
 def index_dtype() -> Any:

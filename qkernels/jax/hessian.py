@@ -17,9 +17,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from qkernels._validation import check_positive, is_finite_number
+from qkernels._args import check_choice, check_curvature, check_fd_dtype, check_perturbations, check_positive
+from qkernels.decl import hessian as decl
 from qkernels.jax import _checks
-from qkernels.jax._ffi import call, index_dtype, like
+from qkernels.jax._ffi import call
 
 NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
 STD_EPS = 1e-6  # the default scale: population std of z + 1e-6
@@ -35,43 +36,26 @@ def _attrs(n, k, eps, groups, unbiased, reduce):
 
 
 def _curvature_fwd(stacked, n, k, eps, groups, unbiased, reduce):
-    values, argmax = call(
-        "fd_curvature_fwd",
-        (like(stacked, (groups, n)), like(stacked, (groups, n), index_dtype())),
-        stacked,
-        **_attrs(n, k, eps, groups, unbiased, reduce),
-    )
+    values, argmax = call(decl.FINITE_DIFFERENCE_CURVATURE, {"stacked": stacked},
+                          **_attrs(n, k, eps, groups, unbiased, reduce))
     return values, (stacked, argmax)
 
 
 def _curvature_bwd(n, k, eps, groups, unbiased, reduce, res, grad):
     stacked, argmax = res
     return (
-        call("fd_curvature_bwd", like(stacked), grad, stacked, argmax, **_attrs(n, k, eps, groups, unbiased, reduce)),
+        call(decl.FINITE_DIFFERENCE_CURVATURE.backward, {"grad": grad, "stacked": stacked, "argmax": argmax},
+             **_attrs(n, k, eps, groups, unbiased, reduce)),
     )
 
 
 _curvature.defvjp(_curvature_fwd, _curvature_bwd)
 
 
-def _check_k_eps(num_perturbations: int, eps: float) -> tuple[int, float]:
-    check_positive("num_perturbations", num_perturbations, integer=True)
-    if num_perturbations < 2:
-        raise ValueError(f"num_perturbations must be >= 2 (a variance needs two), got {num_perturbations}")
-    check_positive("eps", eps)
-    if not is_finite_number(eps):
-        raise ValueError(f"eps must be finite, got {eps}")
-    return int(num_perturbations), float(eps)
-
-
 def _activation(name: str, a: Any) -> jax.Array:
     """A float32 / float64 activation (finite differences of half-precision ones lose the curvature)."""
     a = _checks.array(name, a, min_ndim=1)
-    if a.dtype in _checks.HALF:
-        raise TypeError(
-            f"{name} has dtype {a.dtype}: finite differences of half-precision activations lose the "
-            f"curvature to rounding; compute them in float32"
-        )
+    check_fd_dtype(name, a.dtype.name)
     return a
 
 
@@ -100,16 +84,8 @@ def finite_difference_curvature(
         the second differences (f(z + h) + f(z - h) - 2 f(z)) / eps^2. Differentiable in stacked.
     """
     stacked = _activation("stacked", stacked)
-    k, eps = _check_k_eps(num_perturbations, eps)
-    check_positive("n", n, integer=True)
-    if groups not in (1, 2) or reduce not in ("mean", "max"):
-        raise ValueError(f"groups must be 1 or 2 and reduce 'mean' or 'max', got {groups} and {reduce!r}")
     rows = stacked.shape[0]
-    if rows - n * 2 * k * groups not in (0, n):
-        raise ValueError(
-            f"stacked must have n * 2k * groups = {n * 2 * k * groups} rows (or n more, the center "
-            f"rows first), got shape {tuple(stacked.shape)}"
-        )
+    k, eps = check_curvature(rows, n, num_perturbations, eps, groups, reduce)
     return _curvature(stacked.reshape(rows, -1), n, k, eps, groups, bool(unbiased), reduce)
 
 
@@ -185,7 +161,7 @@ def hessian_penalty_terms(
     draws = _checks.array("draws", draws, ndim=3)
     if draws.shape[1:] != z.shape or draws.shape[0] % 2:
         raise ValueError(f"draws must be (2k, n, d) with (n, d) = {tuple(z.shape)}, got shape {tuple(draws.shape)}")
-    _, eps = _check_k_eps(draws.shape[0] // 2, eps)
+    _, eps = check_perturbations(draws.shape[0] // 2, eps)
     dt = _checks.compute_dtype(z, draws)
     values, tree = _curvatures(fn, z.astype(dt), std, draws.astype(dt), eps, chunk_size)
     return jax.tree_util.tree_unflatten(tree, [v[0] for v in values]), jax.tree_util.tree_unflatten(
@@ -232,9 +208,8 @@ def normalized_hessian_penalty(
             another reduction, or activations without the stacked batch as their first dimension.
     """
     z = _checks.array("z", z, ndim=2)
-    k, eps = _check_k_eps(num_perturbations, eps)
-    if reduction not in ("mean", "none"):
-        raise ValueError(f"reduction must be one of ('mean', 'none'), got {reduction!r}")
+    k, eps = check_perturbations(num_perturbations, eps)
+    check_choice("reduction", reduction, ("mean", "none"))
     dt = _checks.compute_dtype(z)
     draws = jax.random.normal(key, (2 * k, *z.shape), dt)
     values, tree = _curvatures(fn, z.astype(dt), std, draws, eps, chunk_size)

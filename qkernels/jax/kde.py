@@ -14,9 +14,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from qkernels._validation import check_grid, check_positive, check_sigma
+from qkernels._args import (
+    check_cond_index,
+    check_grid,
+    check_latents,
+    check_num_cond,
+    check_numbers,
+    check_points_and_samples,
+    check_sigma,
+)
+from qkernels.decl import kde as decl
 from qkernels.jax import _checks
-from qkernels.jax._ffi import call, like
+from qkernels.jax._ffi import call
 
 
 class CliffTerms(NamedTuple):
@@ -34,7 +43,7 @@ class CliffTerms(NamedTuple):
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _kde_grid(points: jax.Array, samples: jax.Array, sigma: float, derivative: bool) -> jax.Array:
-    return call("kde_grid_fwd", like(points), points, samples, sigma=sigma, derivative=derivative)
+    return call(decl.KDE_GRID, {"points": points, "samples": samples}, sigma=sigma, derivative=derivative)
 
 
 def _kde_grid_fwd(points, samples, sigma, derivative):
@@ -43,9 +52,8 @@ def _kde_grid_fwd(points, samples, sigma, derivative):
 
 def _kde_grid_bwd(sigma, derivative, res, grad):
     points, samples = res
-    return tuple(
-        call("kde_grid_bwd", (like(points), like(samples)), grad, points, samples, sigma=sigma, derivative=derivative)
-    )
+    return call(decl.KDE_GRID.backward, {"grad": grad, "points": points, "samples": samples}, sigma=sigma,
+                derivative=derivative)
 
 
 _kde_grid.defvjp(_kde_grid_fwd, _kde_grid_bwd)
@@ -71,11 +79,7 @@ def kde_grid(points: jax.Array, samples: jax.Array, sigma: float, *, derivative:
     points = _checks.array("points", points, ndim=2)
     samples = _checks.array("samples", samples, ndim=2)
     _checks.same_dtype("points", points, "samples", samples)
-    if samples.shape[1] != points.shape[0]:
-        raise ValueError(
-            f"samples must be (n, d) with d = {points.shape[0]} (points' first dimension), "
-            f"got shape {tuple(samples.shape)}"
-        )
+    check_points_and_samples(points.shape, samples.shape)
     sigma = check_sigma(sigma)
     dt = _checks.compute_dtype(points, samples)
     return _kde_grid(points.astype(dt), samples.astype(dt), sigma, bool(derivative))
@@ -86,11 +90,12 @@ def kde_grid(points: jax.Array, samples: jax.Array, sigma: float, *, derivative:
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _cliff(z: jax.Array, cond: jax.Array, cfg: tuple[Any, ...]) -> tuple[jax.Array, ...]:
-    return tuple(call("cliff_fwd", (like(z, ()),) * 4, z, cond, **_cliff_attrs(cfg)))
+    return call(decl.CLIFF_LOSS, {"z": z, "cond_index": cond}, **_cliff_attrs(cfg))
 
 
 def _cliff_attrs(cfg: tuple[Any, ...]) -> dict[str, Any]:
-    return dict(zip(("sigma", "a", "b", "num_points", "lambda_uni", "lambda_biv", "lambda_kl"), cfg, strict=True))
+    names = [a.name for a in decl.CLIFF_LOSS.args[2:]]  # the scalars, in declared order
+    return dict(zip(names, cfg, strict=True))
 
 
 def _cliff_fwd(z, cond, cfg):
@@ -99,7 +104,8 @@ def _cliff_fwd(z, cond, cfg):
 
 def _cliff_bwd(cfg, res, grads):
     z, cond = res
-    gz = call("cliff_bwd", like(z), *(g.astype(z.dtype) for g in grads), z, cond, **_cliff_attrs(cfg))
+    upstream = {f"grad_{name}": g.astype(z.dtype) for name, g in zip(CliffTerms._fields, grads, strict=True)}
+    gz = call(decl.CLIFF_LOSS.backward, {**upstream, "z": z, "cond_index": cond}, **_cliff_attrs(cfg))
     return gz, None
 
 
@@ -110,17 +116,14 @@ def _cond_index(cond_index: Any, key: Any, num_cond: int, n: int, d: int) -> jax
     """(d, M) conditioning rows: drawn from ``key`` (every latent's M rows without replacement: the M smallest
     of n uniform keys, as the torch op draws them), or the user's (integer, shape checked)."""
     if cond_index is None:
-        check_positive("num_cond", num_cond, integer=True)
-        if num_cond > n:
-            raise ValueError(f"num_cond must be <= n = {n} (rows are drawn without replacement), got {num_cond}")
+        check_num_cond(num_cond, n)
         if key is None:
             raise ValueError("cliff_loss needs key (a jax.random key) to draw the conditioning rows, or cond_index")
         u = jax.random.uniform(key, (d, n))
         return jax.lax.top_k(-u, num_cond)[1]
     if not hasattr(cond_index, "dtype") or not jnp.issubdtype(cond_index.dtype, jnp.integer):
         raise TypeError(f"cond_index must be an integer array, got {getattr(cond_index, 'dtype', type(cond_index))}")
-    if cond_index.ndim != 2 or cond_index.shape[0] != d or cond_index.shape[1] < 1:
-        raise ValueError(f"cond_index must be (d, M) = ({d}, M >= 1), got shape {tuple(cond_index.shape)}")
+    check_cond_index(cond_index.shape, d)
     if not _checks.is_traced(cond_index):  # concrete: checked now (a traced one is checked by the kernel)
         rows = np.asarray(cond_index)
         if rows.min() < 0 or rows.max() >= n:
@@ -158,14 +161,10 @@ def cliff_loss(
             outside [0, n)) raise ``jax.errors.JaxRuntimeError`` at run time.
     """
     z = _checks.array("z", z, ndim=2)
-    n, d = z.shape
-    if n < 2:
-        raise ValueError(f"z must hold n >= 2 samples (rows), got shape {tuple(z.shape)}")
+    n, d = check_latents(z.shape)
     sigma = check_sigma(sigma)
     a, b, k = check_grid(grid)
-    for name, lam in (("lambda_uni", lambda_uni), ("lambda_biv", lambda_biv), ("lambda_kl", lambda_kl)):
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)):
-            raise TypeError(f"{name} must be a number, got {type(lam).__name__}")
+    check_numbers(lambda_uni=lambda_uni, lambda_biv=lambda_biv, lambda_kl=lambda_kl)
     idx = _cond_index(cond_index, key, num_cond, n, d)
     cfg = (sigma, a, b, k, float(lambda_uni), float(lambda_biv), float(lambda_kl))
     terms = CliffTerms(*_cliff(z.astype(_checks.compute_dtype(z)), idx, cfg))
@@ -175,23 +174,19 @@ def cliff_loss(
 # ----------------------------------------------------------------------------- klm_loss
 
 
-def _klm_results(z: jax.Array) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
-    return like(z, ()), like(z, (z.shape[0], z.shape[1] + 1))
-
-
 @jax.custom_vjp
 def _klm_default(z: jax.Array) -> jax.Array:
-    return call("klm_fwd", _klm_results(z), z)[0]
+    return call(decl.KLM, {"z": z})[0]
 
 
 def _klm_default_fwd(z):
-    loss, lse = call("klm_fwd", _klm_results(z), z)
+    loss, lse = call(decl.KLM, {"z": z})
     return loss, (z, lse)
 
 
 def _klm_default_bwd(res, grad):
     z, lse = res
-    return (call("klm_bwd", (like(z), like(z, (0,))), grad, z, lse)[0],)
+    return (call(decl.KLM.backward, {"grad_loss": grad, "z": z, "lse": lse})[0],)
 
 
 _klm_default.defvjp(_klm_default_fwd, _klm_default_bwd)
@@ -199,17 +194,17 @@ _klm_default.defvjp(_klm_default_fwd, _klm_default_bwd)
 
 @jax.custom_vjp
 def _klm_std(z: jax.Array, std: jax.Array) -> jax.Array:
-    return call("klm_fwd", _klm_results(z), z, std)[0]
+    return call(decl.KLM, {"z": z, "std": std})[0]
 
 
 def _klm_std_fwd(z, std):
-    loss, lse = call("klm_fwd", _klm_results(z), z, std)
+    loss, lse = call(decl.KLM, {"z": z, "std": std})
     return loss, (z, std, lse)
 
 
 def _klm_std_bwd(res, grad):
     z, std, lse = res
-    return tuple(call("klm_bwd", (like(z), like(std)), grad, z, lse, std))
+    return call(decl.KLM.backward, {"grad_loss": grad, "z": z, "std": std, "lse": lse})
 
 
 _klm_std.defvjp(_klm_std_fwd, _klm_std_bwd)
@@ -235,8 +230,7 @@ def klm_loss(z: jax.Array, *, std: jax.Array | float | None = None) -> jax.Array
             trace time; NaN / inf values raise ``jax.errors.JaxRuntimeError`` at run time.
     """
     z = _checks.array("z", z, ndim=2)
-    if z.shape[0] < 2:
-        raise ValueError(f"z must hold n >= 2 samples (rows), got shape {tuple(z.shape)}")
+    check_latents(z.shape)
     if std is None:
         return _klm_default(z.astype(_checks.compute_dtype(z)))
     s = std if isinstance(std, (int, float)) else _checks.array("std", std, ndim=(0, 1))

@@ -14,9 +14,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from qkernels._validation import check_levels
+from qkernels._args import check_codebook, check_levels
+from qkernels.decl import quantize as decl
 from qkernels.jax import _checks
-from qkernels.jax._ffi import call, index_dtype, like
+from qkernels.jax._ffi import call, index_dtype
 
 
 class Quantized(NamedTuple):
@@ -41,14 +42,15 @@ def _latent_quantize(z: jax.Array, values: jax.Array) -> tuple[jax.Array, ...]:
 
 
 def _latent_quantize_fwd(z, values):
-    z_q, idx, loss = call("latent_quantize_fwd", (like(z), like(z, dtype=index_dtype()), like(z, ())), z, values)
-    return (z_q, idx, loss, loss), (z, values, idx)
+    z_q, idx, loss_q, loss_c = call(decl.LATENT_QUANTIZE, {"z": z, "values": values})
+    return (z_q, idx, loss_q, loss_c), (z, values, idx)
 
 
 def _latent_quantize_bwd(res, grads):
     z, values, idx = res
     g_zq, _g_idx, g_lq, g_lc = grads
-    return tuple(call("latent_quantize_bwd", (like(z), like(values)), g_zq, g_lq, g_lc, z, values, idx))
+    return call(decl.LATENT_QUANTIZE.backward, {"grad_z_q": g_zq, "grad_loss_quantize": g_lq, "grad_loss_commit": g_lc,
+                                                "z": z, "values": values, "indices": idx})
 
 
 _latent_quantize.defvjp(_latent_quantize_fwd, _latent_quantize_bwd)
@@ -76,11 +78,7 @@ def latent_quantize(z: jax.Array, values: jax.Array) -> Quantized:
     values = _checks.array("values", values, ndim=(1, 2))
     _checks.same_dtype("z", z, "values", values)
     d = z.shape[-1]
-    if values.ndim == 2 and values.shape[0] != d:
-        raise ValueError(
-            f"values must be (n_v,) or (d, n_v) with d = {d} (the last dimension of the latents), "
-            f"got shape {tuple(values.shape)}"
-        )
+    check_codebook("values", values.shape, d, z.shape)
     dt = _checks.compute_dtype(z, values)
     vals = (values[None] if values.ndim == 1 else values).astype(dt)
     z_q, idx, loss_q, loss_c = _latent_quantize(z.reshape(-1, d).astype(dt), vals)

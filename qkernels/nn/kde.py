@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from qkernels._validation import check_grid, check_sigma
+from qkernels._args import check_grid, check_sigma
 from qkernels.ops.kde import CliffTerms, cliff_loss, klm_loss
 
 if TYPE_CHECKING or torch.distributed.is_available():  # typing.get_type_hints resolves it at run time

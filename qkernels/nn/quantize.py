@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from qkernels._validation import check_positive
+from qkernels._args import check_positive
 from qkernels.ops.quantize import (
     CategoricalSample,
     GumbelQuantized,

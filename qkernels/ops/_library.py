@@ -1,43 +1,43 @@
-"""How an op is put together — the one way, used by every block of :mod:`qkernels.ops`.
+"""How an op is put together — the one way, used by every hot path of :mod:`qkernels.ops`.
 
-A functional op ``<name>`` (e.g. ``klm``) has up to four implementations, all with the signature
-and semantics of its reference:
+An op ``<name>`` (e.g. ``klm``) is declared once in :mod:`qkernels.decl` (arguments, outputs, rules, backward op)
+and has up to four implementations, all with the signature and semantics of its reference:
 
 - ``reference``: pure PyTorch (``qkernels/reference/<hotpath>.py``);
 - ``cpu`` / ``cuda``: the C++ ops ``qkernels::<name>`` and ``qkernels::<name>_backward`` (schemas in
-  ``csrc/schemas.cpp``; CPU and CUDA dispatch keys, present when ``qkernels._C`` has them);
-- ``triton``: launch functions of ``qkernels/triton/<hotpath>.py`` (or of one module of the package
-  ``qkernels/triton/<hotpath>/``, one per kernel family), registered here as the custom ops
-  ``qkernels::<name>_triton`` and ``qkernels::<name>_backward_triton`` (schemas from their
-  annotations), behind the op's raw-argument check.
+  ``csrc/schemas.cpp``, equal to the declaration's; CPU and CUDA dispatch keys, present when ``qkernels._C`` has
+  them);
+- ``triton``: a (forward, backward) pair of launch functions (``qkernels/triton/``), registered here as the custom
+  ops ``qkernels::<name>_triton`` and ``qkernels::<name>_backward_triton`` with the declared schemas, behind the
+  declaration's raw-argument check.
 
-Every pair (forward, backward) of a family gets the op's one fake implementation and one autograd
-formula from its ``wire`` function. :func:`define_backends` registers whatever exists; which backends
-an op has on a device is then read from that registry (:func:`qkernels._backend.kernels`).
+:func:`define_backends` derives from the declaration what every registered op pair needs: the fake
+implementations (output shapes and dtypes) and the autograd formula (which inputs and outputs the backward op
+reads, which of its outputs is whose gradient: :func:`qkernels.decl.backward_wiring`). Which backends an op has on
+a device is then read from the registry of :mod:`qkernels._backend`.
 
-Raw-argument checks: the functional API validates user input once; the raw ``torch.ops`` entry
-points, which users can call too, must still never read out of bounds. C++ ops check in
-``csrc/include/qkernels/*_checks.h``; the Triton custom ops run the Python check given to
-:func:`define_backends`, written with the helpers below (the launchers themselves check nothing).
+Raw-argument checks: the functional API validates user input once; the raw ``torch.ops`` entry points, which users
+can call too, must still never read out of bounds. C++ ops check in ``csrc/include/qkernels/*_checks.h``; the
+Triton custom ops run :meth:`qkernels.decl.Op.check` (the launchers themselves check nothing).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from qkernels import _ext
+from qkernels import _ext, decl
 from qkernels._backend import Kernel, register, unavailable_reason
 
-
-def zeros_if_none(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    """An upstream gradient autograd left out (None) as zeros shaped like ``like``."""
-    return torch.zeros_like(like) if g is None else g
+# how qkernels.decl reads torch tensors
+TORCH = decl.Framework(
+    is_array=lambda x: isinstance(x, torch.Tensor),
+    dtype=lambda x: str(x.dtype).removeprefix("torch."),
+    device=lambda x: x.device,
+)
 
 
 def triton_kernels(module: str) -> ModuleType | None:
@@ -46,20 +46,36 @@ def triton_kernels(module: str) -> ModuleType | None:
     so importing qkernels never requires triton."""
     if unavailable_reason("triton") is not None:
         return None
+    import importlib
+
     return importlib.import_module(f"qkernels.triton.{module}")
+
+
+_CONSTANTS: dict[tuple[object, ...], torch.Tensor] = {}
+
+
+def constant(name: str, like: torch.Tensor, make: Callable[[], torch.Tensor], *key: object) -> torch.Tensor:
+    """A read-only tensor ``make()`` in ``like``'s dtype and device, made once per (name, key,
+    dtype, device): no launch per call. Made afresh while compiling (inductor fuses it), for tensor
+    subclasses (fake, functional) and while a CUDA graph is captured (its kernels run only when the
+    graph does). Never hand one out to the user: it is shared."""
+    if torch.compiler.is_compiling() or type(like) not in (torch.Tensor, torch.nn.Parameter):
+        return make()
+    full_key = (name, *key, like.dtype, like.device)
+    t = _CONSTANTS.get(full_key)
+    if t is None:
+        with torch.inference_mode(False):  # can be saved for backward outside inference mode too
+            t = make()
+        capturing = like.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if type(t) is torch.Tensor and not capturing:  # not made by a fake-tensor mode
+            _CONSTANTS[full_key] = t
+    return t
 
 
 # ----------------------------------------------------------------------------- autograd
 
-# each forward op's (setup_context, backward), as registered by :func:`register_autograd`
+# each forward op's (setup_context, backward), as registered by :func:`register_formula`
 _FORMULAS: dict[str, tuple[Callable[..., None], Callable[..., Any]]] = {}
-
-
-def register_autograd(fwd: str, backward: Callable[..., Any], setup_context: Callable[..., None]) -> None:
-    """``torch.library.register_autograd`` of the op ``fwd`` (what a raw ``torch.ops`` call, ``opcheck`` and
-    ``torch.compile`` use), the formula kept for :func:`thin_autograd`."""
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
-    _FORMULAS[fwd] = (setup_context, backward)
 
 
 # Triton ops' launch functions by qualified op name, for :func:`op_callable`
@@ -128,50 +144,116 @@ def thin_autograd(fwd: str, op: Kernel) -> Kernel:
     return run
 
 
-def _checked(check: Callable[..., None], launch: Kernel) -> Kernel:
-    @functools.wraps(launch)  # keeps the annotations the custom op's schema is inferred from
+def _checked(op: decl.Op, launch: Kernel) -> Kernel:
+    name = f"{op.name}_triton"
+
     def run(*args: Any) -> Any:
-        check(*args)
+        op.check(args, TORCH, op=name)
         return launch(*args)
 
     return run
 
 
-def define_backends(
-    op: str,
-    *,
-    reference: Kernel,
-    wire: Callable[[str, str], None],
-    checks: tuple[Callable[..., None], Callable[..., None]],
-    triton: ModuleType | None,
-) -> None:
-    """Register every implementation of functional op ``op`` that exists on this install.
+def register_fake(name: str, op: decl.Op) -> None:
+    """The fake implementation of the op ``name`` (qualified) declared by ``op``: outputs of the declared shapes,
+    in the data's dtype (int64 for indices), on its device."""
+    first = next(i for i, a in enumerate(op.args) if isinstance(a, decl.Tensor) and a.role == "data")
+    dtypes = tuple(torch.long if o.dtype == "index" else None for o in op.outputs)
+
+    def fake(*args: Any) -> Any:
+        like = args[first]
+        shapes = op.output_shapes(op.bind(args))
+        outs = tuple(like.new_empty(shape, dtype=dt or like.dtype) for shape, dt in zip(shapes, dtypes, strict=True))
+        return outs[0] if len(outs) == 1 else outs
+
+    torch.library.register_fake(name)(fake)
+
+
+def register_formula(fwd: str, bwd: str, op: decl.Op) -> None:
+    """The autograd of the op ``fwd`` (qualified) declared by ``op``, whose backward op is ``bwd``: the forward saves
+    what the backward op reads (:func:`qkernels.decl.backward_wiring`); an upstream gradient autograd left out is
+    passed as None where the backward op takes None, as zeros otherwise (a 0-d one made once per dtype and device);
+    outputs without a gradient argument are non-differentiable."""
+    w = decl.backward_wiring(op)
+    backward_op = op_callable(bwd)
+    scalars = tuple(k for kind, k in w.plan if kind == "scalar")
+    graded = tuple(i for i, r in enumerate(w.returns) if r is not None)
+    optional = dict(zip((k for kind, k in w.plan if kind == "grad"), w.grad_optional, strict=True))
+    n_in = len(w.saved_inputs)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.save_for_backward(*(inputs[i] for i in w.saved_inputs), *(outs[j] for j in w.saved_outputs))
+        ctx.scalars = {i: inputs[i] for i in scalars}
+        ctx.given = tuple(inputs[i] is not None for i in graded)
+        ctx.zeros = {j: (outs[j].shape, outs[j].dtype, outs[j].device) for j, opt in optional.items() if not opt}
+        if w.non_differentiable:
+            ctx.mark_non_differentiable(*(outs[j] for j in w.non_differentiable))
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        saved = ctx.saved_tensors
+        args = []
+        for kind, k in w.plan:
+            if kind == "grad":
+                g = grads[k]
+                if g is None and k in ctx.zeros:
+                    shape, dtype, device = ctx.zeros[k]
+                    g = _zeros(shape, dtype, device, saved[0])
+                args.append(g)
+            elif kind == "input":
+                args.append(saved[k])
+            elif kind == "output":
+                args.append(saved[n_in + k])
+            else:
+                args.append(ctx.scalars[k])
+        res = backward_op(*args)
+        res = res if isinstance(res, tuple) else (res,)
+        given = dict(zip(graded, ctx.given, strict=True))
+        return tuple(None if r is None or not given[i] else res[r] for i, r in enumerate(w.returns))
+
+    torch.library.register_autograd(fwd, backward, setup_context=setup_context)
+    _FORMULAS[fwd] = (setup_context, backward)
+
+
+def _zeros(shape: torch.Size, dtype: torch.dtype, device: torch.device, like: torch.Tensor) -> torch.Tensor:
+    if len(shape) == 0:
+        return constant("zero", like, lambda: torch.zeros((), dtype=dtype, device=device), dtype, device)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def wire(fwd: str, bwd: str, op: decl.Op) -> None:
+    """Fake implementations, autograd and the autocast rule of one (forward, backward) op pair declared by ``op``."""
+    assert op.backward is not None
+    register_fake(fwd, op)
+    register_fake(bwd, op.backward)
+    register_formula(fwd, bwd, op)
+    compute_in_float32_under_autocast(fwd, bwd)
+
+
+def define_backends(op: decl.Op, *, reference: Kernel, triton: tuple[Kernel, Kernel] | None) -> None:
+    """Register every implementation of the declared op ``op`` that exists on this install.
 
     Args:
         reference: the reference implementation (always registered).
-        wire: ``wire(forward_op, backward_op)`` registers the fake implementations and the
-            autograd of one (forward, backward) op pair given by qualified name.
-        checks: the raw-argument checks of the Triton (forward, backward) ops (the launchers'
-            arguments; raise ValueError / TypeError).
-        triton: the op's Triton module (:func:`triton_kernels`), whose launch functions are
-            named ``<op>`` and ``<op>_backward``; None where Triton cannot run.
+        triton: the (forward, backward) launch functions of its Triton kernels; None where Triton cannot run.
     """
-    register(op, "reference")(reference)
-    if _ext.has_kernel(op, "CPU"):
-        wire(f"qkernels::{op}", f"qkernels::{op}_backward")
-        compute_in_float32_under_autocast(f"qkernels::{op}", f"qkernels::{op}_backward")
-        native = thin_autograd(f"qkernels::{op}", getattr(torch.ops.qkernels, op))
-        register(op, "cpu")(native)
-        if _ext.has_kernel(op, "CUDA"):
-            register(op, "cuda")(native)
+    assert op.backward is not None
+    register(op.name, "reference")(reference)
+    if _ext.has_kernel(op.name, "CPU"):
+        wire(f"qkernels::{op.name}", f"qkernels::{op.backward.name}", op)
+        native = thin_autograd(f"qkernels::{op.name}", getattr(torch.ops.qkernels, op.name))
+        register(op.name, "cpu")(native)
+        if _ext.has_kernel(op.name, "CUDA"):
+            register(op.name, "cuda")(native)
     if triton is not None:
-        fwd, bwd = f"qkernels::{op}_triton", f"qkernels::{op}_backward_triton"
-        forward = torch.library.custom_op(fwd, _checked(checks[0], getattr(triton, op)), mutates_args=())
-        torch.library.custom_op(bwd, _checked(checks[1], getattr(triton, f"{op}_backward")), mutates_args=())
-        _LAUNCHERS[fwd], _LAUNCHERS[bwd] = getattr(triton, op), getattr(triton, f"{op}_backward")
-        wire(fwd, bwd)
-        compute_in_float32_under_autocast(fwd, bwd)
-        register(op, "triton")(thin_autograd(fwd, forward))
+        fwd, bwd = f"qkernels::{op.name}_triton", f"qkernels::{op.backward.name}_triton"
+        forward = torch.library.custom_op(fwd, _checked(op, triton[0]), mutates_args=(), schema=op.schema(name=False))
+        torch.library.custom_op(bwd, _checked(op.backward, triton[1]), mutates_args=(),
+                                schema=op.backward.schema(name=False))
+        _LAUNCHERS[fwd], _LAUNCHERS[bwd] = triton
+        wire(fwd, bwd, op)
+        register(op.name, "triton")(thin_autograd(fwd, forward))
 
 
 def compute_in_float32_under_autocast(*ops: str) -> None:
@@ -181,47 +263,3 @@ def compute_in_float32_under_autocast(*ops: str) -> None:
     for name in ops:
         for device_type in ("cpu", "cuda"):
             torch.library.register_autocast(name, device_type, torch.float32)
-
-
-# ----------------------------------------------------------------------------- raw-argument checks
-
-
-def fail(op: str, msg: str) -> None:
-    raise ValueError(f"{op}: {msg}")
-
-
-def floating(t: torch.Tensor, name: str, op: str) -> None:
-    """float32 or float64 (the kernels' dtypes)."""
-    if t.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{op}: {name} must be float32 or float64, got {t.dtype}")
-
-
-def like(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str, op: str) -> None:
-    """``t`` on ``ref``'s device with ``ref``'s dtype (a kernel must never get a host pointer)."""
-    if t.device != ref.device:
-        fail(op, f"{name} is on {t.device} but {ref_name} is on {ref.device}")
-    if t.dtype != ref.dtype:
-        raise TypeError(f"{op}: {name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}")
-
-
-def index(t: torch.Tensor, name: str, ref: torch.Tensor, op: str) -> None:
-    """An int64 index tensor on ``ref``'s device (its values are guarded in the kernels)."""
-    if t.dtype != torch.long:
-        raise TypeError(f"{op}: {name} must be int64, got {t.dtype}")
-    if t.device != ref.device:
-        fail(op, f"{name} is on {t.device} but the data is on {ref.device}")
-
-
-def scalar_grad(g: torch.Tensor, name: str, ref: torch.Tensor, op: str) -> None:
-    """A one-element upstream gradient on ``ref``'s device."""
-    if g.numel() != 1:
-        fail(op, f"{name} must hold one element, got shape {tuple(g.shape)}")
-    if g.device != ref.device:
-        fail(op, f"{name} is on {g.device} but the data is on {ref.device}")
-
-
-def matrix(t: torch.Tensor, name: str, op: str) -> None:
-    """A non-empty 2-D floating tensor."""
-    if t.dim() != 2 or t.shape[0] < 1 or t.shape[1] < 1:
-        fail(op, f"{name} must be a non-empty 2-D tensor, got shape {tuple(t.shape)}")
-    floating(t, name, op)

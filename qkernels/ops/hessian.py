@@ -1,19 +1,8 @@
-"""Hessian hot path: op registration (fake + autograd), dispatch and the functional API.
+"""Hessian hot path: the backends of its ops and the functional API.
 
-Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of
-:mod:`qkernels.triton.hessian`; how an op is put together: :mod:`qkernels.ops._library`):
-
-- ``perturbed_batch(z (n, d), draws (D, n, d), std (d,) or None, eps, signs, scale) -> (2 D n, d)``
-  the stacked batch [z + h_1; z - h_1; ...] from the raw normal draws (the first ``signs`` used as
-  Rademacher signs) and the scale ("std", "population": std of z + 1e-6 inside the op, "one");
-  ``perturbed_batch_backward(grad, z, draws, std, ...) -> (grad_z (n, d), grad_scale (d,))``.
-- ``finite_difference_curvature(stacked (R, M), n, num_perturbations, eps, groups, unbiased, reduce)
-  -> (values (groups, n), argmax (groups, n) int64)``
-- ``finite_difference_curvature_backward(grad (groups, n), stacked, argmax, ...)
-  -> grad_stacked (R, M)``
-- ``curvature_penalty(values (groups, n), ratio, reduction) -> () or (n,)``: NHP's
-  mean_i num_i / (den_i + 1e-10) (ratio) or HP's max / mean over samples;
-  ``curvature_penalty_backward(grad, values, ratio, reduction) -> grad_values (groups, n)``.
+The ops (``torch.ops.qkernels.perturbed_batch``, ``finite_difference_curvature``, ``curvature_penalty``, each
+with a ``*_backward`` op, and their ``*_triton`` twins) are declared in :mod:`qkernels.decl.hessian`; how an op is
+put together: :mod:`qkernels.ops._library`.
 
 The curvature forward reads every stacked activation once and writes ``groups * n`` scalars; its
 backward recomputes the per-element means and writes the gradient of the stacked activations in
@@ -40,9 +29,18 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
+from qkernels._args import (
+    check_choice,
+    check_curvature,
+    check_eps,
+    check_fd_dtype,
+    check_perturbations,
+    check_positive,
+)
 from qkernels._backend import Kernel, implementations, select
-from qkernels._precision import HALF, compute_dtype, no_autocast, upcast
-from qkernels._validation import check_positive, check_same, check_std, check_tensor, is_finite_number
+from qkernels._precision import compute_dtype, no_autocast, upcast
+from qkernels._validation import check_same, check_std, check_tensor
+from qkernels.decl import hessian as decl
 from qkernels.distributed import rank_and_size, rank_rows
 from qkernels.ops import _library as lib
 from qkernels.reference import hessian as ref
@@ -60,223 +58,25 @@ NHP_DENOM_EPS = ref.NHP_DENOM_EPS  # Tripod: mean(numerator) / (mean(denominator
 # after the one check of GPU values (a read-back, never repeated in a training loop: tests/test_launches.py)
 _FLOOR_CHECK = {"warned": False, "device": False}
 
-# ----------------------------------------------------------------------------- op definitions
-# One block per op: fake + autograd (wire_*), raw-argument checks of its Triton ops, backends.
+# ----------------------------------------------------------------------------- backends
+# (signatures, fake implementations, autograd and raw-argument checks: the declarations in qkernels.decl.hessian)
 
 _tk = lib.triton_kernels("hessian")
-
-
-# ------------------------------ finite_difference_curvature
-
-
-def wire_finite_difference_curvature(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a finite_difference_curvature op pair."""
-
-    @torch.library.register_fake(fwd)
-    def _(stacked, n, num_perturbations, eps, groups, unbiased, reduce):
-        return stacked.new_empty(groups, n), stacked.new_empty((groups, n), dtype=torch.long)
-
-    @torch.library.register_fake(bwd)
-    def _(grad, stacked, argmax, n, num_perturbations, eps, groups, unbiased, reduce):
-        return stacked.new_empty(stacked.shape)
-
-    backward_op = lib.op_callable(bwd)
-
-    def setup_context(ctx, inputs, output):
-        stacked, *args = inputs
-        ctx.save_for_backward(stacked, output[1])
-        ctx.args = args
-        ctx.set_materialize_grads(False)  # no zeros launched for the integer argmax's gradient
-
-    def backward(ctx, grad_values, _grad_argmax):
-        stacked, argmax = ctx.saved_tensors
-        if grad_values is None:
-            grad_values = stacked.new_zeros(argmax.shape)
-        grad = backward_op(grad_values, stacked, argmax, *ctx.args)
-        return (grad,) + (None,) * len(ctx.args)
-
-    lib.register_autograd(fwd, backward, setup_context)
-
-
-def check_finite_difference_curvature(stacked, n, k, eps, groups, unbiased, reduce,
-                                      op="finite_difference_curvature_triton"):
-    lib.matrix(stacked, "stacked", op)
-    if n < 1 or k < 2 or groups not in (1, 2) or not eps > 0 or reduce not in ("mean", "max"):
-        lib.fail(op, f"need n >= 1, num_perturbations >= 2, groups in (1, 2), eps > 0, reduce 'mean' or "
-                 f"'max'; got n={n}, k={k}, groups={groups}, eps={eps}, reduce={reduce!r}")
-    if stacked.shape[0] - n * 2 * k * groups not in (0, n):
-        lib.fail(op, f"stacked {tuple(stacked.shape)} does not hold n={n}, k={k}, groups={groups} perturbed blocks")
-
-
-def check_finite_difference_curvature_backward(grad, stacked, argmax, n, k, eps, groups, unbiased, reduce):
-    op = "finite_difference_curvature_backward_triton"
-    check_finite_difference_curvature(stacked, n, k, eps, groups, unbiased, reduce, op)
-    if grad.shape != (groups, n) or argmax.shape != (groups, n):
-        lib.fail(op, f"grad and argmax must be (groups, n) = ({groups}, {n}), got {tuple(grad.shape)} and "
-                 f"{tuple(argmax.shape)}")
-    lib.index(argmax, "argmax", stacked, op)
-    if grad.device != stacked.device:
-        lib.fail(op, f"grad is on {grad.device} but stacked is on {stacked.device}")
-
-
 lib.define_backends(
-    "finite_difference_curvature", reference=ref.finite_difference_curvature,
-    wire=wire_finite_difference_curvature,
-    triton=_tk, checks=(check_finite_difference_curvature, check_finite_difference_curvature_backward),
+    decl.FINITE_DIFFERENCE_CURVATURE, reference=ref.finite_difference_curvature,
+    triton=None if _tk is None else (_tk.finite_difference_curvature, _tk.finite_difference_curvature_backward),
 )
-
-
-# ------------------------------ perturbed_batch
-
-
-def wire_perturbed_batch(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a perturbed_batch op pair."""
-
-    @torch.library.register_fake(fwd)
-    def _(z, draws, std, eps, signs, scale):
-        return z.new_empty(2 * draws.shape[0] * z.shape[0], z.shape[1])
-
-    @torch.library.register_fake(bwd)
-    def _(grad, z, draws, std, eps, signs, scale):
-        return z.new_empty(z.shape), z.new_empty(z.shape[1])
-
-    backward_op = lib.op_callable(bwd)
-
-    def setup_context(ctx, inputs, output):
-        z, draws, std, *args = inputs
-        ctx.save_for_backward(z, draws, std)
-        ctx.args = args
-
-    def backward(ctx, grad):
-        z, draws, std = ctx.saved_tensors
-        grad_z, grad_s = backward_op(grad, z, draws, std, *ctx.args)
-        uses_std = std is not None and ctx.args[2] == "std"
-        return grad_z, None, (grad_s if uses_std else None), None, None, None
-
-    lib.register_autograd(fwd, backward, setup_context)
-
-
-def check_perturbed_batch(z, draws, std, eps, signs, scale, op="perturbed_batch_triton"):
-    lib.matrix(z, "z", op)
-    lib.floating(draws, "draws", op)
-    lib.like(draws, "draws", z, "z", op)
-    if draws.dim() != 3 or draws.shape[0] < 1 or tuple(draws.shape[1:]) != tuple(z.shape):
-        lib.fail(op, f"draws must be (D, n, d) with D >= 1 and (n, d) = {tuple(z.shape)}, got {tuple(draws.shape)}")
-    if scale not in ref.SCALES:
-        lib.fail(op, f"scale must be one of {ref.SCALES}, got {scale!r}")
-    if scale == "std":
-        if std is None:
-            lib.fail(op, 'scale "std" needs std (d,)')
-        lib.floating(std, "std", op)
-        lib.like(std, "std", z, "z", op)
-        if tuple(std.shape) != (z.shape[1],):
-            lib.fail(op, f"std must be (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
-    if not 0 <= signs <= draws.shape[0] or not eps > 0 or eps == float("inf"):
-        lib.fail(op, f"need 0 <= signs <= D = {draws.shape[0]} and finite eps > 0; got signs={signs}, eps={eps}")
-
-
-def check_perturbed_batch_backward(grad, z, draws, std, eps, signs, scale):
-    op = "perturbed_batch_backward_triton"
-    check_perturbed_batch(z, draws, std, eps, signs, scale, op)
-    rows = 2 * draws.shape[0] * z.shape[0]
-    if tuple(grad.shape) != (rows, z.shape[1]):
-        lib.fail(op, f"grad must be (2 D n, d) = ({rows}, {z.shape[1]}), got {tuple(grad.shape)}")
-    if grad.device != z.device:
-        lib.fail(op, f"grad is on {grad.device} but z is on {z.device}")
-
-
-lib.define_backends(
-    "perturbed_batch", reference=ref.perturbed_batch, wire=wire_perturbed_batch,
-    triton=_tk, checks=(check_perturbed_batch, check_perturbed_batch_backward),
-)
-
-
-# ------------------------------ curvature_penalty
-
-
-def wire_curvature_penalty(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a curvature_penalty op pair."""
-
-    @torch.library.register_fake(fwd)
-    def _(values, ratio, reduction):
-        return values.new_empty((values.shape[1],) if reduction == "none" else ())
-
-    @torch.library.register_fake(bwd)
-    def _(grad, values, ratio, reduction):
-        return values.new_empty(values.shape)
-
-    backward_op = lib.op_callable(bwd)
-
-    def setup_context(ctx, inputs, output):
-        values, *args = inputs
-        ctx.save_for_backward(values)
-        ctx.args = args
-
-    def backward(ctx, grad):
-        (values,) = ctx.saved_tensors
-        return (backward_op(grad, values, *ctx.args),) + (None,) * len(ctx.args)
-
-    lib.register_autograd(fwd, backward, setup_context)
-
-
-def check_curvature_penalty(values, ratio, reduction, op="curvature_penalty_triton"):
-    lib.matrix(values, "values", op)
-    if values.shape[0] != (2 if ratio else 1) or reduction not in ("mean", "max", "none"):
-        lib.fail(op, f"need values (2, n) with ratio, (1, n) without, and reduction 'mean', 'max' or 'none'; "
-                 f"got {tuple(values.shape)}, ratio={ratio}, reduction={reduction!r}")
-
-
-def check_curvature_penalty_backward(grad, values, ratio, reduction):
-    op = "curvature_penalty_backward_triton"
-    check_curvature_penalty(values, ratio, reduction, op)
-    if reduction == "none":
-        if tuple(grad.shape) != (values.shape[1],):
-            lib.fail(op, f"grad must be (n,) = ({values.shape[1]},), got {tuple(grad.shape)}")
-        if grad.device != values.device:
-            lib.fail(op, f"grad is on {grad.device} but values is on {values.device}")
-    else:
-        lib.scalar_grad(grad, "grad", values, op)
-
-
-lib.define_backends(
-    "curvature_penalty", reference=ref.curvature_penalty, wire=wire_curvature_penalty,
-    triton=_tk, checks=(check_curvature_penalty, check_curvature_penalty_backward),
-)
+lib.define_backends(decl.PERTURBED_BATCH, reference=ref.perturbed_batch,
+                    triton=None if _tk is None else (_tk.perturbed_batch, _tk.perturbed_batch_backward))
+lib.define_backends(decl.CURVATURE_PENALTY, reference=ref.curvature_penalty,
+                    triton=None if _tk is None else (_tk.curvature_penalty, _tk.curvature_penalty_backward))
 
 
 # ----------------------------------------------------------------------------- validation helpers
 
 
-def _check_k(num_perturbations: int) -> int:
-    check_positive("num_perturbations", num_perturbations, integer=True)
-    if num_perturbations < 2:
-        raise ValueError(
-            f"num_perturbations must be >= 2 (a variance needs two), got {num_perturbations}"
-        )
-    return int(num_perturbations)
-
-
-def _check_eps(eps: float) -> float:
-    check_positive("eps", eps)
-    if not is_finite_number(eps):
-        raise ValueError(f"eps must be finite, got {eps}")
-    return float(eps)
-
-
-def _check_fd_dtype(name: str, a: torch.Tensor) -> None:
-    """Finite differences need float32 or float64 activations (:mod:`qkernels._precision`)."""
-    if a.dtype in HALF:
-        raise TypeError(
-            f"{name} has dtype {a.dtype}: finite differences of half-precision activations lose the "
-            f"curvature to rounding (errors as large as the value at eps = 0.1); compute them in float32 "
-            f"(the Hessian penalties call fn on float32 latents with autocast off: give fn float32 weights)"
-        )
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 def _backend(t: torch.Tensor) -> str:
@@ -389,19 +189,8 @@ def finite_difference_curvature(
         tensor([[8.]])
     """
     check_tensor("stacked", stacked, min_ndim=1, finite=False)
-    _check_fd_dtype("stacked", stacked)
-    check_positive("n", n, integer=True)
-    k = _check_k(num_perturbations)
-    eps = _check_eps(eps)
-    if groups not in (1, 2):
-        raise ValueError(f"groups must be 1 or 2, got {groups!r}")
-    _check_choice("reduce", reduce, ("mean", "max"))
-    p = n * 2 * k * groups
-    if stacked.shape[0] not in (p, p + n):
-        raise ValueError(
-            f"stacked must have n * 2 * num_perturbations * groups = {p} rows (or {p + n} with the "
-            f"center rows), got shape {tuple(stacked.shape)}"
-        )
+    check_fd_dtype("stacked", _dtype_name(stacked))
+    k, eps = check_curvature(stacked.shape[0], n, num_perturbations, eps, groups, reduce)
     return _curvature(
         stacked.reshape(stacked.shape[0], -1), n, k, eps, groups, bool(unbiased), reduce
     )
@@ -464,7 +253,7 @@ def _check_outputs(
             raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
         if not a.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {a.dtype}")
-        _check_fd_dtype(name, a)
+        check_fd_dtype(name, _dtype_name(a))
         if a.dim() == 0 or a.shape[0] != rows:
             raise ValueError(
                 f"{name} must have the stacked batch ({rows} rows) as its first dimension, "
@@ -484,8 +273,7 @@ def _check_common(
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     check_tensor("z", z, ndim=2)
-    k = _check_k(num_perturbations)
-    eps = _check_eps(eps)
+    k, eps = check_perturbations(num_perturbations, eps)
     if chunk_size is not None:
         check_positive("chunk_size", chunk_size, integer=True)
     return k, eps
@@ -529,14 +317,14 @@ def perturbed_batch(
     """
     check_tensor("z", z, ndim=2)
     scale = scale or ("population" if std is None else "std")
-    _check_choice("scale", scale, ref.SCALES)
+    check_choice("scale", scale, ref.SCALES)
     check_tensor("draws", draws, ndim=3)
     check_same("draws", draws, "z", z, dtype=False)
     if tuple(draws.shape[1:]) != tuple(z.shape):
         raise ValueError(f"draws must be (D, n, d) with (n, d) = {tuple(z.shape)}, got {tuple(draws.shape)}")
     if isinstance(signs, bool) or not isinstance(signs, int) or not 0 <= signs <= draws.shape[0]:
         raise ValueError(f"signs must be in [0, D = {draws.shape[0]}], got {signs}")
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     if scale == "std":
         if std is None:
             raise ValueError('scale "std" needs std')
@@ -559,8 +347,8 @@ def curvature_penalty(values: torch.Tensor, *, ratio: bool, reduction: str = "me
     backend makes one launch forward and one backward.
     """
     check_tensor("values", values, ndim=2, finite=False)
-    _check_fd_dtype("values", values)
-    _check_choice("reduction", reduction, ("mean", "max", "none"))
+    check_fd_dtype("values", _dtype_name(values))
+    check_choice("reduction", reduction, ("mean", "max", "none"))
     if values.shape[0] != (2 if ratio else 1) or values.shape[1] < 1:
         raise ValueError(f"values must be ({2 if ratio else 1}, n) with ratio={bool(ratio)}, got {tuple(values.shape)}")
     return _penalty(values, bool(ratio), reduction)
@@ -645,7 +433,7 @@ def normalized_hessian_penalty(
     if std is not None:
         std = check_std(std, z)
         std = upcast(std, compute_dtype(z=z, std=std))
-    _check_choice("reduction", reduction, ("mean", "none"))
+    check_choice("reduction", reduction, ("mean", "none"))
     n = z.shape[0]
     draws = _draws(2 * k, z, generator, group)  # signs of the first k: the Rademacher directions
     scale = "population" if std is None else "std"  # population: std(z) + 1e-6 inside the op
@@ -716,7 +504,7 @@ def hessian_penalty(
         tensor(0., dtype=torch.float64)
     """
     k, eps = _check_common(fn, z, num_perturbations, eps, chunk_size)
-    _check_choice("reduction", reduction, ("max", "mean", "none"))
+    check_choice("reduction", reduction, ("max", "mean", "none"))
     z = upcast(z, compute_dtype(z=z))
     n = z.shape[0]
     draws = _draws(k, z, generator)  # their signs are the Rademacher directions

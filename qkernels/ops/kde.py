@@ -1,19 +1,9 @@
-"""KDE hot path: op registration (fake + autograd), dispatch and the functional API.
+"""KDE hot path: the backends of its ops and the functional API (:func:`kde_grid`, :func:`cliff_loss`,
+:func:`klm_loss`).
 
-Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of :mod:`qkernels.triton.kde.grid`,
-:mod:`~qkernels.triton.kde.cliff` and :mod:`~qkernels.triton.kde.klm`; how an op is put together:
-:mod:`qkernels.ops._library`):
-
-- ``kde_grid(points (d, K), samples (n, d), sigma, derivative) -> (d, K)``
-- ``cliff_loss(z (n, d), cond_index (d, M), sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl)
-  -> (total, uni, biv, kl)``: the whole Cliff criterion of raw latents, standardization, grids and
-  weighting included (one op, so that a backend can fuse all of it: issue 25)
-- ``klm(z (n, d), std (d,) or None) -> (loss, lse (n, d + 1))``: Tripod's KLM (std None: the
-  population std of z + 1e-6, computed by the op) and the per-sample log-sum-exps its backward
-  reuses (``lse`` carries no gradient)
-
-each with a ``*_backward`` op that recomputes kernel values instead of saving (d, K, n), (d, M, n),
-(d, d, M, K) or (n, n) intermediates. Semantics: :mod:`qkernels.reference.kde`.
+The ops (``torch.ops.qkernels.kde_grid``, ``cliff_loss``, ``klm``, each with a ``*_backward`` op, and their
+``*_triton`` twins) are declared in :mod:`qkernels.decl.kde`; how an op is put together: :mod:`qkernels.ops._library`;
+semantics: :mod:`qkernels.reference.kde`.
 """
 
 from __future__ import annotations
@@ -22,19 +12,19 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, overload
 
 import torch
 
+from qkernels._args import (
+    check_cond_index,
+    check_grid,
+    check_latents,
+    check_num_cond,
+    check_numbers,
+    check_points_and_samples,
+    check_sigma,
+)
 from qkernels._backend import SELF_CHECKING, select
 from qkernels._precision import compute_dtype, no_autocast, upcast
-from qkernels._validation import (
-    check_finite,
-    check_grid,
-    check_positive,
-    check_same,
-    check_sigma,
-    check_std,
-    check_tensor,
-    in_range,
-    value_checks,
-)
+from qkernels._validation import check_finite, check_same, check_std, check_tensor, in_range, value_checks
+from qkernels.decl import kde as decl
 from qkernels.distributed import gather_rows
 from qkernels.ops import _library as lib
 from qkernels.reference import kde as ref
@@ -71,174 +61,15 @@ class CliffTerms(NamedTuple):
     kl: torch.Tensor
 
 
-# ----------------------------------------------------------------------------- op definitions
-# One block per op: fake + autograd (wire_*), raw-argument checks of its Triton ops, backends.
+# ----------------------------------------------------------------------------- backends
+# (signatures, fake implementations, autograd and raw-argument checks: the declarations in qkernels.decl.kde)
 
-
-# ------------------------------ kde_grid
-
-
-def wire_kde_grid(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a kde_grid op pair."""
-
-    @torch.library.register_fake(fwd)
-    def _(points, samples, sigma, derivative):
-        return points.new_empty(points.shape)
-
-    @torch.library.register_fake(bwd)
-    def _(grad, points, samples, sigma, derivative):
-        return torch.empty_like(points), torch.empty_like(samples)
-
-    backward_op = lib.op_callable(bwd)
-
-    def setup_context(ctx, inputs, output):
-        points, samples, sigma, derivative = inputs
-        ctx.save_for_backward(points, samples)
-        ctx.sigma, ctx.derivative = sigma, derivative
-
-    def backward(ctx, grad):
-        points, samples = ctx.saved_tensors
-        gp, gs = backward_op(grad.contiguous(), points, samples, ctx.sigma, ctx.derivative)
-        return gp, gs, None, None
-
-    lib.register_autograd(fwd, backward, setup_context)
-
-
-def check_kde_grid(points, samples, sigma, derivative, op="kde_grid_triton"):
-    lib.matrix(points, "points", op)
-    lib.matrix(samples, "samples", op)
-    if samples.shape[1] != points.shape[0]:
-        lib.fail(op, f"points must be (d, K) and samples (n, d), got {tuple(points.shape)} and {tuple(samples.shape)}")
-    lib.like(samples, "samples", points, "points", op)
-    if not sigma > 0:
-        lib.fail(op, f"sigma must be > 0, got {sigma}")
-
-
-def check_kde_grid_backward(grad, points, samples, sigma, derivative):
-    op = "kde_grid_backward_triton"
-    check_kde_grid(points, samples, sigma, derivative, op)
-    if grad.shape != points.shape:
-        lib.fail(op, f"grad must be {tuple(points.shape)}, got {tuple(grad.shape)}")
-    if grad.device != points.device:
-        lib.fail(op, f"grad is on {grad.device} but points is on {points.device}")
-
-
-lib.define_backends(
-    "kde_grid", reference=ref.kde_grid, wire=wire_kde_grid,
-    triton=lib.triton_kernels("kde.grid"), checks=(check_kde_grid, check_kde_grid_backward),
-)
-
-
-# ------------------------------ cliff_loss
-
-
-def wire_cliff_loss(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a cliff_loss op pair (gradient to z only;
-    an output nobody differentiates passes None, not zeros: no launch for it)."""
-
-    @torch.library.register_fake(fwd)
-    def _(z, cond_index, sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl):
-        return tuple(z.new_empty(()) for _ in range(4))
-
-    @torch.library.register_fake(bwd)
-    def _(grad_total, grad_uni, grad_biv, grad_kl, z, cond_index, sigma, a, b, num_points, lu, lb, lk):
-        return torch.empty_like(z)
-
-    backward_op = lib.op_callable(bwd)
-
-    def setup_context(ctx, inputs, output):
-        z, cond_index, *ctx.args = inputs
-        ctx.save_for_backward(z, cond_index)
-        ctx.set_materialize_grads(False)
-
-    def backward(ctx, *grads):
-        z, cond_index = ctx.saved_tensors
-        return (backward_op(*grads, z, cond_index, *ctx.args),) + (None,) * 8
-
-    lib.register_autograd(fwd, backward, setup_context)
-
-
-def check_cliff_loss(z, cond_index, sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl,
-                     op="cliff_loss_triton"):
-    lib.matrix(z, "z", op)
-    if cond_index.dim() != 2 or cond_index.shape[0] != z.shape[1] or cond_index.shape[1] < 1:
-        lib.fail(op, f"cond_index must be (d, M) = ({z.shape[1]}, M >= 1), got {tuple(cond_index.shape)}")
-    lib.index(cond_index, "cond_index", z, op)
-    if not (sigma > 0 and a < b and num_points >= 2):
-        lib.fail(op, f"need sigma > 0, a < b, num_points >= 2; got sigma={sigma}, a={a}, b={b}, "
-                 f"num_points={num_points}")
-
-
-def check_cliff_loss_backward(grad_total, grad_uni, grad_biv, grad_kl, z, cond_index, sigma, a, b, num_points,
-                              lambda_uni, lambda_biv, lambda_kl):
-    op = "cliff_loss_backward_triton"
-    check_cliff_loss(z, cond_index, sigma, a, b, num_points, lambda_uni, lambda_biv, lambda_kl, op)
-    for name, g in zip(("grad_total", "grad_uni", "grad_biv", "grad_kl"), (grad_total, grad_uni, grad_biv, grad_kl),
-                       strict=True):
-        if g is not None:
-            lib.scalar_grad(g, name, z, op)
-
-
-lib.define_backends(
-    "cliff_loss", reference=ref.cliff_loss, wire=wire_cliff_loss,
-    triton=lib.triton_kernels("kde.cliff"), checks=(check_cliff_loss, check_cliff_loss_backward),
-)
-
-
-# ------------------------------ klm
-
-
-def wire_klm(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a klm op pair (gradients to z and, when given,
-    std; std None: the default std, whose gradient goes to z)."""
-
-    @torch.library.register_fake(fwd)
-    def _(z, std):
-        return z.new_empty(()), z.new_empty(z.shape[0], z.shape[1] + 1)
-
-    @torch.library.register_fake(bwd)
-    def _(grad_loss, z, std, lse):
-        return torch.empty_like(z), z.new_empty(0 if std is None else z.shape[1])
-
-    backward_op = lib.op_callable(bwd)
-
-    def setup_context(ctx, inputs, output):
-        z, std = inputs
-        ctx.save_for_backward(z, std, output[1])
-        ctx.mark_non_differentiable(output[1])
-        ctx.set_materialize_grads(False)  # no zeros launched for lse's (absent) gradient
-
-    def backward(ctx, grad_loss, _grad_lse):
-        z, std, lse = ctx.saved_tensors
-        if grad_loss is None:
-            return None, None
-        grad_z, grad_std = backward_op(grad_loss, z, std, lse)
-        return grad_z, None if std is None else grad_std
-
-    lib.register_autograd(fwd, backward, setup_context)
-
-
-def check_klm(z, std, op="klm_triton"):
-    lib.matrix(z, "z", op)
-    if std is not None:
-        if std.dim() != 1 or std.shape[0] != z.shape[1]:
-            lib.fail(op, f"std must be (d,) = ({z.shape[1]},), got {tuple(std.shape)}")
-        lib.like(std, "std", z, "z", op)
-
-
-def check_klm_backward(grad_loss, z, std, lse):
-    op = "klm_backward_triton"
-    check_klm(z, std, op)
-    if tuple(lse.shape) != (z.shape[0], z.shape[1] + 1):
-        lib.fail(op, f"lse must be (n, d + 1) = ({z.shape[0]}, {z.shape[1] + 1}), got {tuple(lse.shape)}")
-    lib.like(lse, "lse", z, "z", op)
-    lib.scalar_grad(grad_loss, "grad_loss", z, op)
-
-
-lib.define_backends(
-    "klm", reference=ref.klm, wire=wire_klm,
-    triton=lib.triton_kernels("kde.klm"), checks=(check_klm, check_klm_backward),
-)
+_grid, _cliff, _klm = (lib.triton_kernels(m) for m in ("kde.grid", "kde.cliff", "kde.klm"))
+lib.define_backends(decl.KDE_GRID, reference=ref.kde_grid,
+                    triton=None if _grid is None else (_grid.kde_grid, _grid.kde_grid_backward))
+lib.define_backends(decl.CLIFF_LOSS, reference=ref.cliff_loss,
+                    triton=None if _cliff is None else (_cliff.cliff_loss, _cliff.cliff_loss_backward))
+lib.define_backends(decl.KLM, reference=ref.klm, triton=None if _klm is None else (_klm.klm, _klm.klm_backward))
 
 
 # ----------------------------------------------------------------------------- functional API
@@ -278,11 +109,7 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
     check_tensor("points", points, ndim=2, finite=False)
     check_tensor("samples", samples, ndim=2, finite=False)
     check_same("points", points, "samples", samples, dtype=False)
-    if samples.shape[1] != points.shape[0]:
-        raise ValueError(
-            f"samples must be (n, d) with d = {points.shape[0]} (points' first dimension), "
-            f"got shape {tuple(samples.shape)}"
-        )
+    check_points_and_samples(points.shape, samples.shape)
     sigma = check_sigma(sigma)
     dt = compute_dtype(points=points, samples=samples)
     backend, impl = select("kde_grid", points.device, dt, samples.numel() * points.shape[1])
@@ -300,9 +127,7 @@ def _cond_index(
 ) -> torch.Tensor:
     """(d, M) conditioning rows: drawn, or the user's (metadata checked here, values by the caller)."""
     if cond_index is None:
-        check_positive("num_cond", num_cond, integer=True)
-        if num_cond > n:
-            raise ValueError(f"num_cond must be <= n = {n} (rows are drawn without replacement), got {num_cond}")
+        check_num_cond(num_cond, n)
         # every latent's own M rows without replacement: the M smallest of n uniform keys per latent
         # (a uniformly random M-subset, as randperm(n)[:M]), two launches for all latents.
         # No generator=None keyword: it fails torch.compile with dynamic shapes
@@ -314,8 +139,7 @@ def _cond_index(
         raise TypeError(f"cond_index must be a torch.Tensor or None, got {type(cond_index).__name__}")
     if cond_index.dtype != torch.long:
         raise TypeError(f"cond_index must be an int64 tensor, got dtype {cond_index.dtype}")
-    if cond_index.dim() != 2 or cond_index.shape[0] != d or cond_index.shape[1] < 1:
-        raise ValueError(f"cond_index must be (d, M) = ({d}, M >= 1), got shape {tuple(cond_index.shape)}")
+    check_cond_index(cond_index.shape, d)
     if cond_index.device != device:
         raise ValueError(f"cond_index is on {cond_index.device} but z is on {device}")
     return cond_index.contiguous()
@@ -324,10 +148,7 @@ def _cond_index(
 def _check_latents(z: torch.Tensor) -> None:
     """z (n, d), n >= 2, d >= 1 (metadata; its values are checked once the backend is known)."""
     check_tensor("z", z, ndim=2, finite=False)
-    if z.shape[0] < 2:
-        raise ValueError(f"z must hold n >= 2 samples (rows), got shape {tuple(z.shape)}")
-    if z.shape[1] < 1:
-        raise ValueError(f"z must hold d >= 1 latents (columns), got shape {tuple(z.shape)}")
+    check_latents(z.shape)
 
 
 @overload
@@ -470,9 +291,7 @@ def cliff_loss(
     n, d = z.shape
     sigma = check_sigma(sigma)
     a, b, k = check_grid(grid)
-    for name, lam in (("lambda_uni", lambda_uni), ("lambda_biv", lambda_biv), ("lambda_kl", lambda_kl)):
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)):
-            raise TypeError(f"{name} must be a number, got {type(lam).__name__}")
+    check_numbers(lambda_uni=lambda_uni, lambda_biv=lambda_biv, lambda_kl=lambda_kl)
     idx = _cond_index(cond_index, num_cond, generator, n, d, z.device)
     dt = compute_dtype(z=z)
     backend, impl = select("cliff_loss", z.device, dt, d * d * n * idx.shape[1] * k)

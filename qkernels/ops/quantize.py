@@ -1,32 +1,25 @@
-"""Quantization hot path: op registration (fake + autograd), dispatch and the functional API.
+"""Quantization hot path: the backends of its ops and the functional API (:func:`latent_quantize`, :func:`fsq`,
+:func:`gumbel_quantize`, :func:`categorical_latent`).
 
-Ops (``torch.ops.qkernels``; the ``*_triton`` twins wrap the launchers of
-:mod:`qkernels.triton.quantize`; how an op is put together: :mod:`qkernels.ops._library`):
-
-- ``latent_quantize(z (N, d), values (G, n_v)) -> (z_q, indices, loss_quantize, loss_commit)``
-- ``relaxed_categorical(logits (N, d, K), values (G, K), uniform?, tau, noise_scale, hard)
-  -> (z (N, d), y (N, d, K), kl (N, d))``
-- ``gumbel_quantize(z (N, d), values (G, K), uniform?, tau, hard) -> (z_q (N, d), y (N, d, K),
-  logits (N, d, K), kl (N, d))``: relaxed_categorical of logits = -(z - values)^2 (reference and
-  triton only; ``cpu`` / ``cuda`` compose torch logits with their relaxed_categorical kernel)
-
-with G = 1 (a global codebook) or G = d (one codebook per latent), each with a ``*_backward`` op
-that recomputes instead of saving (N, d, n_v) intermediates.
+The ops (``torch.ops.qkernels.latent_quantize``, ``relaxed_categorical``, ``gumbel_quantize``, each with a
+``*_backward`` op, and their ``*_triton`` twins) are declared in :mod:`qkernels.decl.quantize`; how an op is put
+together: :mod:`qkernels.ops._library`; semantics: :mod:`qkernels.reference.quantize`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
+from qkernels._args import check_codebook, check_levels, check_positive
 from qkernels._backend import SELF_CHECKING, implementations, register, select
 from qkernels._precision import compute_dtype, no_autocast, upcast
-from qkernels._validation import check_finite, check_levels, check_positive, check_same, check_tensor, value_checks
+from qkernels._validation import check_finite, check_same, check_tensor, value_checks
+from qkernels.decl import quantize as decl
 from qkernels.ops import _library as lib
-from qkernels.ops._library import zeros_if_none
 from qkernels.reference import quantize as ref
 
 
@@ -105,237 +98,16 @@ class CategoricalSample(NamedTuple):
     kl: torch.Tensor
 
 
-_CONSTANTS: dict[tuple[object, ...], torch.Tensor] = {}
-
-
-def _constant(name: str, like: torch.Tensor, make: Callable[[], torch.Tensor], *key: object) -> torch.Tensor:
-    """A read-only tensor ``make()`` in ``like``'s dtype and device, made once per (name, key,
-    dtype, device): no launch per call. Made afresh while compiling (inductor fuses it), for tensor
-    subclasses (fake, functional) and while a CUDA graph is captured (its kernels run only when the
-    graph does). Never hand one out to the user: it is shared."""
-    if torch.compiler.is_compiling() or type(like) not in (torch.Tensor, torch.nn.Parameter):
-        return make()
-    full_key = (name, *key, like.dtype, like.device)
-    t = _CONSTANTS.get(full_key)
-    if t is None:
-        with torch.inference_mode(False):  # can be saved for backward outside inference mode too
-            t = make()
-        capturing = like.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if type(t) is torch.Tensor and not capturing:  # not made by a fake-tensor mode
-            _CONSTANTS[full_key] = t
-    return t
-
-
-# ----------------------------------------------------------------------------- op definitions
-# One block per op: fake + autograd (wire_*), raw-argument checks of its Triton ops, backends.
+# ----------------------------------------------------------------------------- backends
+# (signatures, fake implementations, autograd and raw-argument checks: the declarations in qkernels.decl.quantize)
 
 _tk = lib.triton_kernels("quantize")
-
-
-def _check_codebook(x: torch.Tensor, values: torch.Tensor, name: str, op: str) -> None:
-    """x (N, d) (latent_quantize) or (N, d, K) (relaxed_categorical); values (1 or d, n_v)."""
-    if x.dim() not in (2, 3) or x.numel() == 0:
-        lib.fail(op, f"{name} must be a non-empty (N, d{', K' if x.dim() == 3 else ''}), got {tuple(x.shape)}")
-    lib.floating(x, name, op)
-    d = x.shape[1]
-    if values.dim() != 2 or values.shape[0] not in (1, d) or values.shape[1] < 1 or (
-        x.dim() == 3 and values.shape[1] != x.shape[2]
-    ):
-        lib.fail(op, f"values must be (1, n_v) or (d, n_v) with d = {d} (n_v = K for logits), "
-                 f"got {tuple(values.shape)}")
-    lib.like(values, "values", x, name, op)
-
-
-# ------------------------------ latent_quantize
-
-
-def wire_latent_quantize(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a latent_quantize op pair."""
-
-    @torch.library.register_fake(fwd)
-    def _(z, values):
-        return z.new_empty(z.shape), z.new_empty(z.shape, dtype=torch.long), z.new_empty(()), z.new_empty(())
-
-    @torch.library.register_fake(bwd)
-    def _(grad_zq, grad_lq, grad_lc, z, values, indices):
-        return torch.empty_like(z), torch.empty_like(values)
-
-    backward_op = lib.op_callable(bwd)
-
-    def setup_context(ctx, inputs, output):
-        z, values = inputs
-        ctx.save_for_backward(z, values, output[1])
-        ctx.set_materialize_grads(False)  # no zeros for the indices' (int64) gradient
-
-    def backward(ctx, grad_zq, _grad_indices, grad_lq, grad_lc):
-        z, values, indices = ctx.saved_tensors
-        # nothing launches here when every upstream gradient is given; a missing loss gradient
-        # is a zero scalar made once per (dtype, device)
-        return backward_op(
-            zeros_if_none(grad_zq, z),
-            _constant("zero", z, lambda: z.new_zeros(())) if grad_lq is None else grad_lq,
-            _constant("zero", z, lambda: z.new_zeros(())) if grad_lc is None else grad_lc,
-            z,
-            values,
-            indices,
-        )
-
-    lib.register_autograd(fwd, backward, setup_context)
-
-
-def check_latent_quantize(z, values, op="latent_quantize_triton"):
-    _check_codebook(z, values, "z", op)
-
-
-def check_latent_quantize_backward(grad_zq, grad_lq, grad_lc, z, values, indices, op="latent_quantize_backward_triton"):
-    _check_codebook(z, values, "z", op)
-    if grad_zq.shape != z.shape or indices.shape != z.shape:
-        lib.fail(op, f"grad_zq and indices must be shaped like z {tuple(z.shape)}, got "
-                 f"{tuple(grad_zq.shape)} and {tuple(indices.shape)}")
-    lib.like(grad_zq, "grad_zq", z, "z", op)
-    lib.index(indices, "indices", z, op)
-    lib.scalar_grad(grad_lq, "grad_loss_quantize", z, op)
-    lib.scalar_grad(grad_lc, "grad_loss_commit", z, op)
-
-
-lib.define_backends(
-    "latent_quantize", reference=ref.latent_quantize, wire=wire_latent_quantize,
-    triton=_tk, checks=(check_latent_quantize, check_latent_quantize_backward),
-)
-
-
-# ------------------------------ relaxed_categorical
-
-
-def wire_relaxed_categorical(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a relaxed_categorical op pair."""
-
-    @torch.library.register_fake(fwd)
-    def _(logits, values, uniform, tau, noise_scale, hard):
-        n, d, _k = logits.shape
-        return logits.new_empty(n, d), torch.empty_like(logits), logits.new_empty(n, d)
-
-    @torch.library.register_fake(bwd)
-    def _(grad_z, grad_y, grad_kl, logits, values, uniform, y, tau, noise_scale):
-        return torch.empty_like(logits), torch.empty_like(values)
-
-    backward_op = lib.op_callable(bwd)
-
-    def setup_context(ctx, inputs, output):
-        logits, values, uniform, tau, noise_scale, _hard = inputs
-        ctx.save_for_backward(logits, values, uniform, output[1])
-        ctx.tau, ctx.noise_scale = tau, noise_scale
-        ctx.set_materialize_grads(False)
-
-    def backward(ctx, grad_z, grad_y, grad_kl):
-        logits, values, uniform, y = ctx.saved_tensors
-        row = logits[..., 0]
-        grads = backward_op(
-            zeros_if_none(grad_z, row),
-            zeros_if_none(grad_y, logits),
-            zeros_if_none(grad_kl, row),
-            logits,
-            values,
-            uniform,
-            y,
-            ctx.tau,
-            ctx.noise_scale,
-        )
-        return grads[0], grads[1], None, None, None, None
-
-    lib.register_autograd(fwd, backward, setup_context)
-
-
-def check_relaxed_categorical(logits, values, uniform, tau, noise_scale, hard, op="relaxed_categorical_triton"):
-    if logits.dim() != 3:
-        lib.fail(op, f"logits must be (N, d, K), got {tuple(logits.shape)}")
-    _check_codebook(logits, values, "logits", op)
-    if uniform is not None:
-        if uniform.shape != logits.shape:
-            lib.fail(op, f"uniform must be shaped like logits {tuple(logits.shape)}, got {tuple(uniform.shape)}")
-        lib.like(uniform, "uniform", logits, "logits", op)
-
-
-def check_relaxed_categorical_backward(grad_z, grad_y, grad_kl, logits, values, uniform, y, tau, noise_scale):
-    op = "relaxed_categorical_backward_triton"
-    check_relaxed_categorical(logits, values, uniform, tau, noise_scale, False, op)
-    if grad_z.shape != logits.shape[:2] or grad_kl.shape != logits.shape[:2]:
-        lib.fail(op, f"grad_z and grad_kl must be (N, d) = {tuple(logits.shape[:2])}")
-    if grad_y.shape != logits.shape or y.shape != logits.shape:
-        lib.fail(op, f"grad_y and y must be shaped like logits {tuple(logits.shape)}")
-    for name, t in (("grad_z", grad_z), ("grad_y", grad_y), ("grad_kl", grad_kl), ("y", y)):
-        lib.like(t, name, logits, "logits", op)
-
-
-lib.define_backends(
-    "relaxed_categorical", reference=ref.relaxed_categorical, wire=wire_relaxed_categorical,
-    triton=_tk, checks=(check_relaxed_categorical, check_relaxed_categorical_backward),
-)
-
-
-# ------------------------------ gumbel_quantize
-
-
-def wire_gumbel_quantize(fwd: str, bwd: str) -> None:
-    """Register fake implementations and autograd for a gumbel_quantize op pair."""
-
-    @torch.library.register_fake(fwd)
-    def _(z, values, uniform, tau, hard):
-        n, d = z.shape
-        k = values.shape[1]
-        return z.new_empty(n, d), z.new_empty(n, d, k), z.new_empty(n, d, k), z.new_empty(n, d)
-
-    @torch.library.register_fake(bwd)
-    def _(grad_zq, grad_y, grad_logits, grad_kl, z, values, uniform, y, tau):
-        return torch.empty_like(z), torch.empty_like(values)
-
-    backward_op = lib.op_callable(bwd)
-
-    def setup_context(ctx, inputs, output):
-        z, values, uniform, tau, _hard = inputs
-        ctx.save_for_backward(z, values, uniform, output[1])
-        ctx.tau = tau
-        ctx.set_materialize_grads(False)
-
-    def backward(ctx, grad_zq, grad_y, grad_logits, grad_kl):
-        z, values, uniform, y = ctx.saved_tensors
-        # upstream gradients stay None for unused outputs: the kernel skips them (no zeros made)
-        grads = backward_op(grad_zq, grad_y, grad_logits, grad_kl, z, values, uniform, y, ctx.tau)
-        return grads[0], grads[1], None, None, None
-
-    lib.register_autograd(fwd, backward, setup_context)
-
-
-def check_gumbel_quantize(z, values, uniform, tau, hard, op="gumbel_quantize_triton"):
-    if z.dim() != 2:
-        lib.fail(op, f"z must be (N, d), got {tuple(z.shape)}")
-    _check_codebook(z, values, "z", op)
-    if not tau > 0:
-        lib.fail(op, f"tau must be > 0, got {tau}")
-    if uniform is not None:
-        want = (*z.shape, values.shape[1])
-        if tuple(uniform.shape) != want:
-            lib.fail(op, f"uniform must be (N, d, K) = {want}, got {tuple(uniform.shape)}")
-        lib.like(uniform, "uniform", z, "z", op)
-
-
-def check_gumbel_quantize_backward(grad_zq, grad_y, grad_logits, grad_kl, z, values, uniform, y, tau):
-    op = "gumbel_quantize_backward_triton"
-    check_gumbel_quantize(z, values, uniform, tau, False, op)
-    rows, cats = tuple(z.shape), (*z.shape, values.shape[1])
-    for name, t, want in (("grad_zq", grad_zq, rows), ("grad_y", grad_y, cats), ("grad_logits", grad_logits, cats),
-                          ("grad_kl", grad_kl, rows), ("y", y, cats)):
-        if t is None:  # an upstream gradient left out: zero
-            continue
-        if tuple(t.shape) != want:
-            lib.fail(op, f"{name} must have shape {want}, got {tuple(t.shape)}")
-        lib.like(t, name, z, "z", op)
-
-
-lib.define_backends(
-    "gumbel_quantize", reference=ref.gumbel_quantize, wire=wire_gumbel_quantize,
-    triton=_tk, checks=(check_gumbel_quantize, check_gumbel_quantize_backward),
-)
+lib.define_backends(decl.LATENT_QUANTIZE, reference=ref.latent_quantize,
+                    triton=None if _tk is None else (_tk.latent_quantize, _tk.latent_quantize_backward))
+lib.define_backends(decl.RELAXED_CATEGORICAL, reference=ref.relaxed_categorical,
+                    triton=None if _tk is None else (_tk.relaxed_categorical, _tk.relaxed_categorical_backward))
+lib.define_backends(decl.GUMBEL_QUANTIZE, reference=ref.gumbel_quantize,
+                    triton=None if _tk is None else (_tk.gumbel_quantize, _tk.gumbel_quantize_backward))
 # no C++ kernel of its own: a forced cpu / cuda backend composes torch logits with its
 # relaxed_categorical kernel (auto picks it on a CPU, as for relaxed_categorical)
 for _name, _relaxed_impl in implementations("relaxed_categorical").items():
@@ -351,21 +123,8 @@ def _codebook(name: str, values: torch.Tensor, d: int, *, finite: bool = True, z
     """(n_v,) or (d, n_v) -> (G, n_v) (values checked unless ``finite`` is False); ``z``: the (..., d) latents,
     blamed when 1-D (one sample, most likely a batch without its latent dimension)."""
     check_tensor(name, values, ndim=(1, 2), finite=finite)
-    if values.dim() == 1:
-        return values[None]
-    if values.shape[0] != d and z is not None and z.dim() == 1:
-        g = values.shape[0]
-        raise ValueError(
-            f"z must be (..., d) with d = {g}, the number of per-latent codebooks in {name} {tuple(values.shape)}; "
-            f"got a 1-D z of shape {tuple(z.shape)}, which reads as one sample of {d} latents (n samples of {g} "
-            f"latents: shape (n, {g}); one latent per sample: z[:, None] with a (1, n_v) or (n_v,) {name})"
-        )
-    if values.shape[0] != d:
-        raise ValueError(
-            f"{name} must be (n_v,) or (d, n_v) with d = {d} (the last dimension of the latents), "
-            f"got shape {tuple(values.shape)}"
-        )
-    return values
+    check_codebook(name, values.shape, d, None if z is None else z.shape)
+    return values[None] if values.dim() == 1 else values
 
 
 def latent_quantize(z: torch.Tensor, values: torch.Tensor) -> Quantized:
@@ -630,7 +389,7 @@ def categorical_latent(
     given = values is not None
     if values is None:
         # made once per (K, dtype, device)
-        values = _constant("linspace", logits, lambda: torch.linspace(
+        values = lib.constant("linspace", logits, lambda: torch.linspace(
             -1, 1, k, device=logits.device, dtype=logits.dtype), k)
     vals = _codebook("values", values, logits.shape[-2], finite=False)
     check_same("logits", logits, "values", values, dtype=False)
