@@ -156,12 +156,12 @@ def import_each(mods: list[str]) -> list[tuple[str, str | None]]:
 
 
 def test_the_prepared_gpu_experiments_still_apply():
-    """scripts/cliff_ab.sh (issue 44's GPU A/B) patches a copy of the package with each
-    scripts/experiments/*.patch: each must apply to this tree (regenerate it, or delete the experiment, when the
+    """gpu/cliff_ab.sh (issue 44's GPU A/B) patches a copy of the package with each
+    gpu/experiments/*.patch: each must apply to this tree (regenerate it, or delete the experiment, when the
     code it changes changes)."""
     root = Path(__file__).resolve().parents[1]
-    patches = sorted((root / "scripts" / "experiments").glob("*.patch"))
-    assert patches, "no prepared experiment: delete scripts/cliff_ab.sh and its gpu_check.sh step instead"
+    patches = sorted((root / "gpu" / "experiments").glob("*.patch"))
+    assert patches, "no prepared experiment: delete gpu/cliff_ab.sh and its gpu_check.sh step instead"
     for patch in patches:
         done = subprocess.run(["git", "apply", "--check", "-p1", str(patch)], cwd=root, capture_output=True,
                               text=True)

@@ -5,8 +5,8 @@ accumulation), the rest of the reference unchanged, eager and under ``torch.comp
 reference with float32 "highest" GEMMs, at the four benchmark shapes. Is the issue's "products through cuBLAS in
 TF32 with a hi / lo split" worth building into the triton backend: how fast, and how close to float64?
 
-    python scripts/cliff_split3.py OUT_DIR             # a GPU: about 1.5 minutes (two compiles per shape)
-    python scripts/cliff_split3.py OUT_DIR --rehearse  # tiny shapes on the CPU (its matmuls ignore TF32)
+    python gpu/cliff_split3.py OUT_DIR             # a GPU: about 1.5 minutes (two compiles per shape)
+    python gpu/cliff_split3.py OUT_DIR --rehearse  # tiny shapes on the CPU (its matmuls ignore TF32)
 
 Rows in OUT_DIR/split3.jsonl as they are taken: ``correct`` (relative loss / gradient errors against the float64
 reference) and ``speed`` (fwd + bwd median ms, CUDA events, after two warm-ups) of ``split3``, ``split3_compiled``
@@ -21,7 +21,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "experiments")]  # cliff_gpu_check; experiments/cliff_precision_emulation
 from cliff_gpu_check import REHEARSAL, SHAPES, fwd_bwd, inputs, timed  # noqa: E402
 from cliff_precision_emulation import MODES, _Torch  # noqa: E402  (its einsum: a product of MODES' kind)
 
@@ -65,10 +66,16 @@ def main(argv: list[str]) -> None:
             torch.set_float32_matmul_precision(mode)
             try:
                 got, g = fwd_bwd(fn, z, idx)
-                emit({"kind": "correct", "case": case, "variant": name,
-                      "loss_rel": abs(got.double() - want).item() / abs(want).item(),
-                      "grad_rel": ((g.double() - gwant).norm() / gwant.norm()).item(),
-                      "grad_max_rel": ((g.double() - gwant).abs().max() / gwant.abs().max()).item()})
+                emit(
+                    {
+                        "kind": "correct",
+                        "case": case,
+                        "variant": name,
+                        "loss_rel": abs(got.double() - want).item() / abs(want).item(),
+                        "grad_rel": ((g.double() - gwant).norm() / gwant.norm()).item(),
+                        "grad_max_rel": ((g.double() - gwant).abs().max() / gwant.abs().max()).item(),
+                    }
+                )
                 emit({"kind": "speed", "case": case, "variant": name, "ms": timed(fn, z, idx, 3 if rehearse else 20)})
             except Exception as e:  # noqa: BLE001 (a failure is a row, the run goes on)
                 emit({"kind": "error", "case": case, "variant": name, "error": repr(e)[:300]})

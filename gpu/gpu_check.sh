@@ -5,9 +5,9 @@
 # and KLM against KeOps; each step writes its files under OUT_DIR as it goes (a step cut by its timeout keeps its
 # rows) and the report OUT_DIR/gpu_check.md. Never needs the network.
 #
-#   bash scripts/gpu_check.sh OUT_DIR
-#   WHEEL=dist/cuda/qkernels-<v>-cp310-abi3-manylinux_2_28_x86_64.whl bash scripts/gpu_check.sh OUT_DIR
-#   DRY_RUN=1 bash scripts/gpu_check.sh OUT_DIR     # rehearsal on a CPU: every step at tiny shapes, no build
+#   bash gpu/gpu_check.sh OUT_DIR
+#   WHEEL=dist/cuda/qkernels-<v>-cp310-abi3-manylinux_2_28_x86_64.whl bash gpu/gpu_check.sh OUT_DIR
+#   DRY_RUN=1 bash gpu/gpu_check.sh OUT_DIR     # rehearsal on a CPU: every step at tiny shapes, no build
 #
 # WHEEL: the CUDA wheel of scripts/build_wheels.sh (built without a GPU; sm_80, sm_90 + PTX): its libraries
 # (qkernels/_C.abi3.so, qkernels/_C_cuda.abi3.so) are unpacked into this checkout instead of compiling on the device
@@ -22,8 +22,8 @@
 # the suite runs in one process), triton. STEPS picks the steps, run in this order (default "build probe tests warm
 # speed correct profile keops ab split3"; also "roofline" and "bench", the `qkernels bench` tables, before keops): "warm"
 # runs one call of every speed variant beside the tests (gpu_check_ops.py warm: the compiles land in the on-disk
-# caches, so speed times compiled code from its start on a quiet GPU); "ab" is scripts/cliff_ab.sh (main's Cliff
-# against each scripts/experiments/*.patch); "split3" is scripts/cliff_split3.py (the reference's product as three
+# caches, so speed times compiled code from its start on a quiet GPU); "ab" is gpu/cliff_ab.sh (main's Cliff
+# against each gpu/experiments/*.patch); "split3" is gpu/cliff_split3.py (the reference's product as three
 # TF32 GEMMs). Time limits per step (seconds): SUITE_TIMEOUT (170, warm included), SPEED_TIMEOUT (150),
 # CORRECT_TIMEOUT (75), PROFILE_TIMEOUT (45), KEOPS_TIMEOUT (40), AB_TIMEOUT (180), SPLIT3_TIMEOUT (120),
 # BENCH_TIMEOUT (150 per hot path); DEADLINE (seconds from the start, default 0 = none) cuts each step's limit to
@@ -33,7 +33,7 @@
 # TESTS: the pytest arguments (default: the GPU test files of issue 44), BENCH_HOTPATHS / BENCH_ARGS_<hotpath> as
 # before. Target: under 9 minutes on an H100/H200 with 16 cores.
 set -uo pipefail
-OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+OUT=${1:?usage: gpu/gpu_check.sh OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -153,8 +153,8 @@ torch.ops.qkernels.finite_difference_curvature(torch.randn(10, 3), 2, 2, 0.1, 2,
     } >> "$REPORT"
 fi
 
-# ---------------------------------------------------------------- one step of python/gpu_check_ops.py
-ops_step() {  # ops_step STEP FILE TIMEOUT: one step of python/gpu_check_ops.py, its rows in OUT/FILE as it goes
+# ---------------------------------------------------------------- one step of gpu/gpu_check_ops.py
+ops_step() {  # ops_step STEP FILE TIMEOUT: one step of gpu/gpu_check_ops.py, its rows in OUT/FILE as it goes
     # (-X faulthandler: a crash leaves its Python stack in OUT/STEP.log; KeOps died with SIGSEGV on an H200)
     local name=$1 file=$2 limit t0 rc
     limit=$(limit "$3")
@@ -162,7 +162,7 @@ ops_step() {  # ops_step STEP FILE TIMEOUT: one step of python/gpu_check_ops.py,
     step "$name"
     t0=$(date +%s)
     # shellcheck disable=SC2086  # DRY is one optional word
-    TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$limit" "$PYTHON" -X faulthandler python/gpu_check_ops.py "$name" "$OUT/$file" $DRY \
+    TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$limit" "$PYTHON" -X faulthandler gpu/gpu_check_ops.py "$name" "$OUT/$file" $DRY \
         > "$OUT/$name.log" 2>&1
     rc=$?
     {
@@ -181,7 +181,7 @@ SUITE_LIMIT=$(limit "${SUITE_TIMEOUT:-170}")
 if want tests && [ "$SUITE_LIMIT" = 0 ]; then skipped tests; elif want tests; then
     step "tests"
     if want warm; then  # beside the tests: one call of every speed variant, compiles into the on-disk caches
-        TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$SUITE_LIMIT" "$PYTHON" python/gpu_check_ops.py warm \
+        TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$SUITE_LIMIT" "$PYTHON" gpu/gpu_check_ops.py warm \
             "$OUT/warm.jsonl" $DRY > "$OUT/warm.log" 2>&1 &
         WARM_PID=$!
     fi
@@ -226,7 +226,7 @@ if want tests && [ "$SUITE_LIMIT" = 0 ]; then skipped tests; elif want tests; th
 fi
 want warm && ! want tests && ops_step warm warm.jsonl "${SUITE_TIMEOUT:-170}"
 
-# ---------------------------------------------------------------- issue 44: values, speed, profiles (python/gpu_check_ops.py)
+# ---------------------------------------------------------------- issue 44: values, speed, profiles (gpu/gpu_check_ops.py)
 want speed && ops_step speed speed.jsonl "${SPEED_TIMEOUT:-150}"
 want correct && ops_step correct correct.jsonl "${CORRECT_TIMEOUT:-75}"
 want profile && ops_step profile profiles.txt "${PROFILE_TIMEOUT:-45}"
@@ -234,8 +234,8 @@ want profile && ops_step profile profiles.txt "${PROFILE_TIMEOUT:-45}"
 # ---------------------------------------------------------------- quantize against the HBM floor
 if want roofline; then
     step "roofline"
-    timeout 120 "$PYTHON" python/gpu_quantize_roofline.py > "$OUT/roofline.md" 2>&1
-    { echo; echo "## python/gpu_quantize_roofline.py: exit $?"; echo; cat "$OUT/roofline.md"; } >> "$REPORT"
+    timeout 120 "$PYTHON" gpu/gpu_quantize_roofline.py > "$OUT/roofline.md" 2>&1
+    { echo; echo "## gpu/gpu_quantize_roofline.py: exit $?"; echo; cat "$OUT/roofline.md"; } >> "$REPORT"
 fi
 
 # ---------------------------------------------------------------- benchmarks on the GPU
@@ -270,7 +270,7 @@ if want keops; then
     fi
     ops_step keops keops.jsonl "${KEOPS_TIMEOUT:-40}"
 fi
-# ---------------------------------------------------------------- issue 44: Cliff, main against scripts/experiments/*.patch
+# ---------------------------------------------------------------- issue 44: Cliff, main against gpu/experiments/*.patch
 if want ab; then
     AB_LIMIT=$(limit "${AB_TIMEOUT:-180}")
     if [ "$AB_LIMIT" = 0 ]; then skipped ab; else
@@ -278,12 +278,12 @@ if want ab; then
         A0=$(date +%s)
         # shellcheck disable=SC2046  # the optional rehearsal flag
         ( [ "$DRY_RUN" = 1 ] && export TRITON_INTERPRET=1
-          PYTHON=$PYTHON timeout -k 10 "$AB_LIMIT" bash scripts/cliff_ab.sh "$OUT/ab" $([ "$DRY_RUN" = 1 ] && echo --rehearse) ) \
+          PYTHON=$PYTHON timeout -k 10 "$AB_LIMIT" bash gpu/cliff_ab.sh "$OUT/ab" $([ "$DRY_RUN" = 1 ] && echo --rehearse) ) \
             > "$OUT/ab.log" 2>&1
         AB_RC=$?
         {
             echo
-            echo "## \`scripts/cliff_ab.sh\` ($OUT/ab): exit $AB_RC in $(($(date +%s) - A0)) s (limit $AB_LIMIT)"
+            echo "## \`gpu/cliff_ab.sh\` ($OUT/ab): exit $AB_RC in $(($(date +%s) - A0)) s (limit $AB_LIMIT)"
             echo
             echo '```'
             grep -h '"speed"' "$OUT"/ab/*/cliff.jsonl 2>/dev/null
@@ -300,12 +300,12 @@ if want split3; then
         step "split3"
         P0=$(date +%s)
         # shellcheck disable=SC2046  # the optional rehearsal flag
-        TORCHINDUCTOR_COMPILE_THREADS=$(nproc) timeout -k 10 "$SPLIT3_LIMIT" "$PYTHON" scripts/cliff_split3.py \
+        TORCHINDUCTOR_COMPILE_THREADS=$(nproc) timeout -k 10 "$SPLIT3_LIMIT" "$PYTHON" gpu/cliff_split3.py \
             "$OUT/split3" $([ "$DRY_RUN" = 1 ] && echo --rehearse) > "$OUT/split3.log" 2>&1
         SPLIT3_RC=$?
         {
             echo
-            echo "## \`scripts/cliff_split3.py\` ($OUT/split3): exit $SPLIT3_RC in $(($(date +%s) - P0)) s (limit $SPLIT3_LIMIT)"
+            echo "## \`gpu/cliff_split3.py\` ($OUT/split3): exit $SPLIT3_RC in $(($(date +%s) - P0)) s (limit $SPLIT3_LIMIT)"
             echo
             echo '```'
             cat "$OUT/split3/split3.jsonl" 2>/dev/null

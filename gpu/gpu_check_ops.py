@@ -1,12 +1,12 @@
 """Issue 44's GPU measurements, one step at a time, each writing its rows to OUT as it goes (run by
-scripts/gpu_check.sh; no network):
+gpu/gpu_check.sh; no network):
 
-    python python/gpu_check_ops.py correct OUT/correct.jsonl   # every op and backend against float64
-    python python/gpu_check_ops.py speed OUT/speed.jsonl       # the issue's speed table, compiled baseline
-    python python/gpu_check_ops.py profile OUT/profiles.txt    # one torch.profiler table per slow case
-    python python/gpu_check_ops.py keops OUT/keops.jsonl       # KLM 4096 x 64: triton against pykeops
-    python python/gpu_check_ops.py warm OUT/warm.jsonl         # one call of every speed variant: fills the caches
-    python python/gpu_check_ops.py STEP OUT --dry-run          # the same on the CPU at tiny shapes (rehearsal)
+    python gpu/gpu_check_ops.py correct OUT/correct.jsonl   # every op and backend against float64
+    python gpu/gpu_check_ops.py speed OUT/speed.jsonl       # the issue's speed table, compiled baseline
+    python gpu/gpu_check_ops.py profile OUT/profiles.txt    # one torch.profiler table per slow case
+    python gpu/gpu_check_ops.py keops OUT/keops.jsonl       # KLM 4096 x 64: triton against pykeops
+    python gpu/gpu_check_ops.py warm OUT/warm.jsonl         # one call of every speed variant: fills the caches
+    python gpu/gpu_check_ops.py STEP OUT --dry-run          # the same on the CPU at tiny shapes (rehearsal)
 
 Cases are the benchmark's (qkernels/bench/: its input makers and loss functions). ``correct``: the loss and the
 input gradients of each backend, float32 and float64, against the reference run in float64 on the same inputs
@@ -43,27 +43,52 @@ from qkernels.reference import kde as ref_kde
 
 # (op of the registry, case name, input maker (scale -> inputs), loss) at the issue's shapes
 SPEED_CLIFF = [(64, 10, 10, 100), (1024, 12, 64, 100), (5000, 2, 100, 100), (4096, 32, 128, 128)]
-SLOW = ["cliff n=4096 d=32 M=128 K=128", "cliff n=5000 d=2 M=100 K=100", "klm n=4096 d=64",
-        "latent_quantize n=65536 d=64 n_v=64 per-dim", "nhp mlp n=64 d=12 k=2"]
+SLOW = [
+    "cliff n=4096 d=32 M=128 K=128",
+    "cliff n=5000 d=2 M=100 K=100",
+    "klm n=4096 d=64",
+    "latent_quantize n=65536 d=64 n_v=64 per-dim",
+    "nhp mlp n=64 d=12 k=2",
+]
 
 
 def _cases(device: str) -> list[tuple[str, str, Callable[[int], tuple], Callable[..., torch.Tensor]]]:
     out = []
     for s in SPEED_CLIFF:
-        out.append(("cliff_loss", f"cliff n={s[0]} d={s[1]} M={s[2]} K={s[3]}", bk._cliff_case(s, device).make,
-                    bk._cliff_loss))
+        out.append(
+            ("cliff_loss", f"cliff n={s[0]} d={s[1]} M={s[2]} K={s[3]}", bk._cliff_case(s, device).make, bk._cliff_loss)
+        )
     for s in ((1024, 32), (4096, 64)):
         out.append(("klm", f"klm n={s[0]} d={s[1]}", bk._klm_case(s, device).make, bk._klm_loss))
     for n, d, nv, glob in ((4096, 64, 64, True), (4096, 64, 64, False), (65536, 64, 64, False)):
-        out.append(("latent_quantize", f"latent_quantize n={n} d={d} n_v={nv} {'global' if glob else 'per-dim'}",
-                    bq._make(n, d, nv, glob, device), bq._loss))
-    out.append(("relaxed_categorical", "categorical_latent n=4096 d=10 K=64",
-                bq._make_categorical(4096, 10, 64, device), bq._categorical_loss))
-    out.append(("kde_grid", "kde_grid n=4096 d=32 K=128", bk._kde_grid_case((4096, 32, 128), device).make,
-                bk._kde_grid_loss))
+        out.append(
+            (
+                "latent_quantize",
+                f"latent_quantize n={n} d={d} n_v={nv} {'global' if glob else 'per-dim'}",
+                bq._make(n, d, nv, glob, device),
+                bq._loss,
+            )
+        )
+    out.append(
+        (
+            "relaxed_categorical",
+            "categorical_latent n=4096 d=10 K=64",
+            bq._make_categorical(4096, 10, 64, device),
+            bq._categorical_loss,
+        )
+    )
+    out.append(
+        ("kde_grid", "kde_grid n=4096 d=32 K=128", bk._kde_grid_case((4096, 32, 128), device).make, bk._kde_grid_loss)
+    )
     for model in bh.DECODERS:
-        out.append(("finite_difference_curvature", f"nhp {model} n={bh.N} d={bh.D} k={bh.K}", bh._make(model, device),
-                    bh._nhp_loss))
+        out.append(
+            (
+                "finite_difference_curvature",
+                f"nhp {model} n={bh.N} d={bh.D} k={bh.K}",
+                bh._make(model, device),
+                bh._nhp_loss,
+            )
+        )
     return out
 
 
@@ -113,8 +138,9 @@ def correct(path: str, device: str, scale: int) -> None:
                 try:
                     got, got_g = _loss_and_grads(loss, _cast(inputs, dtype), backend)
                     row["loss_rel"] = float((got - want).abs() / want.abs().clamp_min(1e-30))
-                    row["grad_rel"] = max(float((g - w).norm() / w.norm().clamp_min(1e-30))
-                                          for g, w in zip(got_g, want_g, strict=True))
+                    row["grad_rel"] = max(
+                        float((g - w).norm() / w.norm().clamp_min(1e-30)) for g, w in zip(got_g, want_g, strict=True)
+                    )
                 except Exception as exc:  # noqa: BLE001 - reported per row
                     row["error"] = repr(exc)[:300]
                 _emit(path, row)
@@ -145,8 +171,11 @@ def speed(path: str, device: str, scale: int) -> None:
         times = time_variants(case, list(case.variants), min_time=0.2, max_seconds=8.0, warmup=0.1)
         for name, t in times.items():
             row = {"kind": "speed", "case": case.name, "variant": name}
-            row |= {"error": repr(t)[:300]} if isinstance(t, BaseException) else {
-                "ms": round(1e3 * statistics.median(t), 4), "rounds": len(t)}
+            row |= (
+                {"error": repr(t)[:300]}
+                if isinstance(t, BaseException)
+                else {"ms": round(1e3 * statistics.median(t), 4), "rounds": len(t)}
+            )
             _emit(path, row)
         _emit(path, {"kind": "speed_case_s", "case": case.name, "s": round(time.perf_counter() - t0, 1)})
 
@@ -217,16 +246,25 @@ def keops(path: str, device: str, scale: int) -> None:
     try:
         import pykeops  # noqa: F401
     except ImportError as exc:
-        _emit(path, {"kind": "keops", "error": f"pykeops not importable ({exc}); carry its wheels: pip wheel --no-deps "
-                                               "pykeops keopscore -w WHEELS, then pip install --no-index -f WHEELS"})
+        _emit(
+            path,
+            {
+                "kind": "keops",
+                "error": f"pykeops not importable ({exc}); carry its wheels: pip wheel --no-deps "
+                "pykeops keopscore -w WHEELS, then pip install --no-index -f WHEELS",
+            },
+        )
         return
     for n, d in ((1024, 32), (4096, 64)) if scale else ((16, 3),):
         z = torch.randn(n, d, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
         want = ref_kde.klm(z.detach().double(), None)[0]
         variants = {"keops": lambda x: _keops_klm(x).backward(), "triton": variant(bk._klm_loss, "triton")}
         case = Case("keops", f"klm n={n} d={d}", lambda s, z=z: (z,), variants)
-        row = {"kind": "keops", "case": case.name, "keops_loss_rel": float(abs(_keops_klm(z.detach()).double() - want)
-                                                                            / abs(want))}
+        row = {
+            "kind": "keops",
+            "case": case.name,
+            "keops_loss_rel": float(abs(_keops_klm(z.detach()).double() - want) / abs(want)),
+        }
         times = time_variants(case, list(variants), min_time=0.2, max_seconds=8.0, warmup=0.1)
         for name, t in times.items():
             row[f"{name}_ms"] = repr(t)[:200] if isinstance(t, BaseException) else round(1e3 * statistics.median(t), 4)

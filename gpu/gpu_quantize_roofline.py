@@ -1,6 +1,6 @@
 """Where latent_quantize's time goes on a GPU, against the HBM-bound limit (issue 18).
 
-    python python/gpu_quantize_roofline.py [--n 65536] [--d 64] [--nv 64]
+    python gpu/gpu_quantize_roofline.py [--n 65536] [--d 64] [--nv 64]
 
 For the op alone (forward + backward of z_q, loss_quantize and loss_commit; no loss around it),
 per variant and codebook kind (per-latent (d, n_v), global (n_v,)), float32:

@@ -1,9 +1,9 @@
 """Cliff on a GPU in one command (issue 44): correctness against float64, speed against the compiled reference,
 and one profiler table per shape, for the Triton backend as rebuilt for the GPU.
 
-    python scripts/cliff_gpu_check.py OUT_DIR            # the four benchmark shapes (a GPU: about 3 minutes)
-    python scripts/cliff_gpu_check.py OUT_DIR --rehearse  # tiny shapes on the CPU (TRITON_INTERPRET=1)
-    python scripts/cliff_gpu_check.py OUT_DIR --triton-only  # triton's rows only (scripts/cliff_ab.sh)
+    python gpu/cliff_gpu_check.py OUT_DIR            # the four benchmark shapes (a GPU: about 3 minutes)
+    python gpu/cliff_gpu_check.py OUT_DIR --rehearse  # tiny shapes on the CPU (TRITON_INTERPRET=1)
+    python gpu/cliff_gpu_check.py OUT_DIR --triton-only  # triton's rows only (gpu/cliff_ab.sh)
 
 Writes OUT_DIR/cliff.jsonl (one row per measurement, as soon as it is taken) and OUT_DIR/cliff_profiles.txt.
 Rows: ``correct`` (float32 "highest" and float64: relative loss and gradient-norm errors of triton and of the

@@ -1,6 +1,6 @@
 """Cliff's float32 error against float64 with a GPU kernel's arithmetic emulated in the reference (issue 44).
 
-    .venv/bin/python scripts/cliff_precision_emulation.py N D M K MODE [MODE ...]
+    .venv/bin/python gpu/experiments/cliff_precision_emulation.py N D M K MODE [MODE ...]
 
 Runs ``qkernels.reference.kde.cliff_loss`` (forward + backward) on randn latents (seed 0, as the benchmark's
 inputs) in float64 and in float32 under each MODE, and prints the float32 errors: the loss's, the gradient's
@@ -12,7 +12,7 @@ norm (relative) and its largest element (relative to the largest). A MODE joins 
   reads a float32 register (the low 13 bits dropped), hi @ hi + (hi @ lo + lo @ hi) accumulated in float32;
 - ``tf32``: the products with both operands truncated to TF32 (one TF32 MMA);
 - ``split3``: the products as three matmuls on the operands split as for ``tf32x3``, at torch's matmul precision
-  (scripts/cliff_split3.py: three cuBLAS TF32 GEMMs on a GPU under "high"; exact on a CPU);
+  (gpu/cliff_split3.py: three cuBLAS TF32 GEMMs on a GPU under "high"; exact on a CPU);
 - ``ex2``: every float32 exp as ``tl.exp``: ex2.approx.f32(fl32(x log2 e)), the argument's rounding exact and
   ex2.approx's own error (<= 2^-22.5 relative, PTX ISA) as a uniform random factor of that size;
 - ``div``: the standardized latents perturbed by a uniform relative 2^-23 (div.full.f32 and sqrt.approx.f32

@@ -1,7 +1,7 @@
 """What ``qkernels train --compile`` should compile: one ``Trainer.train_step`` (backend ``auto``) eager, with the
 encoder and decoder compiled, and with the whole loss (the model's forward) compiled, interleaved.
 
-    OMP_NUM_THREADS=1 python python/measure_compile_step.py tripod 8
+    OMP_NUM_THREADS=1 python scripts/measure_compile_step.py tripod 8
 
 Prints the first two steps' time (compilation) and the min / median of ROUNDS further steps per variant
 (benchmarks/RESULTS.md, "What qkernels train --compile compiles").
