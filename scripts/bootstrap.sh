@@ -76,7 +76,7 @@ else
     echo "$stamp" > "$stamp_file"
     say "done"
 fi
-# Triton 3.6 (torch 2.11's, the GPU machines' release) beside the installed one, for tests/test_triton_sm90.py's
+# Triton 3.6 (torch 2.11's, the GPU machines' release) beside the installed one, for tests/sm90/test_triton_sm90.py's
 # sm_90 compiles (issue 44): about 640 MB, 20-60 s once; not imported by anything else. QKERNELS_NO_SM90_TRITON=1
 # skips it (the test then compiles with the installed Triton). A failed install does not fail the set-up.
 SM90_TRITON=3.6.0
@@ -87,7 +87,7 @@ if [ "${QKERNELS_NO_SM90_TRITON:-0}" != 1 ] && [ "$(cat .venv/triton36/.version 
         echo "$SM90_TRITON" > .venv/triton36/.version
     else
         rm -rf .venv/triton36
-        say "could not install triton==$SM90_TRITON: tests/test_triton_sm90.py compiles with the installed Triton"
+        say "could not install triton==$SM90_TRITON: tests/sm90/test_triton_sm90.py compiles with the installed Triton"
     fi
 fi
 python -c "import qkernels; print('qkernels', qkernels.__version__, 'backends:', qkernels.available_backends())"

@@ -67,7 +67,7 @@ def plan(n: int, d: int, m: int, k: int, dtype: torch.dtype, device: torch.devic
     BLOCK_MH (MH per pair and chunk, times two sides), BLOCK_S samples, dJ in column blocks of BLOCK_KB;
     _cliff_reduce: BLOCK_K >= K columns. Chosen by compiling for sm_90 (Triton 3.6) at the benchmark shapes:
     these fit 227 KB of shared memory, and float32 spills no registers at 8 warps
-    (tests/test_triton_cliff_gpu_shape.py; larger tiles spilled, float64's with float32's tiles needed
+    (tests/sm90/test_triton_cliff_gpu_shape.py; larger tiles spilled, float64's with float32's tiles needed
     295 KB of shared memory on an H200)."""
     block_m, block_k = max(16, triton.next_power_of_2(m)), max(16, triton.next_power_of_2(k))
     wide = dtype == torch.float32

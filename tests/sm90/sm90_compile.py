@@ -1,7 +1,7 @@
 """Compile recorded Triton launches for an H100 / H200 (sm_90) without a GPU and report their properties.
 
-Run by tests/sm90_launches.py in a subprocess without ``TRITON_INTERPRET`` (the Triton on its ``PYTHONPATH``:
-3.6, torch 2.11's, when installed): ``python tests/sm90_compile.py CACHE_DIR SEED < launches.json`` prints one
+Run by tests/sm90/sm90_launches.py in a subprocess without ``TRITON_INTERPRET`` (the Triton on its ``PYTHONPATH``:
+3.6, torch 2.11's, when installed): ``python tests/sm90/sm90_compile.py CACHE_DIR SEED < launches.json`` prints one
 JSON list, a result per launch ({"key", ...properties} or {"key", "error"}). Each launch is compiled exactly
 as Triton's JIT would compile it on the GPU: ``kernel.warmup(...)`` with the recorded arguments (tensors as
 dtype-only stand-ins, ints and floats as they were) under a stub driver that says "sm_90" and
@@ -12,7 +12,7 @@ PTX holds tensor-core instructions (``mma``: either of ``wgmma``, Hopper's warp-
 Ampere's ``mma.sync``, which Triton falls back to for small tiles: a fraction of the rate on sm_90). Results are
 cached, keyed by SCHEMA, Triton's version, the kernel's source hash (``cache_key``: its callees included) and the
 specialization Triton compiles from (argument types and divisibility, constexprs, num_warps / num_stages): read
-from SEED (the committed tests/sm90_cache.json, {key: result}) or CACHE_DIR, written to CACHE_DIR. A changed
+from SEED (the committed tests/sm90/sm90_cache.json, {key: result}) or CACHE_DIR, written to CACHE_DIR. A changed
 kernel or a new specialization has a new key and is compiled.
 """
 

@@ -1,5 +1,5 @@
 """Every Triton launch of the public ops at the benchmark shapes, recorded without running it, and the
-sm_90 (H100 / H200) properties of the compiled kernels (used by tests/test_triton_sm90.py).
+sm_90 (H100 / H200) properties of the compiled kernels (used by tests/sm90/test_triton_sm90.py).
 
 :func:`record` runs one forward + backward of a public function on the ``triton`` backend with CPU tensors
 under ``TRITON_INTERPRET=1``, the interpreter's launch patched to write down each launch (kernel, arguments,
@@ -11,7 +11,7 @@ every config.
 
 :data:`CASES` are the shapes of ``qkernels bench`` (qkernels/bench/quantize.py, kde.py, hessian.py; their own
 input makers and loss functions), float32 and float64; Cliff float32 at the bench's two matmul precisions.
-:func:`compile_launches` compiles the distinct launches in subprocesses (tests/sm90_compile.py) with the
+:func:`compile_launches` compiles the distinct launches in subprocesses (tests/sm90/sm90_compile.py) with the
 Triton in ``QKERNELS_SM90_TRITON`` (default ``.venv/triton36``, torch 2.11's Triton 3.6, where bootstrap put
 it; else the installed one).
 """
@@ -38,7 +38,8 @@ from qkernels.bench import hessian as bench_hessian  # noqa: E402
 from qkernels.bench import kde as bench_kde  # noqa: E402
 from qkernels.bench import quantize as bench_quantize  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))  # tests/sm90: this harness, its compiler script and cache
+ROOT = os.path.dirname(os.path.dirname(HERE))
 SMS = 132  # streaming multiprocessors of an H100 SXM / H200
 SHARED_MAX = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
 MIN_PROGRAMS = 2 * SMS  # the heaviest kernel of an op: at least two programs per SM (or persistent)
@@ -147,7 +148,7 @@ def cases(dtype: torch.dtype) -> list[Case]:
 
 
 def _describe(value):
-    """A JSON stand-in for one launch argument (tests/sm90_compile.py rebuilds it)."""
+    """A JSON stand-in for one launch argument (tests/sm90/sm90_compile.py rebuilds it)."""
     if isinstance(value, torch.Tensor):
         return {"tensor": str(value.dtype)[6:], "aligned": value.data_ptr() % 16 == 0}
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -234,17 +235,17 @@ def sm90_triton() -> str | None:
     return path if os.path.isdir(path) else None
 
 
-SEED = os.path.join(ROOT, "tests", "sm90_cache.json")  # committed results, refreshed by running this file
+SEED = os.path.join(HERE, "sm90_cache.json")  # committed results, refreshed by running this file
 
 
 def compile_launches(launches: list[dict], workers: int = 2) -> list[dict]:
-    """Results of tests/sm90_compile.py for ``launches`` (one per launch), in ``workers`` subprocesses. Cached:
+    """Results of tests/sm90/sm90_compile.py for ``launches`` (one per launch), in ``workers`` subprocesses. Cached:
     the committed :data:`SEED`, then ``QKERNELS_SM90_CACHE`` (default ~/.cache/qkernels-sm90)."""
     cache = os.environ.get("QKERNELS_SM90_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qkernels-sm90")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [sm90_triton(), ROOT]))
     chunks = [launches[i::workers] for i in range(workers)]
-    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "sm90_compile.py"), cache, SEED],
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "sm90_compile.py"), cache, SEED],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env) for chunk in chunks if chunk]
     outs = [p.communicate(json.dumps(chunk), timeout=1500) for p, chunk in zip(procs, chunks, strict=False)]

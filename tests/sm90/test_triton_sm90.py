@@ -5,8 +5,8 @@ public functions at every benchmark shape (qkernels/bench/), float32 and float64
 
 Under ``TRITON_INTERPRET=1`` a kernel runs as Python: what only the compiler and the hardware check passes
 there (an H200 run failed on shared memory, tile shapes and a float64 accumulator that every interpreter test
-had passed). Here the launches are recorded without running them (tests/sm90_launches.py: host code as on a
-GPU, kernels skipped) and compiled ahead of time (tests/sm90_compile.py: Triton's own specialization, down to
+had passed). Here the launches are recorded without running them (tests/sm90/sm90_launches.py: host code as on a
+GPU, kernels skipped) and compiled ahead of time (tests/sm90/sm90_compile.py: Triton's own specialization, down to
 a cubin with Triton's bundled ptxas), and per case and kernel:
 
 - ``compiles``: every launch compiles for sm_90;
@@ -18,8 +18,8 @@ a cubin with Triton's bundled ptxas), and per case and kernel:
   the op's whole GPU work is estimated under 5 us (launch-bound: its grid does not decide its time).
 
 Compiling is not running: a GPU run still has to confirm values and speed. Results are cached by the
-kernel's source hash and specialization (tests/sm90_cache.json, committed; ~/.cache/qkernels-sm90): a changed
-kernel is compiled again. ``python tests/sm90_launches.py`` refreshes the committed cache and prints the table.
+kernel's source hash and specialization (tests/sm90/sm90_cache.json, committed; ~/.cache/qkernels-sm90): a changed
+kernel is compiled again. ``python tests/sm90/sm90_launches.py`` refreshes the committed cache and prints the table.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ PROPERTIES = ("compiles", "shared_memory", "dot_tiles", "no_spills", "grid")
 # an inner product loop. _cliff_fused_fwd's: ptxas's calling convention around the slow-path subroutine of the IEEE
 # division (CALL.REL in the SASS), which standardizes each tile's samples as torch rounds them; precomputing the
 # standardized samples in a launch of their own removed every fused spill but added two launches per forward +
-# backward; an H200 A/B (2026-11-27, RESULTS.md "GPU") measured it 3-9% faster at (4096, 32, 128, 128) and slower
+# backward; an H200 A/B (2026-11-27, HISTORY.md "GPU") measured it 3-9% faster at (4096, 32, 128, 128) and slower
 # at the small shapes (1024 x 12 "high": 1.24-1.52 ms against 1.02-1.49), so it was not merged.
 CLIFF = "issue 44 (qkernels/triton/kde/cliff_*.py)"
 DIVISION = "ptxas's calling convention around the IEEE division's slow-path subroutine"

@@ -1,11 +1,11 @@
 """The Triton Cliff loss shaped for an H100 / H200 (issue 44), checked without a GPU: what the sm_90 property
-harness (tests/test_triton_sm90.py: every launch compiles; shared memory; ``tl.dot`` tiles >= 16 and tensor-core
+harness (tests/sm90/test_triton_sm90.py: every launch compiles; shared memory; ``tl.dot`` tiles >= 16 and tensor-core
 instructions; spills; >= 2 x 132 programs of the heaviest kernels) does not check of Cliff.
 
 - Values and gradients of the fused path against the reference with tiles small enough that every split crosses
   a boundary (chunks of samples with a partial last one, column and row blocks, the reduction's blocks of chunk
   shares and row blocks), under the interpreter.
-- At the benchmark shapes, recorded as the harness records them (tests/sm90_launches.py: the host code as on an
+- At the benchmark shapes, recorded as the harness records them (tests/sm90/sm90_launches.py: the host code as on an
   H100's 132 SMs, no kernel run): the six launches of a forward + backward in order, the d^2 pairs on the grid's
   first axis, and each heavy kernel with >= 2 x 132 programs from the off-diagonal pairs alone (the harness
   counts every program; a diagonal one does a small share of a pair's work).
