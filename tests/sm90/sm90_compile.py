@@ -38,8 +38,10 @@ from triton.runtime.driver import driver  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SCHEMA = 2  # part of every result's key: raise it when a result gains a field (2: "wgmma", "mma_sync")
-DOT = re.compile(r"tt\.dot %\S+, %\S+, %[^,\s]+(?:, inputPrecision = (\w+))?[^:]*: tensor<(\d+)x(\d+)x(\w+)> \* "
-                 r"tensor<(\d+)x(\d+)x\w+>")
+DOT = re.compile(
+    r"tt\.dot %\S+, %\S+, %[^,\s]+(?:, inputPrecision = (\w+))?[^:]*: tensor<(\d+)x(\d+)x(\w+)> \* "
+    r"tensor<(\d+)x(\d+)x\w+>"
+)
 
 
 class StubDriver:
@@ -79,18 +81,33 @@ def _arg(v):
 
 def _properties(kernel, ptxas_log: str) -> dict:
     ttir, ptx = kernel.asm["ttir"], kernel.asm["ptx"]
-    dots = [{"precision": m.group(1) or "ieee", "m": int(m.group(2)), "k": int(m.group(3)), "dtype": m.group(4),
-             "n": int(m.group(6))} for m in DOT.finditer(ttir)]
+    dots = [
+        {
+            "precision": m.group(1) or "ieee",
+            "m": int(m.group(2)),
+            "k": int(m.group(3)),
+            "dtype": m.group(4),
+            "n": int(m.group(6)),
+        }
+        for m in DOT.finditer(ttir)
+    ]
     if ttir.count("tt.dot ") != len(dots):
         raise RuntimeError(f"unparsed tt.dot in the TTIR of {kernel.name}")
     regs = re.search(r"Used (\d+) registers", ptxas_log)
     if regs is None:
         raise RuntimeError(f"no ptxas -v report for {kernel.name}")
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas_log)]
-    return {"shared": kernel.metadata.shared, "regs": int(regs.group(1)),
-            "spill_bytes": sum(spills), "dots": dots, "mma": bool(re.search(r"\bw?gmma\.|\bmma\.sync", ptx)),
-            "wgmma": bool(re.search(r"\bwgmma\.", ptx)), "mma_sync": bool(re.search(r"\bmma\.sync", ptx)),
-            "num_warps": kernel.metadata.num_warps, "num_stages": kernel.metadata.num_stages}
+    return {
+        "shared": kernel.metadata.shared,
+        "regs": int(regs.group(1)),
+        "spill_bytes": sum(spills),
+        "dots": dots,
+        "mma": bool(re.search(r"\bw?gmma\.|\bmma\.sync", ptx)),
+        "wgmma": bool(re.search(r"\bwgmma\.", ptx)),
+        "mma_sync": bool(re.search(r"\bmma\.sync", ptx)),
+        "num_warps": kernel.metadata.num_warps,
+        "num_stages": kernel.metadata.num_stages,
+    }
 
 
 def _identity(repr_: str, fn, compile_: dict) -> str:

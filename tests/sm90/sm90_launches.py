@@ -73,8 +73,12 @@ class Case:
 
 
 def _cast(inputs: tuple, dtype: torch.dtype) -> tuple:
-    return tuple(x.detach().to(dtype).requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor)
-                 and x.is_floating_point() else x for x in inputs)
+    return tuple(
+        x.detach().to(dtype).requires_grad_(x.requires_grad)
+        if isinstance(x, torch.Tensor) and x.is_floating_point()
+        else x
+        for x in inputs
+    )
 
 
 def _backward(loss: Callable[..., torch.Tensor], inputs: tuple) -> Callable[[], None]:
@@ -106,30 +110,56 @@ def cases(dtype: torch.dtype) -> list[Case]:
             make = bench_quantize._make(n, d, nv, glob, "cpu")
             # z, z_q, indices (int64), grad_z read / written; n_v compares per element each way
             us = max(n * d * (5 * b + 16) / HBM, 4 * n * d * nv / 67e12) * 1e6
-            add("latent_quantize", f"latent_quantize n={n} d={d} n_v={nv} {'global' if glob else 'per-dim'}",
-                lambda make=make: make(1), bench_quantize._loss, us)
+            add(
+                "latent_quantize",
+                f"latent_quantize n={n} d={d} n_v={nv} {'global' if glob else 'per-dim'}",
+                lambda make=make: make(1),
+                bench_quantize._loss,
+                us,
+            )
     for n, d, k in bench_quantize.CATEGORICAL_SHAPES:
         make = bench_quantize._make_categorical(n, d, k, "cpu")
-        add("categorical_latent", f"categorical_latent n={n} d={d} K={k}", lambda make=make: make(1),
-            bench_quantize._categorical_loss, max(5 * n * d * k * b / HBM, 3 * n * d * k / EXPS) * 1e6)
+        add(
+            "categorical_latent",
+            f"categorical_latent n={n} d={d} K={k}",
+            lambda make=make: make(1),
+            bench_quantize._categorical_loss,
+            max(5 * n * d * k * b / HBM, 3 * n * d * k / EXPS) * 1e6,
+        )
     for n, d, m, k in bench_kde.CLIFF:
         case = bench_kde._cliff_case((n, d, m, k), "cpu")
         us = 4 * 2 * d * d * n * m * k / TF32X3 * 1e6  # the bivariate products, forward + backward
         for precision in ("highest", "high") if dtype == torch.float32 else (None,):
-            add("cliff_loss", f"cliff n={n} d={d} M={m} K={k}", lambda case=case: case.make(1), bench_kde._cliff_loss,
-                us, precision)
+            add(
+                "cliff_loss",
+                f"cliff n={n} d={d} M={m} K={k}",
+                lambda case=case: case.make(1),
+                bench_kde._cliff_loss,
+                us,
+                precision,
+            )
     for n, d in bench_kde.KLM:
         case = bench_kde._klm_case((n, d), "cpu")
-        add("klm_loss", f"klm n={n} d={d}", lambda case=case: case.make(1), bench_kde._klm_loss,
-            n * n * d / EXPS * 1e6)  # one exp per pair and latent, forward and backward, half by symmetry
+        add(
+            "klm_loss", f"klm n={n} d={d}", lambda case=case: case.make(1), bench_kde._klm_loss, n * n * d / EXPS * 1e6
+        )  # one exp per pair and latent, forward and backward, half by symmetry
     n, d = bench_kde.KLM[2]  # Tripod's call: the std given (its continuous latents'), a kernel variant of its own
-    add("klm_loss", f"klm n={n} d={d} given std",
+    add(
+        "klm_loss",
+        f"klm n={n} d={d} given std",
         lambda n=n, d=d: (torch.randn(n, d).requires_grad_(), (torch.rand(d) + 0.5).requires_grad_()),
-        lambda z, std: qkernels.klm_loss(z, std=std), n * n * d / EXPS * 1e6)
+        lambda z, std: qkernels.klm_loss(z, std=std),
+        n * n * d / EXPS * 1e6,
+    )
     for n, d, k in bench_kde.KDE_GRID:
         case = bench_kde._kde_grid_case((n, d, k), "cpu")
-        add("kde_grid", f"kde_grid n={n} d={d} K={k}", lambda case=case: case.make(1), bench_kde._kde_grid_loss,
-            3 * n * d * k / EXPS * 1e6)
+        add(
+            "kde_grid",
+            f"kde_grid n={n} d={d} K={k}",
+            lambda case=case: case.make(1),
+            bench_kde._kde_grid_loss,
+            3 * n * d * k / EXPS * 1e6,
+        )
     for model in bench_hessian.DECODERS:
         make = bench_hessian._make(model, "cpu")
 
@@ -139,8 +169,13 @@ def cases(dtype: torch.dtype) -> list[Case]:
 
         columns = sum(a.shape[1:].numel() for a in make(0)[0].activations(torch.zeros(1, bench_hessian.D)))
         stacked = 4 * bench_hessian.K * bench_hessian.N  # rows of the finite-difference batch
-        add("normalized_hessian_penalty", f"nhp {model} n={bench_hessian.N} d={bench_hessian.D} k={bench_hessian.K}",
-            nhp_inputs, bench_hessian._nhp_loss, 3 * stacked * columns * b / HBM * 1e6)
+        add(
+            "normalized_hessian_penalty",
+            f"nhp {model} n={bench_hessian.N} d={bench_hessian.D} k={bench_hessian.K}",
+            nhp_inputs,
+            bench_hessian._nhp_loss,
+            3 * stacked * columns * b / HBM * 1e6,
+        )
     return out
 
 
@@ -174,12 +209,16 @@ def recording():
         bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
         grid = grid(bound) if callable(grid) else grid
         params = inspect.signature(fn).parameters
-        launches.append({
-            "module": fn.__module__, "kernel": fn.__name__, "args": [_describe(a) for a in args],
-            "kwargs": {k: _describe(v) for k, v in kwargs.items()},
-            "constexpr_args": [i for i, name in enumerate(names[:len(args)]) if _is_constexpr(params[name])],
-            "grid": [int(g) for g in (grid if isinstance(grid, (tuple, list)) else (grid,))],
-        })
+        launches.append(
+            {
+                "module": fn.__module__,
+                "kernel": fn.__name__,
+                "args": [_describe(a) for a in args],
+                "kwargs": {k: _describe(v) for k, v in kwargs.items()},
+                "constexpr_args": [i for i, name in enumerate(names[: len(args)]) if _is_constexpr(params[name])],
+                "grid": [int(g) for g in (grid if isinstance(grid, (tuple, list)) else (grid,))],
+            }
+        )
 
     def every_config(self, *args, **kwargs):  # an autotuned kernel: each config may be the one picked on a GPU
         for config in self.configs:
@@ -217,6 +256,7 @@ def key(launch: dict) -> str:
     (1, divisible by 16, other), floats only as floats. Constexprs (the keyword arguments, as every kernel here
     takes them, and positional ones) and launch options (num_warps) are kept whole: 32 and 64 are one
     specialization of a runtime int but two kernels as a tile size."""
+
     def spec(a):
         if isinstance(a, float):
             return "float"
@@ -245,9 +285,18 @@ def compile_launches(launches: list[dict], workers: int = 2) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [sm90_triton(), ROOT]))
     chunks = [launches[i::workers] for i in range(workers)]
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "sm90_compile.py"), cache, SEED],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for chunk in chunks if chunk]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "sm90_compile.py"), cache, SEED],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for chunk in chunks
+        if chunk
+    ]
     outs = [p.communicate(json.dumps(chunk), timeout=1500) for p, chunk in zip(procs, chunks, strict=False)]
     for p, (_, err) in zip(procs, outs, strict=True):
         if p.returncode != 0:
@@ -282,8 +331,10 @@ def budget_scenarios(dtype: torch.dtype) -> list[Case]:
     K >= 16 there). Not held to the grid rule (tiny shapes)."""
     from test_launches import forward_backward, scenarios
 
-    out = [Case(name, f"{name} budget scenario {str(dtype)[6:]}", lambda f=f, lv=lv: forward_backward(f, lv)(), 0.0)
-           for name, (f, lv, _) in scenarios(dtype).items()]
+    out = [
+        Case(name, f"{name} budget scenario {str(dtype)[6:]}", lambda f=f, lv=lv: forward_backward(f, lv)(), 0.0)
+        for name, (f, lv, _) in scenarios(dtype).items()
+    ]
 
     def gemm_path(precision, blocks=None):
         def run():
@@ -314,8 +365,10 @@ def properties(dtypes=(torch.float32, torch.float64)) -> dict[str, tuple[Case, l
             recorded[case.name] = (case, record(case.run))
     distinct = {key(launch): launch for _, launches in recorded.values() for launch in launches}
     results = dict(zip(distinct, compile_launches(list(distinct.values())), strict=True))
-    return {name: (case, [(launch, results[key(launch)]) for launch in launches])
-            for name, (case, launches) in recorded.items()}
+    return {
+        name: (case, [(launch, results[key(launch)]) for launch in launches])
+        for name, (case, launches) in recorded.items()
+    }
 
 
 def main() -> None:

@@ -51,15 +51,21 @@ CLIFF = "issue 44 (qkernels/triton/kde/cliff_*.py)"
 DIVISION = "ptxas's calling convention around the IEEE division's slow-path subroutine"
 GRAD = "_cliff_grad spills 20 bytes at 40 registers (loop-carried sums; no division or call left in it)"
 KNOWN: dict[tuple[str, str], str] = {
-    ("cliff n=64 d=10 M=10 K=100 float32 highest", "no_spills"):
-        f"_cliff_fused_fwd (FMA products) spills 8 bytes at 64 registers: {DIVISION}; {GRAD}; {CLIFF}",
+    (
+        "cliff n=64 d=10 M=10 K=100 float32 highest",
+        "no_spills",
+    ): f"_cliff_fused_fwd (FMA products) spills 8 bytes at 64 registers: {DIVISION}; {GRAD}; {CLIFF}",
     ("cliff n=64 d=10 M=10 K=100 float32 high", "no_spills"): f"{GRAD}; {CLIFF}",
-    ("cliff n=1024 d=12 M=64 K=100 float64", "no_spills"):
-        f"_cliff_fused_fwd 64 x 64 float64 FMA tiles spill 56 bytes at 128 registers (pressure, and {DIVISION}); "
-        f"{CLIFF}",
-    ("cliff GEMM path 16-wide tiles n=40 d=3 float64", "no_spills"):
-        f"_biv_dkz float64 at test_kde's 16 x 16 x 16 tiles and 4 warps spills 12 bytes at 72 registers (none at 2 or "
-        f"8 warps, none at the GEMM path's own 64 x 32 x 32 tiles); {CLIFF}",
+    (
+        "cliff n=1024 d=12 M=64 K=100 float64",
+        "no_spills",
+    ): f"_cliff_fused_fwd 64 x 64 float64 FMA tiles spill 56 bytes at 128 registers (pressure, and {DIVISION}); "
+    f"{CLIFF}",
+    (
+        "cliff GEMM path 16-wide tiles n=40 d=3 float64",
+        "no_spills",
+    ): f"_biv_dkz float64 at test_kde's 16 x 16 x 16 tiles and 4 warps spills 12 bytes at 72 registers (none at 2 or "
+    f"8 warps, none at the GEMM path's own 64 x 32 x 32 tiles); {CLIFF}",
     # the forward curvature kernel is one program per (sample, group), 128 at n = 64; a column split needs its
     # reduction in a second launch per activation (host-bound at n = 64) or in curvature_penalty's kernel (an
     # op-boundary change, for after a GPU run has timed _fdc_fwd: ~21 / 41 us of HBM work here)
@@ -69,8 +75,9 @@ KNOWN: dict[tuple[str, str], str] = {
 
 
 def _cases() -> list:
-    names = [c.name for dtype in (torch.float32, torch.float64) for c in sm90.cases(dtype)
-             + sm90.budget_scenarios(dtype)]
+    names = [
+        c.name for dtype in (torch.float32, torch.float64) for c in sm90.cases(dtype) + sm90.budget_scenarios(dtype)
+    ]
     out = []
     for name in names:
         for prop in PROPERTIES:
@@ -101,18 +108,25 @@ def _failures(case: sm90.Case, launches: list[tuple[dict, dict]], prop: str) -> 
             bad.append(f"{name}: {res['shared']} bytes of shared memory > {sm90.SHARED_MAX}")
         if prop == "dot_tiles":
             small = [d for d in res["dots"] if min(d["m"], d["n"], d["k"]) < sm90.MIN_DOT]
-            tensor_cores = any(d["precision"] in ("tf32", "tf32x3") or d["dtype"] in ("bf16", "f16")
-                               for d in res["dots"])
+            tensor_cores = any(
+                d["precision"] in ("tf32", "tf32x3") or d["dtype"] in ("bf16", "f16") for d in res["dots"]
+            )
             if small:
                 bad.append(f"{name}: tl.dot tiles under {sm90.MIN_DOT}: {small}")
             if tensor_cores and not res["mma"]:
                 bad.append(f"{name}: tensor-core products but no mma / wgmma in the PTX: {res['dots']}")
         if prop == "no_spills" and res["spill_bytes"]:
             bad.append(f"{name}: {res['spill_bytes']} bytes of register spills ({res['regs']} registers)")
-        if (prop == "grid" and launch["kernel"] in heavy and case.gpu_us >= sm90.LAUNCH_BOUND_US
-                and _programs(launch) < sm90.MIN_PROGRAMS):
-            bad.append(f"{name}: grid {launch['grid']} = {_programs(launch)} programs < {sm90.MIN_PROGRAMS} "
-                       f"(the op is ~{case.gpu_us:.0f} us of GPU work)")
+        if (
+            prop == "grid"
+            and launch["kernel"] in heavy
+            and case.gpu_us >= sm90.LAUNCH_BOUND_US
+            and _programs(launch) < sm90.MIN_PROGRAMS
+        ):
+            bad.append(
+                f"{name}: grid {launch['grid']} = {_programs(launch)} programs < {sm90.MIN_PROGRAMS} "
+                f"(the op is ~{case.gpu_us:.0f} us of GPU work)"
+            )
     return bad
 
 
@@ -121,8 +135,9 @@ def test_sm90_property(table, name, prop):
     case, launches = table[name]
     assert launches, f"{name}: no Triton launch recorded"
     if prop == "grid" and case.op in sm90.HEAVIEST and case.gpu_us >= sm90.LAUNCH_BOUND_US:
-        assert any(launch["kernel"] in sm90.HEAVIEST[case.op] for launch, _ in launches), \
+        assert any(launch["kernel"] in sm90.HEAVIEST[case.op] for launch, _ in launches), (
             f"{name}: none of {sorted(sm90.HEAVIEST[case.op])} launched: {[launch['kernel'] for launch, _ in launches]}"
+        )
     bad = _failures(case, launches, prop)
     assert not bad, "\n".join(dict.fromkeys(bad))
 
@@ -143,6 +158,7 @@ def test_launches_compile_apart_when_their_constexprs_differ():
     """The harness compiles one launch per key: runtime ints of one Triton specialization (1, divisible by 16,
     other) share it, constexprs and launch options do not (tile sizes 16 / 32 / 64 and num_warps 4 / 8 were one
     key, and 30 launches were reported with another launch's compile). Read from real recorded launches."""
+
     def launch(tiles, n):
         z = torch.randn(n, 3, dtype=torch.float64, requires_grad=True)
         with sm90.cliff_gemm_path(tiles):
