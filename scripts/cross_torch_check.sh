@@ -3,7 +3,7 @@
 # fresh scratch venv holding TORCH (pip arguments) and the test tools, then runs the CPU kernel tests there from this
 # checkout's tests/ (the installed package, not the source tree, is what they import: QKERNELS_BACKEND unset, no
 # PYTHONPATH). Not a CI step: torch is a large download (on this machine `pip install torch==2.14.1` takes a CUDA
-# build of 2.14.1 from local disk); its run is recorded in benchmarks/RESULTS.md.
+# build of 2.14.1 from local disk); its run is recorded in benchmarks/HISTORY.md, "Packaging".
 #
 #   bash scripts/cross_torch_check.sh WHEEL [VENV]     (VENV default: /tmp/qk-cross-venv, created when missing)
 #   TORCH="torch==2.14.1" (default) or e.g. TORCH="torch==2.12.* --index-url https://download.pytorch.org/whl/cpu"

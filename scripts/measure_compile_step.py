@@ -4,7 +4,7 @@ encoder and decoder compiled, and with the whole loss (the model's forward) comp
     OMP_NUM_THREADS=1 python scripts/measure_compile_step.py tripod 8
 
 Prints the first two steps' time (compilation) and the min / median of ROUNDS further steps per variant
-(benchmarks/RESULTS.md, "What qkernels train --compile compiles").
+(benchmarks/HISTORY.md, "What qkernels train --compile compiles").
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ job (Tripod, shapes3d_procedural, 32x32, the authors' batch; or what the extra f
 --threads = all usable cores, cores minus load (the busy cores measured before the condition, rounded, at least
 1), 1, and without --threads (the default rule, qkernels/train/threads.py). Speed: the run's closing line,
 "it/s after the first step" (warm-up and the final evaluation left out). Prints the machine, `uptime` before each
-condition, and a markdown table for benchmarks/RESULTS.md. Several --repeats interleave the settings.
+condition, and a markdown table for benchmarks/HISTORY.md. Several --repeats interleave the settings.
 """
 
 from __future__ import annotations

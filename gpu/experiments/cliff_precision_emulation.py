@@ -21,7 +21,7 @@ norm (relative) and its largest element (relative to the largest). A MODE joins 
 Gradient errors (norm / largest element) at (4096, 32, 128, 128) on the development CPU: fp32 1.03e-3 / 5.8e-3,
 tf32x3 1.05e-3 / 5.8e-3, ex2 1.02e-3 / 5.8e-3, div 1.33e-3 / 5.6e-3, tf32x3+ex2+div 5.5e-3 / 3.8e-2; at (1024, 12, 64,
 100): fp32 4.8e-4, tf32x3 5.1e-4, tf32 9.5e-2, ex2 4.9e-4 and 5.5e-4 (two draws), ex2+div 1.7e-3: perturbations
-of a few float32 ulps move the gradient by up to 5x float32's own error (benchmarks/RESULTS.md, "Cliff, GPU-shaped").
+of a few float32 ulps move the gradient by up to 5x float32's own error (benchmarks/HISTORY.md, "Cliff, GPU-shaped").
 """
 
 from __future__ import annotations

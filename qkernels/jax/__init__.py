@@ -13,7 +13,7 @@ registers the FFI targets (CPU). Every op runs under ``jax.jit``, ``jax.grad``, 
 
 Bad shapes, dtypes and options raise ValueError / TypeError at trace time, as the torch ops do; bad values (NaN /
 inf, indices out of range) are seen by the kernels at run time and raise ``jax.errors.JaxRuntimeError`` with the
-torch op's message. CPU only: there is no GPU path yet (scripts/gpu_check_jax.py says what a GPU session checks).
+torch op's message. CPU only: there is no GPU path yet, and the GPU check (gpu/gpu_check.sh) has no JAX step yet.
 """
 
 from __future__ import annotations
