@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -357,8 +358,11 @@ def budget_scenarios(dtype: torch.dtype) -> list[Case]:
     return out
 
 
+@functools.cache
 def properties(dtypes=(torch.float32, torch.float64)) -> dict[str, tuple[Case, list[tuple[dict, dict]]]]:
-    """Every case (benchmark shapes and budget scenarios) -> (case, [(launch, compile result)])."""
+    """Every case (benchmark shapes and budget scenarios) -> (case, [(launch, compile result)]). Made once per
+    process (read it, do not change it): test_triton_sm90.py and test_triton_cliff_gpu_shape.py share it, so one
+    run of the folder starts the compiler subprocesses once."""
     recorded = {}
     for dtype in dtypes:
         for case in cases(dtype) + budget_scenarios(dtype):

@@ -131,11 +131,15 @@ def test_fused_grids_fill_an_h100(bench_launches, shape):
 
 @pytest.fixture(scope="module")
 def heavy_compiled(bench_launches) -> dict[str, list[tuple[dict, dict]]]:
-    """The heavy launches of :func:`bench_launches` with their sm_90 compile results (the harness's cache)."""
-    heavy = {name: [e for e in launches if e["kernel"] in HEAVY] for name, launches in bench_launches.items()}
-    distinct = {sm90.key(e): e for launches in heavy.values() for e in launches}
-    results = dict(zip(distinct, sm90.compile_launches(list(distinct.values())), strict=True))
-    return {name: [(e, results[sm90.key(e)]) for e in launches] for name, launches in heavy.items()}
+    """The heavy launches of :func:`bench_launches` with their sm_90 compile results: from the harness's table
+    (``sm90.properties``, made once per process and shared with test_triton_sm90.py), the same launches."""
+    table = sm90.properties()
+    out = {}
+    for name, launches in bench_launches.items():
+        compiled = [(e, res) for e, res in table[name][1] if e["kernel"] in HEAVY]
+        assert [sm90.key(e) for e, _ in compiled] == [sm90.key(e) for e in launches if e["kernel"] in HEAVY], name
+        out[name] = compiled
+    return out
 
 
 @pytest.mark.parametrize("mode", MODES)
