@@ -4,8 +4,8 @@ imported from a checkout, where one is (``QKERNELS_TRIPOD_REPO``, ``QKERNELS_QLA
 
 Each function computes what the op does, with every intermediate in memory as plain code holds it (KLM: (n, n, d)
 squared differences; quantization: (n, d, n_v) distances; Cliff: (d, K, n) kernel tiles and a (d, d, M, K)
-contraction; the Hessian penalty: the decoder on the stacked batch with its centre rows). benchmarks/
-test_jax_baselines.py checks them against qkernels' torch reference and the authors' functions.
+contraction; the Hessian penalty: the decoder on the stacked batch with its centre rows).
+tests/test_jax_baselines.py checks them against qkernels' torch reference and the authors' functions.
 
 - :func:`klm`: Tripod eqs. 11-14 (Silverman joint bandwidth, marginal bandwidth = std, no leave-one-out).
 - :func:`nhp_values` / :func:`nhp`: Tripod Alg. 1 / Prop. 3.2, the normalized Hessian penalty by central second

@@ -10,7 +10,7 @@ Per op, at the papers' shapes and at 4x and 16x their batch (hot path "jax"):
 
 The baseline ("authors") is the authors' own function when a checkout of their repository is named by
 ``QKERNELS_TRIPOD_REPO`` / ``QKERNELS_QLAE_REPO``, else ("plain jax") the formulation of benchmarks/jax_baselines.py
-(the papers' equations in jax.numpy; benchmarks/test_jax_baselines.py checks that both compute the op's values).
+(the papers' equations in jax.numpy; tests/test_jax_baselines.py checks that both compute the op's values).
 Cliff has no published code: its baseline is always the plain formulation. ``qkernels`` is the op.
 
 With both checkouts, the authors' whole training step (python/jax_dropin_*.py: their train_step, original vs

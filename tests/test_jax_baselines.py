@@ -1,4 +1,5 @@
-"""The baselines of benchmarks/test_jax.py compute what the ops compute (float64, values and gradients):
+"""The baselines of benchmarks/test_jax.py (benchmarks/jax_baselines.py) compute what the ops compute (float64, values
+and gradients):
 
 - every formulation of benchmarks/jax_baselines.py against qkernels' torch reference (qkernels.reference), always;
 - against the authors' own functions when a checkout is named (QKERNELS_TRIPOD_REPO, QKERNELS_QLAE_REPO; skipped
@@ -9,11 +10,12 @@
   the drop-in's value equals the original's to 1e-4, both are far from the float64 value along the same
   directions (printed: the authors' float32 penalty is rounding-dominated there).
 
-    .venv/bin/python -m pytest benchmarks/test_jax_baselines.py -q
+    .venv/bin/python -m pytest tests/test_jax_baselines.py -q
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import sys
@@ -30,9 +32,19 @@ from qkernels.reference import hessian as ref_hessian  # noqa: E402
 from qkernels.reference import kde as ref_kde  # noqa: E402
 from qkernels.reference import quantize as ref_quantize  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import jax_baselines as jb  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_baselines():
+    """benchmarks/jax_baselines.py as a module (benchmarks/ stays off sys.path: its test files share names with
+    these)."""
+    spec = importlib.util.spec_from_file_location("jax_baselines", ROOT / "benchmarks" / "jax_baselines.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+jb = _load_baselines()
 
 RTOL = 1e-12  # float64
 RTOL_FD = 1e-9  # the Hessian penalty: second differences / eps^2 lose 2 digits; with or without the centre rows
@@ -63,7 +75,9 @@ def torch_grads(loss, *arrays):
 
 
 def jax_grads(loss, *arrays):
-    value, grads = jax.value_and_grad(loss, argnums=tuple(range(len(arrays))))(*map(jnp.asarray, arrays))
+    """loss(*arrays) and its gradients, jitted: one XLA compile instead of one per primitive (eager JAX compiles each
+    op at its first shape, tens of seconds for Cliff on 2 cores)."""
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(arrays)))))(*map(jnp.asarray, arrays))
     return np.asarray(value), [np.asarray(g) for g in grads]
 
 
@@ -178,12 +192,16 @@ def test_cliff_equals_torch_reference(n, d, m, k):
     idx = np.stack([g.permutation(n)[:m] for _ in range(d)])
     args = (0.3, -4.0, 4.0, k, 0.5, 1.0, 0.7)
     terms = ref_kde.cliff_loss(torch.tensor(z), torch.tensor(idx), *args)
-    ours = jb.cliff_loss(jnp.asarray(z), jnp.asarray(idx), sigma=0.3, grid=(-4.0, 4.0, k))
+
+    def total(z):  # the loss, with every term beside it: one jitted call gives the terms and the gradient
+        ours = jb.cliff_loss(z, jnp.asarray(idx), sigma=0.3, grid=(-4.0, 4.0, k))
+        return ours[0], ours
+
+    (_, ours), jg = jax.jit(jax.value_and_grad(total, has_aux=True))(jnp.asarray(z))
     for a, b in zip(ours, terms, strict=True):
         close(a, b.numpy())
     _, tg = torch_grads(lambda z: ref_kde.cliff_loss(z, torch.tensor(idx), *args)[0], z)
-    _, jg = jax_grads(lambda z: jb.cliff_loss(z, jnp.asarray(idx), sigma=0.3, grid=(-4.0, 4.0, k))[0], z)
-    close(jg[0], tg[0])
+    close(jg, tg[0])
 
 
 # ----------------------------------------------------------------------------- against the authors' code
@@ -216,11 +234,11 @@ def test_klm_equals_authors(tripod):
 
 
 def test_nhp_equals_authors(tripod):
-    sys.path.insert(0, str(HERE.parent / "python"))
+    sys.path.insert(0, str(ROOT / "python"))
     try:
         from jax_dropin_tripod import tripod_draws
     finally:
-        sys.path.remove(str(HERE.parent / "python"))
+        sys.path.remove(str(ROOT / "python"))
     n, d, k = 5, 3, 2
     g = rng(10)
     z, std = g.normal(size=(n, d)), g.uniform(0.5, 1.5, size=d)
@@ -280,11 +298,11 @@ def test_dropin_lockstep_float64(method, capsys):
     if not os.environ.get(env):
         pytest.skip(f"{env} names no checkout")
     pytest.importorskip("equinox")
-    sys.path.insert(0, str(HERE.parent / "python"))
+    sys.path.insert(0, str(ROOT / "python"))
     try:
         module = __import__(f"jax_dropin_{method}")
     finally:
-        sys.path.remove(str(HERE.parent / "python"))
+        sys.path.remove(str(ROOT / "python"))
     common = sys.modules["jax_dropin_common"]
     run = module.setup(os.environ[env], batch=8, steps=2, x64=True)
     runs = common.run_pair(run.original, run.dropin, run.state, run.batches, run.keys, run.losses)
@@ -301,7 +319,7 @@ def test_tripod_nhp_float32(capsys):
     if not os.environ.get(jb.TRIPOD_ENV):
         pytest.skip(f"{jb.TRIPOD_ENV} names no checkout")
     eqx = pytest.importorskip("equinox")
-    sys.path.insert(0, str(HERE.parent / "python"))
+    sys.path.insert(0, str(ROOT / "python"))
     try:
         import jax_dropin_tripod as tripod_module
         from jax_dropin_common import (
@@ -313,7 +331,7 @@ def test_tripod_nhp_float32(capsys):
             procedural_images,
         )
     finally:
-        sys.path.remove(str(HERE.parent / "python"))
+        sys.path.remove(str(ROOT / "python"))
     import qkernels.jax as qj
 
     pkg = load_authors(os.environ[jb.TRIPOD_ENV]).package
