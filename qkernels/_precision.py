@@ -13,12 +13,12 @@
 - **Where half precision cannot be exact enough**: finite differences. ``finite_difference_curvature``
   and the Hessian penalties reject float16 / bfloat16 activations (``TypeError``): bfloat16 rounds
   each activation by up to 2^-8 of its size (float16: 2^-11), and a second difference divided by
-  eps^2 = 0.01 turns that into errors as large as the curvature itself (benchmarks/RESULTS.md,
+  eps^2 = 0.01 turns that into errors as large as the curvature itself (docs/design/precision.md,
   "Mixed precision"). The penalties call ``fn`` on float32 latents with autocast off, so under
   autocast the penalty pass runs in float32.
 
 Half inputs are cast, not loaded natively by the kernels: one extra elementwise pass over the
-inputs (n x d latents: small next to the KDE kernels' work; benchmarks/RESULTS.md measures it).
+inputs (n x d latents: small next to the KDE kernels' work; docs/design/precision.md measures it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Per-call overhead of the functional API (validation, backend selection, autograd wiring) at tiny
 shapes, forward + backward: for every backend, the public function (``<backend>``) against the
 backend's implementation called directly with already-prepared arguments (``<backend> raw``). The
-difference of their times is what qkernels adds per call (benchmarks/RESULTS.md "Overhead"); ``add``
+difference of their times is what qkernels adds per call (benchmarks/HISTORY.md "Per-call overhead"); ``add``
 (one bare ``torch.add`` forward + backward) is the scale of a single PyTorch op. One case per op and
 backend: the function and its raw call interleave only with ``add``, not with another backend's
 variants (run right after the reference's hundreds of small ops, each measured up to twice as slow:

@@ -1,7 +1,7 @@
 """How many torch intra-op threads a training process uses (``qkernels train --threads``, ``TrainConfig.threads``).
 
 torch starts one thread per core. When another job keeps a core busy, every parallel region waits for the thread
-that shares a core with it, and a step slows 3-5x (measured: benchmarks/RESULTS.md, "Training threads"). The
+that shares a core with it, and a step slows 3-5x (measured: benchmarks/HISTORY.md, "Training threads"). The
 count also changes float summation order, hence the bits of a run, so the default (:func:`auto_threads`) comes from
 the machine, not from its momentary load (the same command gives the same run on a busy and on an idle machine):
 
