@@ -24,51 +24,29 @@ Kernel = Callable[..., Any]
 
 BACKENDS = ("reference", "cpu", "triton", "cuda")
 
-# auto's order of preference, per device type and op (first available implementation wins); "*"
-# is the order for ops without a row of their own. Every row is a measurement, cited from
-# benchmarks/RESULTS.md (CPU: sections "Quantization" and "KDE", 2 cores; CUDA: section "GPU", the H200 run of
-# 2026-11-27). A kernel comes first only where it ran correct and was measured faster than the reference on
-# that device.
+# auto's order of preference, per device type and op (first available implementation wins); "*" is the order for
+# ops without a row of their own. Every row is a measurement: a kernel comes first only where it ran correct and was
+# measured faster than the reference on that device; each row links to the note giving its numbers.
 # An order may be split in bands by the size of the call: ``((largest work, order), ..., (inf, order))``, the first
-# band whose bound is >= the call's work (:data:`WORK`) applies.
+# band whose bound is >= the call's work (:data:`WORK`) applies (docs/design/routing.md#how-a-pick-is-made).
 Order = tuple[str, ...]
 AUTO_ORDER: dict[str, dict[str, Order | tuple[tuple[float, Order], ...]]] = {
     "cpu": {
-        # every op with a cpu kernel. relaxed_categorical (categorical_latent; gumbel_quantize composes torch logits
-        # with it): the vectorized kernel of issue 48, 2.2x / 2.75x the reference at categorical_latent
-        # (4096, 10, 64) with 1 / 2 threads, 1.25x at (64, 10, 64), gumbel_quantize 2.0x / 2.4x (interleaved rounds,
-        # under load: RESULTS.md "Quantization"); the scalar kernel before it ran at 0.3-0.6x
-        "*": ("cpu", "reference"),
+        "*": ("cpu", "reference"),  # docs/design/routing.md#cpu
     },
-    "cuda": {
-        # Every entry cites the H200 run of 2026-11-27 22:55 UTC (main at d290235, torch 2.11, triton 3.6, the
-        # extension built for sm_90; benchmarks/RESULTS.md "GPU", benchmarks/results/nvidia-h200/2026-11-27-d290235):
-        # forward + backward medians in ms, float32, "highest", every backend correct against float64 there (the
-        # GPU test files passed but for three tests unrelated to these picks). "tiny": the overhead bench (n = 8,
-        # d = 3), medians.
-        # cliff (work d^2 n M K): triton 1.34 / 2.68 / 1.79 vs reference 5.54 / 6.11 / 5.63 at (64, 10, 10, 100),
-        # (1024, 12, 64, 100), (5000, 2, 100, 100) (work 6.4e6, 9.4e8, 2.0e8); at (4096, 32, 128, 128) (6.9e10)
-        # triton 83.1 (3xTF32) vs reference 18.7. Linear fits (triton ~1.3 ms + 1.2e-9 ms per unit, reference
-        # ~5.5 ms + 1.9e-10) cross at ~4e9: triton up to half of that
+    "cuda": {  # docs/design/routing.md#cuda
+        # docs/design/routing.md#cliff_loss
         "cliff_loss": ((2e9, ("triton", "reference")), (float("inf"), ("reference",))),
-        # klm (work n^2 d): tiny cuda 0.30, triton 0.73, reference 2.69; 1024 x 32 (3.4e7) cuda 0.98, triton 1.03,
-        # reference 15.8; 4096 x 64 (1.1e9) triton 4.19, cuda 6.81
+        # docs/design/routing.md#klm
         "klm": ((1e8, ("cuda", "triton", "reference")), (float("inf"), ("triton", "cuda", "reference"))),
-        # latent_quantize (work n d): tiny cuda 0.62, triton 1.08, reference 0.89; 4096 x 64 (2.6e5) per-latent /
-        # global cuda 0.57 / 0.74, triton 0.81 / 1.04, reference 0.88 / 1.12; 65536 x 64 (4.2e6) triton 1.29,
-        # cuda 1.47, reference 4.16
+        # docs/design/routing.md#latent_quantize
         "latent_quantize": ((1e6, ("cuda", "triton", "reference")), (float("inf"), ("triton", "cuda", "reference"))),
-        # kde_grid (work n d K): tiny cuda 0.40, triton 0.66, reference 0.99; 4096 x 32, K = 128 (1.7e7) triton
-        # 0.72, cuda 0.94, reference 1.20 (the band's bound is not measured between the two)
+        # docs/design/routing.md#kde_grid
         "kde_grid": ((1e6, ("cuda", "triton", "reference")), (float("inf"), ("triton", "cuda", "reference"))),
-        # relaxed_categorical: tiny cuda 0.67, triton 0.88, reference 0.98; 4096 x 10, K = 64: reference 1.01,
-        # cuda 1.05, triton 1.05 (within their spread)
-        "relaxed_categorical": ("cuda", "triton", "reference"),
-        # the NHP reduction, n = 64, d = 12, k = 2: MLP / conv decoder triton 2.71 / 3.10, cuda 2.79 / 3.27,
-        # reference 3.37 / 3.82 (all behind torch.compile of the reference: 1.93 / 2.56)
+        "relaxed_categorical": ("cuda", "triton", "reference"),  # docs/design/routing.md#relaxed_categorical
+        # docs/design/routing.md#finite_difference_curvature
         "finite_difference_curvature": ("triton", "cuda", "reference"),
-        # gumbel_quantize, curvature_penalty, perturbed_batch: not measured on a GPU
-        "*": ("reference",),
+        "*": ("reference",),  # docs/design/routing.md#unmeasured-ops
     },
 }
 

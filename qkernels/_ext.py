@@ -1,6 +1,6 @@
 """Loading of the native extension ``qkernels._C`` and why it may be missing.
 
-``qkernels._C`` uses only PyTorch's stable C ABI (issue 37), which torch keeps from the release the extension
+``qkernels._C`` uses only PyTorch's stable C ABI, which torch keeps from the release the extension
 targets onwards: it loads into every torch at or above that target (2.11), whichever torch it was compiled
 against. ``setup.py`` records the target in ``qkernels/_build_info.py``; under an older torch ``_C`` is not
 imported (its stable symbols would not resolve): one :class:`ExtensionMismatchWarning` line says which torch it

@@ -75,3 +75,19 @@ def test_every_path_named_exists():
         if not _exists(name)
     ]
     assert not missing, "paths named that do not exist:\n" + "\n".join(missing)
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's (and mkdocs') anchors of a markdown file's headings."""
+    heads = re.findall(r"^#+ (.+)$", markdown, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_every_anchor_named_is_a_heading():
+    """A ``page.md#anchor`` named in the sources (e.g. each routing row of qkernels/_backend.py) reaches a heading."""
+    named = [(path, page, anchor) for path, text in _sources().items()
+             for page, anchor in re.findall(r"((?:docs|benchmarks)/[\w./\-]*\.md)#([\w\-]+)", text)]
+    assert any(page == "docs/design/routing.md" for _, page, _ in named)
+    broken = [f"{path.relative_to(ROOT)}: {page}#{anchor}" for path, page, anchor in named
+              if anchor not in _anchors((ROOT / page).read_text())]
+    assert not broken, broken

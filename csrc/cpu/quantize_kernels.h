@@ -5,7 +5,7 @@
 //
 // One row of K categories per iteration, rows threaded (torch::stable::parallel_for), each row vectorized over
 // its categories with the 32-byte vectors of simd.h (their exp and log; libm's scalar ones made this kernel
-// 0.3-0.4x the reference, benchmarks/RESULTS.md): the perturbed logits a = (l + s Gumbel(u)) / tau, the soft
+// 0.3-0.4x the reference, benchmarks/HISTORY.md, "Quantization"): the perturbed logits a = (l + s Gumbel(u)) / tau, the soft
 // sample y = softmax(a), z = sum y v, and the plain softmax p = softmax(l) for KL(p || Uniform(K)) =
 // sum p (log p + log K), log p = l - max - log sum exp(l - max) (one exp per category for p and log p). The same
 // equations as csrc/include/qkernels/quantize.h (the CUDA kernels'): the Gumbel noise -log(-log(u)) with u

@@ -40,7 +40,7 @@ __device__ void load_tile(const T* y, const T* lse, int64_t n, int64_t d, int64_
     }
 }
 
-// KLM grids (issue 44): block (i, s) takes rows [i kThreads, (i + 1) kThreads) against the samples a of column slice
+// KLM grids: block (i, s) takes rows [i kThreads, (i + 1) kThreads) against the samples a of column slice
 // s, [s len, (s + 1) len): slices x row blocks >= 2 per SM (at n = 4096: 32 row blocks x 9 slices, was 32 blocks).
 // Each (slice, row) writes its partial sums to ws[s][b][:]; the last block of a row block to finish (an int
 // ticket per row block, zeroed by klm_scale_kernel, which runs first on the stream) adds the slices in order:

@@ -1,5 +1,5 @@
 // Launchers of the CUDA KDE kernels (csrc/cuda/kde.cu): KLM and kde_grid, forward and
-// backward (Cliff runs on the triton backend: benchmarks/RESULTS.md, issue 26).
+// backward (Cliff runs on the triton backend: docs/design/routing.md#cliff_loss).
 // Raw pointers, sizes and a stream only: no torch here, so the kernels compile with plain nvcc.
 // Every output element is written by one thread that sums in a fixed order (deterministic).
 #pragma once

@@ -1,5 +1,5 @@
 // STABLE_TORCH_LIBRARY_IMPL(qkernels, CUDA) glue for the KDE kernels (klm, kde_grid; Cliff has no CUDA C++
-// kernel since issue 26: it runs on the triton backend): checks, allocation, stream, then the raw-pointer
+// kernel: it runs on the triton backend): checks, allocation, stream, then the raw-pointer
 // launchers of csrc/cuda/kde.cu. Built only with CUDA torch. The O(n d) pre- and post-processing of KLM
 // (y = z / std, the loss mean, the std gradient) are kernels there too (klm_scale, klm_loss, klm_unscale).
 #include "glue.h"

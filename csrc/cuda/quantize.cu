@@ -10,7 +10,7 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// Codebook gradients by row chunks (issue 44): each block reads its chunk of rows once and writes one partial row
+// Codebook gradients by row chunks: each block reads its chunk of rows once and writes one partial row
 // of the (G, K) gradient; codebook_finish_kernel adds the partial rows in order. Deterministic without atomics,
 // and every index / sample read once (the previous kernels had one block per codebook slot, each scanning all of
 // its group's indices: n_v reads of each). kCbThreads threads per block; kCbShared bytes of shared accumulators.

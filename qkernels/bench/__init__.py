@@ -158,7 +158,7 @@ def backend_variants(loss: Callable[..., torch.Tensor], device: str, op: str) ->
 
 
 def half_precision_case(case: Case, loss: Callable, plain: Callable, dtype=torch.bfloat16) -> Case:
-    """``case``'s shape with ``dtype`` (bfloat16) inputs (issue 15; :mod:`qkernels._precision`).
+    """``case``'s shape with ``dtype`` (bfloat16) inputs (:mod:`qkernels._precision`).
 
     Variants: ``float32`` (the baseline: ``loss``, backend ``auto``, on float32 inputs), ``bf16``
     (the same on bf16 inputs: cast to float32 for the kernel inside the op) and ``plain autocast``

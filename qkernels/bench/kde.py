@@ -20,7 +20,7 @@ KLM = [(64, 12), (1024, 32), (4096, 64), (16384, 32)]
 KDE_GRID = [(4096, 32, 128)]  # (n, d, K): the derivative grid of every latent, Cliff's univariate term
 MATERIALIZED_MAX = 2e8
 SLOW = {(4096, 32, 128, 128), (16384, 32, 128, 128), (4096, 64), (16384, 32)}
-GPU_ONLY = {(16384, 32, 128, 128), (16384, 32)}  # issue 26's targets at scale (minutes per call on a CPU)
+GPU_ONLY = {(16384, 32, 128, 128), (16384, 32)}  # the GPU targets at scale (minutes per call on a CPU)
 
 
 def cliff_inputs(n, d, m, k, seed=0):
@@ -108,7 +108,7 @@ def _cliff_case(shape, device):
         return z.to(device).requires_grad_(), idx.to(device), kk
 
     variants = backend_variants(_cliff_loss, device, "cliff_loss")
-    if device == "cuda" and "triton" in variants:  # issue 26's two targets: "highest" (3xTF32) and "high" (TF32)
+    if device == "cuda" and "triton" in variants:  # both float32 precisions: "highest" (3xTF32) and "high" (TF32)
         variants["triton high"] = _matmul_precision(variants["triton"], "high")
     variants["materialized"] = variant(cliff_materialized)
     variants = {v: f for v, f in variants.items() if _fits("cliff", shape, v)}
@@ -167,7 +167,7 @@ def cases(device: str | None = None) -> list[Case]:
     cliff = {s: _cliff_case(s, device) for s in CLIFF if device == "cuda" or s not in GPU_ONLY}
     klm = {s: _klm_case(s, device) for s in KLM if device == "cuda" or s not in GPU_ONLY}
     grid = [_kde_grid_case(s, device) for s in KDE_GRID]
-    # bf16 (issue 15): the largest shape that runs in seconds, and the largest (slow, --all)
+    # bf16: the largest shape that runs in seconds, and the largest (slow, --all)
     half = [half_precision_case(cliff[s], _cliff_loss, _plain_cliff)
             for s in ((1024, 12, 64, 100), (4096, 32, 128, 128))]
     half += [half_precision_case(klm[(1024, 32)], _klm_loss, _plain_klm)]

@@ -1,4 +1,4 @@
-"""Count the GPU kernel launches of a callable, on any device (issue 25).
+"""Count the GPU kernel launches of a callable, on any device.
 
 At the papers' batch sizes (64-256 rows, 10-32 latents) an op's time on a GPU is its number of
 kernel launches times the cost of one (~5 us of GPU time plus the host's Python and dispatch

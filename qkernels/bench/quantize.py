@@ -103,7 +103,7 @@ def cases(device: str | None = None) -> list[Case]:
     for n, d, k in GUMBEL_SHAPES:
         out.append(Case("quantize", f"gumbel_quantize n={n} d={d} K={k}", _make_gumbel(n, d, k, device),
                         backend_variants(_gumbel_loss, device, "gumbel_quantize")))
-    # bf16 (issue 15): the largest shape of each op
+    # bf16: the largest shape of each op
     per_latent = next(c for c in out if c.name.startswith(f"latent_quantize n={SHAPES[-1][0]}"))
     categorical = next(c for c in out if c.name.startswith(f"categorical_latent n={CATEGORICAL_SHAPES[-1][0]}"))
     out.append(half_precision_case(per_latent, _loss, _plain_quantize))

@@ -93,7 +93,7 @@ def _plain(args: tuple[Any, ...]) -> bool:
 def op_callable(name: str) -> Kernel:
     """The op ``name`` ("qkernels::...") as the public functions and the autograd formulas call it: a Triton op's
     launch function directly on plain eager tensors (the public functions validated them; the custom op's Python
-    dispatch, with its dynamo-disable wrapper, cost more than the launches at small sizes: issue 44), the op
+    dispatch, with its dynamo-disable wrapper, cost more than the launches at small sizes on a GPU), the op
     through the dispatcher otherwise (torch.compile, fake tensors, C++ ops, raw ``torch.ops`` calls)."""
     op: Kernel = getattr(torch.ops.qkernels, name.split("::")[1])
     launcher = _LAUNCHERS.get(name)
@@ -110,7 +110,7 @@ def thin_autograd(fwd: str, op: Kernel) -> Kernel:
     """``op`` (the op ``fwd``) behind a plain ``torch.autograd.Function`` with the same formula, for the eager
     public functions: the op runs below the autograd dispatch key, which skips the Python autograd kernel
     that ``register_autograd`` installs (on 8 x 3 inputs, 1 CPU thread: latent_quantize forward + backward
-    78 -> 55 us; benchmarks/RESULTS.md "Per-call overhead"), and a Triton op's launch function runs directly
+    78 -> 55 us; benchmarks/HISTORY.md, "Per-call overhead"), and a Triton op's launch function runs directly
     (:func:`op_callable`). Without gradients the op runs below autograd directly; under ``torch.compile``
     the registered op is traced as before."""
     setup_context, backward = _FORMULAS[fwd]

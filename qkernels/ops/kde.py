@@ -263,7 +263,7 @@ def cliff_loss(
     path for larger tiles, which skips the derivative kernel's terms beyond 10 sigma). Their float32
     precision follows ``torch.get_float32_matmul_precision()`` as ``torch.matmul`` does on CUDA:
     "highest" 3xTF32 (about float32's own error; exact FMA products below 2^28 multiply-adds), "high"
-    and "medium" TF32 (benchmarks/RESULTS.md, issues 26 and 44). float64 stays float64 and exact.
+    and "medium" TF32 (docs/design/precision.md). float64 stays float64 and exact.
     Launches per forward + backward on ``triton``: 2 for the draw, 6 for the loss (fused path). There
     is no CUDA C++ Cliff (the ``cuda`` backend does not implement it).
 

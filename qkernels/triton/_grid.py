@@ -15,7 +15,7 @@ def _sms(index: int) -> int:
 
 
 def min_programs(t: torch.Tensor) -> int:
-    """Two programs per SM of the GPU holding ``t``: the grid a kernel's main launch should reach (issue 44)."""
+    """Two programs per SM of the GPU holding ``t``: the grid a kernel's main launch should reach."""
     if t.device.type != "cuda":
         return 2 * INTERPRETER_SMS
     return 2 * _sms(t.device.index if t.device.index is not None else torch.cuda.current_device())

@@ -1,6 +1,6 @@
 // Framework-free pieces of the argument checks (qkernels/checks.h and the *_checks.h headers build on them):
 // the error macros, and dtype, device and shape names for messages. No torch and no XLA type here: each
-// front-end gives its tensor type X what the checks use (issue 45, "two front-ends, one set of kernels"):
+// front-end gives its tensor type X what the checks use (two front-ends, one set of kernels):
 //   members  X::dim(), X::size(i), X::numel(), X::const_data_ptr<T>()
 //   free     dtype_of(X) -> DType, device_of(X) -> DeviceName, as_contiguous(X) -> X
 // torch: qkernels/stable.h (torch::stable::Tensor); XLA FFI: csrc/jax/ffi_common.h (a view of an ffi buffer).

@@ -1,7 +1,7 @@
 // Math of the quantization hot path, used by the CUDA kernels (csrc/cuda/quantize.cu; tests/test_build.py compiles
 // it with nvcc). The CPU kernels compute the same equations their own way: latent_quantize by a scan of up to 16
 // values, else a binary search over the sorted codebook (csrc/cpu/quantize_impl.h), the categorical rows
-// vectorized (csrc/cpu/quantize_kernels.h, issue 48: this scalar form with libm exp / log ran at 0.3-0.6x the
+// vectorized (csrc/cpu/quantize_kernels.h: this scalar form with libm exp / log ran at 0.3-0.6x the
 // reference on a CPU).
 //
 // nearest_index: the nearest codebook value (ties -> lowest index), exactly as

@@ -86,7 +86,7 @@ def _dot_precision(dtype: torch.dtype, work: int = 0) -> str:
     float64 exact; float32 per torch.get_float32_matmul_precision() as torch.matmul on CUDA does it:
     "highest" 3xTF32 ("tf32x3", about float32's own error, on the tensor cores; exact FMA below
     :data:`IEEE_MAX_WORK`), "high" and "medium" TF32 (PyTorch's "medium" means bf16 only where such a
-    kernel exists; on CUDA its float32 matmuls run in TF32, as measured on an H200: benchmarks/RESULTS.md)."""
+    kernel exists; on CUDA its float32 matmuls run in TF32, as measured on an H200: docs/design/precision.md)."""
     if dtype == torch.float64:
         return "ieee"
     if torch.get_float32_matmul_precision() != "highest":

@@ -3,7 +3,7 @@
 :func:`~qkernels.triton.kde.cliff_fused.fused_fits` from the shape: the fused path
 (:mod:`~qkernels.triton.kde.cliff_fused`: pair tiles up to 128 x 128, programs per (pair, chunk of
 samples); 2 launches forward, 4 backward) and the GEMM path (:mod:`~qkernels.triton.kde.cliff_gemm`,
-issue 12, for larger tiles), whose tables and products live in memory (its standardization, grids and
+for larger tiles), whose tables and products live in memory (its standardization, grids and
 lambdas run here as torch ops around it: 65 launches per forward + backward with one chunk, + 6 per further
 chunk).
 """

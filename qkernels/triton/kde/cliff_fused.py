@@ -1,5 +1,5 @@
 """Cliff's fused path on Triton (pair tiles up to 128 x 128, every benchmark shape; :func:`fused_fits`
-decides), shaped for a GPU of many SMs (issue 44): the work of each latent pair is split over chunks of
+decides), shaped for a GPU of many SMs: the work of each latent pair is split over chunks of
 samples, one program per (pair, chunk, tile), and the chunks' partial results are summed in a fixed order by
 a second kernel. Six launches per forward + backward, launched by :mod:`~qkernels.triton.kde.cliff`:
 
@@ -28,7 +28,7 @@ Work per pair and pass: 2 n M K FLOPs on the tensor cores (3xTF32: three MMAs ea
 tile (Kz rebuilt per column block, Dt per row block); the forward, its recomputation in the backward and the
 backward's two products. Grids: S = chunks per pair is chosen (:func:`plan`) so that the d (d - 1)
 off-diagonal pairs make >= 2 programs per SM (SM count read from the device). Launch grids, registers and
-shared memory for sm_90, and the roofline: benchmarks/RESULTS.md, "Cliff, GPU-shaped".
+shared memory for sm_90, and the roofline: benchmarks/HISTORY.md, "Cliff, GPU-shaped".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cliff's GEMM path on Triton (issues 12, 26), for shapes beyond
+"""Cliff's GEMM path on Triton, for shapes beyond
 :func:`~qkernels.triton.kde.cliff_fused.fused_fits`: per chunk of differentiated latents, the
 bivariate grids as one block-sparse product on the tensor cores over each latent's sorted samples and
 a fused JSD epilogue; one program per latent for the uni and KL-uni terms. :mod:`~qkernels.triton.kde.cliff`
@@ -25,7 +25,7 @@ from qkernels.triton.kde._cliff_common import (
 )
 from qkernels.triton.kde.grid import WINDOW
 
-# GEMM path (issues 12, 26). For every ordered pair (i, j) the bivariate grid is a matrix product,
+# GEMM path. For every ordered pair (i, j) the bivariate grid is a matrix product,
 # J[i, j] = Kz[j] (M x n) @ Dt[i] (n x K) with Dt[i][s, k] = D(t_k - x_si), Kz[j][m, s] =
 # N(zeta_jm - x_sj); for a chunk of CI differentiated latents at once it is one block-sparse
 # product on the tensor cores (_biv_fwd, tl.dot at the precision of _dot_precision): KzT (n, d M)
@@ -383,7 +383,7 @@ def _biv_chunk(x, grid, xs, order, kzt, i0, c, sigma, precision):
 def biv_work_fraction(x: torch.Tensor, a: float, b: float, k: int, sigma: float) -> float:
     """The share of the dense bivariate product's (sample, grid point) work that :func:`_biv_fwd`
     does for standardized latents x (n, d): per latent and k tile, the samples within the window,
-    in whole BLOCK_S blocks, over n. Host-side (for tests and benchmarks/RESULTS.md)."""
+    in whole BLOCK_S blocks, over n. Host-side (for tests and benchmarks/HISTORY.md's GPU notes)."""
     n, d = x.shape
     t = torch.linspace(a, b, k, dtype=torch.float64)
     xs = x.detach().double().cpu().t().sort(1).values.contiguous()

@@ -1,6 +1,6 @@
 """Tripod's KLM on Triton: ``klm`` and ``klm_backward`` (the ops ``qkernels::klm_triton`` and
 ``klm_backward_triton``), flash-style over symmetric tiles of sample pairs, never the (n, n, d) tensor.
-Launches per forward + backward: 6 (issue 26: symmetric tiles, 3 each way).
+Launches per forward + backward: 6 (symmetric tiles, 3 each way).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import triton.language as tl
 from qkernels.reference.kde import silverman_factor
 from qkernels.triton._grid import cdiv, next_pow2
 
-# Flash-style and symmetric (issue 26): the kernel matrices are symmetric, so each pair of sample
+# Flash-style and symmetric: the kernel matrices are symmetric, so each pair of sample
 # tiles is computed once. Samples are grouped in super-blocks of KLM_SUPER rows; program (p, q),
 # q <= p, walks the (BLOCK_B x BLOCK_B x D) pair tiles of super-blocks p and q in registers (never
 # the n x n x d tensor) and writes, to a workspace ws (nsb, nsb, KLM_SUPER, W), the partial sums of
