@@ -166,7 +166,7 @@ def check_cond_index(shape: Sequence[int], d: int) -> None:
 
 def check_std_shape(shape: Sequence[int], d: int) -> None:
     """Per-latent scales: 0-d (one for every latent) or (d,)."""
-    if tuple(shape) not in ((), (d,)):
+    if not (len(shape) == 0 or (len(shape) == 1 and shape[0] == d)):  # no tuple in tuples: torch.compile traces it
         raise ValueError(f"std must be a scalar or (d,) with d = {d}, got shape {tuple(shape)}")
 
 
@@ -189,8 +189,9 @@ def check_codebook(name: str, values: Sequence[int], d: int, z: Sequence[int] | 
 
 
 def check_fd_dtype(name: str, dtype: str) -> None:
-    """Finite differences need float32 or float64 activations (``dtype``: its name, e.g. "bfloat16")."""
-    if dtype in HALF_DTYPES:
+    """Finite differences need float32 or float64 activations (``dtype``: its name as the front-end prints it, e.g.
+    "bfloat16" or "torch.bfloat16")."""
+    if dtype.removeprefix("torch.") in HALF_DTYPES:
         raise TypeError(
             f"{name} has dtype {dtype}: finite differences of half-precision activations lose the "
             f"curvature to rounding (errors as large as the value at eps = 0.1); compute them in float32 "

@@ -76,7 +76,7 @@ lib.define_backends(decl.CURVATURE_PENALTY, reference=ref.curvature_penalty,
 
 
 def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    return str(t.dtype)
 
 
 def _backend(t: torch.Tensor) -> str:
