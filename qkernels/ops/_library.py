@@ -16,6 +16,13 @@ implementations (output shapes and dtypes) and the autograd formula (which input
 reads, which of its outputs is whose gradient: :func:`qkernels.decl.backward_wiring`). Which backends an op has on
 a device is then read from the registry of :mod:`qkernels._backend`.
 
+Call routes. The public functions call an op through :func:`thin_autograd`, the one eager route: a plain
+``torch.autograd.Function`` over the op below the autograd dispatch key, a Triton op's launch function called
+directly. Raw ``torch.ops.qkernels.*`` calls, ``opcheck`` and ``torch.compile`` go through the dispatcher and the
+registered autograd (the same formula). The eager route exists because it was measured cheaper than the dispatcher
+route (forward + backward at 8 x 3 inputs: latent_quantize 78 -> 55 us on a CPU; the custom ops' Python dispatch
+cost more than the launches of small calls on an H200: benchmarks/HISTORY.md, "Per-call overhead").
+
 Raw-argument checks: the functional API validates user input once; the raw ``torch.ops`` entry points, which users
 can call too, must still never read out of bounds. C++ ops check in ``csrc/include/qkernels/*_checks.h``; the
 Triton custom ops run :meth:`qkernels.decl.Op.check` (the launchers themselves check nothing).
