@@ -75,6 +75,10 @@ def _steps(text: str) -> int | str:
     return "paper" if text == "paper" else _int_at_least(1)(text)
 
 
+def _eval_every(text: str) -> int | str:
+    return text if text in ("auto", "tripod") else _int_at_least(0)(text)
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -144,6 +148,8 @@ def _train_config(args: argparse.Namespace):
     out = args.out or f"runs/{args.model or 'tripod'}"
     if args.resume and args.force:
         raise UsageError("--resume continues the run in --out and --force deletes it: give one of them")
+    if args.resume and args.paper:
+        raise UsageError("--paper sets a new run's settings; --resume continues the run in --out with its own")
     if args.resume and not (Path(out) / CONFIG).is_file():
         raise UsageError(f"--resume needs a run: --out {out} holds none (no {CONFIG}); drop --resume to start one")
     if args.resume and (Path(out) / CONFIG).is_file():
@@ -180,6 +186,14 @@ def _train_config(args: argparse.Namespace):
             raise UsageError(f"--data-root: {name} is procedural and reads no files "
                              f"(file datasets: {', '.join(FILE_DATASETS)})")
         base["dataset_kwargs"] = {**base.get("dataset_kwargs", {}), "root": args.data_root}
+    if args.paper:
+        from qkernels.train.paper import apply_paper
+
+        try:
+            base, said = apply_paper(base)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        print(f"qkernels train: --paper set {said}", file=sys.stderr)
     base["out"] = args.out or base.get("out") or f"runs/{base.get('model', 'tripod')}"
     try:
         cfg = TrainConfig.from_dict(base)
@@ -361,8 +375,8 @@ def _add_train(sub) -> None:
                     "overrides them; writes config.json, log.jsonl, checkpoint.pt, metrics.json and figures/ "
                     "into --out; config.json records the values used (the authors' per-dataset ones included). "
                     "The bare command trains Tripod exactly as its authors' code does, at CPU size (arch small, "
-                    "32x32 images, 600 of their 250k steps); --steps paper trains for their whole run, --arch "
-                    "paper --image-size 64 with their network at their resolution."))
+                    "32x32 images, 600 of their 250k steps; its first line says so); --paper trains with the "
+                    "paper's network, resolution, run length, evaluation cadence and protocol."))
     p.add_argument("--model", choices=sorted(MODELS), help="method (default tripod)")
     p.add_argument("--dataset", help="dataset name for qkernels.data.load_dataset (default shapes3d_procedural)")
     p.add_argument("--data-root", help="folder of the dataset files (file datasets; default $QKERNELS_DATA)")
@@ -386,9 +400,15 @@ def _add_train(sub) -> None:
                         "pruning and random-forest DCI on 10,000 samples; fast: 2,000 samples)")
     p.add_argument("--eval-samples", type=_int_at_least(20),
                    help="samples for every metric (default: the protocol's)")
-    p.add_argument("--eval-every", type=_int_at_least(0),
-                   help="evaluate every N steps (0: at the end only); the evaluations are the checkpoints --select "
-                        "chooses from (Tripod's authors: every 10000 of their 250000 steps)")
+    p.add_argument("--eval-every", type=_eval_every,
+                   help="evaluate every N steps (0: at the end only), or 'tripod': the Tripod authors' cadence (every "
+                        "10000 steps and every 2000 of the first 10000; runs under 50000 steps: after 1/5, 2/5, 3/5 "
+                        "and 4/5 of the steps); the evaluations are the checkpoints --select chooses from (default "
+                        "auto: 'tripod' under Tripod's selection, else 0)")
+    p.add_argument("--paper", action="store_true",
+                   help="the paper's settings for --model and --dataset: its network (--arch paper), 64x64 images, "
+                        "its run length (--steps paper), its evaluation cadence and protocol; other flags given win. "
+                        "Printed, and recorded in config.json")
     p.add_argument("--select", choices=("auto", "final", "tripod"),
                    help="the checkpoint metrics.json reports as 'selected' (default auto: the protocol's; tripod: "
                         "the Tripod paper's, the best InfoM among the evaluations above the dataset's PSNR "

@@ -19,7 +19,7 @@ DISC = {"disc_width": 32, "disc_layers": 2}
 
 def tiny_cfg(model, out, **kw):
     base = dict(model=model, dataset="sprites", image_size=16, steps=6, batch_size=8, out=str(out),
-                checkpoint_every=3, log_every=1, eval_samples=200, progress=False,
+                checkpoint_every=3, log_every=1, eval_samples=200, progress=False, eval_every=0,
                 model_kwargs=dict(DISC) if model.startswith("factor") else {})
     base.update(kw)
     return TrainConfig(**base)
@@ -773,40 +773,58 @@ class _Half(torch.nn.Module):
 def test_evaluate_model_wiring_and_reconstruction_scores(monkeypatch):
     """Image data: qkernels.metrics.evaluate called with the method's protocol, the config's metrics, the given
     sample count, seed cfg.seed + 1 (not the training batches' seed) and the integer codes when the model has
-    them; recon MSE / PSNR (mean of per-image dB) on 256 images of generator(seed, 2), recomputed in float64 numpy; the
-    model's train/eval mode restored; arrays made JSON lists."""
+    them; recon MSE / PSNR / uint8 PSNR (means of per-image dB) on the very images the metrics encode (the protocol's
+    draw: factors of torch.Generator().manual_seed(seed + 1), the first samples["infomec"] of them, all when InfoMEC
+    does not run; Tripod's PSNR filter reads these), recomputed in float64 numpy; the model's train/eval mode
+    restored; arrays made JSON lists."""
     import numpy as np
 
     from qkernels import metrics as M
     from qkernels.data import load_dataset
+    from qkernels.metrics.evaluate import encode_dataset
     from qkernels.train.evaluate import evaluate_model
 
     calls = []
 
-    def spy(enc, ds, **kw):
+    def spy(enc, ds, **kw):  # encodes the protocol's draw as the real evaluate does; scores nothing
         calls.append((enc, kw))
+        n = max(kw["num_samples"] or 0, 1) if kw["num_samples"] else 300
+        encode_dataset(enc, ds, num_samples=n, seed=kw["seed"], batch_size=kw["batch_size"])
         return {"mig.mig": np.float32(0.25), "mig.matrix": np.eye(2)}
 
     monkeypatch.setattr(M, "evaluate", spy)
     ds = load_dataset("sprites", image_size=16)
     cfg = TrainConfig(model="ae", dataset="sprites", image_size=16, seed=7, metrics=("mig",))
     model = _Half()
-    res = evaluate_model(model, ds, cfg, num_samples=123)
+    res = evaluate_model(model, ds, cfg, num_samples=300)
     enc, kw = calls[0]
-    assert kw == {"protocol": cfg.eval_protocol(), "metrics": ("mig",), "num_samples": 123, "seed": 8,
+    assert kw == {"protocol": cfg.eval_protocol(), "metrics": ("mig",), "num_samples": 300, "seed": 8,
                   "batch_size": 256}
     assert cfg.eval_protocol().name == "qlae"  # ae: its authors' (QLAE's) protocol
     assert res["mig.mig"] == 0.25 and res["mig.matrix"] == [[1.0, 0.0], [0.0, 1.0]] and model.training
-    x = ds.observations_from_factors(ds.sample_factors(256, torch.Generator().manual_seed(_np_seed(7, 2))))
+    x = ds.observations_from_factors(ds.sample_factors(300, torch.Generator().manual_seed(8)))
     torch.testing.assert_close(enc(x[:3]), x[:3].flatten(1) * 0.5)
-    x = x.double().numpy().reshape(256, -1)
-    per = ((0.5 * x - x) ** 2).mean(1)
-    assert res["recon.mse"] == pytest.approx(per.mean(), rel=1e-5)
-    assert res["recon.psnr"] == pytest.approx(np.mean(10 * np.log10(1 / per)), rel=1e-5)
+
+    def want(x):
+        x = x.double().numpy().reshape(x.shape[0], -1)
+        per = ((0.5 * x - x) ** 2).mean(1)
+        q = np.floor(255 * np.clip(x, 0, 1)).astype(np.int64)
+        err = (np.floor(255 * np.clip(0.5 * x, 0, 1)).astype(np.int64) - q) % 256
+        per8 = ((err * err) % 256).mean(1)
+        return per.mean(), np.mean(10 * np.log10(1 / per)), np.mean(20 * np.log10(255) - 10 * np.log10(per8))
+
+    mse, psnr, psnr8 = want(x)  # all 300 images (two batches of the draw), not 256 of another generator
+    assert res["recon.mse"] == pytest.approx(mse, rel=1e-9)
+    assert res["recon.psnr"] == pytest.approx(psnr, rel=1e-9)
+    assert res["recon.psnr_uint8"] == pytest.approx(psnr8, rel=1e-9)
+    # with InfoMEC: its images (the first samples["infomec"] of the draw; here all 300)
+    tripod = TrainConfig(model="tripod", dataset="sprites", image_size=16, seed=7, metrics=("infomec", "dci"))
+    res = evaluate_model(model, ds, tripod, num_samples=300)
+    assert res["recon.psnr_uint8"] == pytest.approx(psnr8, rel=1e-9)
     coded = _Half(codes=True).eval()
     evaluate_model(coded, ds, cfg, num_samples=50)
     x = ds.observations_from_factors(ds.sample_factors(4, torch.Generator().manual_seed(0)))
-    assert not coded.training and torch.equal(calls[1][0](x), (x.flatten(1) > 0.5).long())
+    assert not coded.training and torch.equal(calls[-1][0](x), (x.flatten(1) > 0.5).long())
 
 
 def test_compare_table_is_aligned_and_formats_cells(tmp_path, monkeypatch):
@@ -978,7 +996,8 @@ def test_config_defaults_are_the_documented_ones():
     assert (cfg.model, cfg.dataset, cfg.steps, cfg.image_size, cfg.arch, cfg.out) == \
         ("tripod", "shapes3d_procedural", 600, 32, "small", "runs/tripod")
     assert (cfg.batch_size, cfg.lr, cfg.num_latents, cfg.seed, cfg.eval_every, cfg.eval_samples) == \
-        (None, None, None, 0, 0, None)
+        (None, None, None, 0, "auto", None)
+    assert cfg.resolve_defaults().eval_every == "tripod" and not cfg.paper  # Tripod's checkpoint cadence
     assert (cfg.protocol, cfg.data_order, cfg.metrics) == ("auto", "auto", None)
     assert cfg.eval_protocol().name == "tripod" and cfg.eval_protocol().num_samples() == 10_000
     assert (cfg.device, cfg.compile, cfg.amp, cfg.local_kde) == ("cpu", False, False, False)

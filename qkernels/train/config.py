@@ -17,10 +17,15 @@ class TrainConfig:
     num_latents: None -> the authors' setting for the method and dataset (:meth:`resolve_defaults` writes them in;
     weight_decay: AdamW methods only). arch: "small" (CPU) or "paper" widths. image_size: rendering size of the
     procedural image datasets (None: their default, 64; file datasets keep their own size). dataset_kwargs /
-    model_kwargs: passed to ``load_dataset`` / the model class (override lambdas etc.). eval_every: steps between
-    evaluations (0: only at the end). select: the checkpoint the run reports among its evaluations
+    model_kwargs: passed to ``load_dataset`` / the model class (override lambdas etc.). eval_every: when the run
+    evaluates besides the end: every N steps (0: only at the end), "tripod" (the Tripod authors' cadence, every 10,000
+    steps and every 2,000 of the first 10,000, scaled down for runs under 50,000 steps:
+    :func:`~qkernels.train.selection.eval_steps`) or "auto" (:meth:`resolve_defaults`: "tripod" when the run's
+    selection rule is Tripod's, else 0). select: the checkpoint the run reports among its evaluations
     (:mod:`qkernels.train.selection`: "final", "tripod" (PSNR filter + best InfoM); "auto": the protocol's, Tripod's
-    selection under the tripod protocol). protocol: the evaluation protocol (:mod:`qkernels.metrics.protocols`; "auto":
+    selection under the tripod protocol). paper: the config was made from the paper's settings
+    (:func:`qkernels.train.paper.paper_config`, ``qkernels train --paper``); its ``training ...`` line names the
+    fields changed from them. protocol: the evaluation protocol (:mod:`qkernels.metrics.protocols`; "auto":
     the method's authors', :data:`~qkernels.metrics.protocols.METHOD_PROTOCOL`, e.g. Tripod's on 10,000 samples;
     "fast": 2,000 samples for a quick look); eval_samples / metrics: override the protocol's sample counts (one
     count for every metric) / metric names (None: the protocol's). data_order: how training batches read the dataset
@@ -44,8 +49,8 @@ class TrainConfig:
         >>> import tempfile
         >>> from qkernels.train import TrainConfig
         >>> cfg = TrainConfig(model="qlae", dataset="sprites", steps=100, image_size=16)
-        >>> cfg.batch_size is None, cfg.arch, cfg.protocol  # None / "auto": the authors' settings
-        (True, 'small', 'auto')
+        >>> cfg.batch_size is None, cfg.arch, cfg.protocol, cfg.eval_every  # None / "auto": the authors' settings
+        (True, 'small', 'auto', 'auto')
         >>> path = tempfile.mkdtemp() + "/config.json"
         >>> cfg.save(path)
         >>> TrainConfig.load(path) == cfg
@@ -65,7 +70,7 @@ class TrainConfig:
     image_size: int | None = 32
     dataset_kwargs: dict = field(default_factory=dict)
     model_kwargs: dict = field(default_factory=dict)
-    eval_every: int = 0
+    eval_every: int | str = "auto"
     select: str = "auto"
     protocol: str = "auto"
     data_order: str = "auto"
@@ -82,6 +87,7 @@ class TrainConfig:
     threads: int | None = None
     adapt_threads: bool = False
     progress: bool = True
+    paper: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -94,7 +100,9 @@ class TrainConfig:
         None -> the authors' for the method and dataset (:func:`~qkernels.models.registry.method_optim`);
         ``model_kwargs``: the authors' per-dataset keyword defaults
         (:func:`~qkernels.models.registry.method_defaults`, e.g. FactorQVAE's beta and gamma) under the ones given.
-        Idempotent. ValueError for an unknown model or a method whose authors state no run length.
+        ``eval_every="auto"`` -> "tripod" when the run selects its checkpoint by Tripod's rule, else 0.
+        Idempotent. ValueError for an unknown model, a method whose authors state no run length, or a bad
+        ``eval_every`` / ``select``.
 
         Examples:
             >>> from qkernels.train import TrainConfig
@@ -122,7 +130,22 @@ class TrainConfig:
             raise ValueError(f"weight_decay: {self.model} trains with {optim.name}, which has no weight decay "
                              f"(the AdamW methods: {adamw})")
         self.model_kwargs = {**method_defaults(self.model, self.dataset), **self.model_kwargs}
+        if self.eval_every == "auto":
+            self.eval_every = "tripod" if self.selection_rule() == "tripod" else 0
+        elif self.eval_every != "tripod" and (isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int)
+                                              or self.eval_every < 0):
+            raise ValueError(f"eval_every must be an integer >= 0, 'tripod' or 'auto', got {self.eval_every!r}")
         return self
+
+    def selection_rule(self) -> str:
+        """The checkpoint rule this run reports by: ``select``, or for "auto" its protocol's
+        (:data:`qkernels.train.selection.SELECTIONS`). ValueError for an unknown one."""
+        from qkernels.train.selection import SELECTIONS
+
+        rule = self.eval_protocol().selection if self.select == "auto" else self.select
+        if rule not in SELECTIONS:
+            raise ValueError(f"select must be 'auto' or one of {SELECTIONS}, got {self.select!r}")
+        return rule
 
     def eval_protocol(self):
         """The :class:`~qkernels.metrics.Protocol` this run is scored with."""

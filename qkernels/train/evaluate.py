@@ -3,8 +3,12 @@
 Image datasets: ``qkernels.metrics.evaluate`` with the run's protocol (``cfg.protocol``; "auto": the method's
 authors' (:mod:`qkernels.metrics.protocols`), recorded as ``"protocol"`` in metrics.json); discrete methods are
 scored on their integer codes, or on their latent values where the protocol says so (Tripod's); continuous ones
-on ``encode``; plus reconstruction MSE / PSNR on 256 samples. ``quantized_grid2d``: MCC between the encoded and
-the true continuous latents.
+on ``encode``; plus reconstruction MSE / PSNR on the images the protocol's InfoMEC scores (the first
+``samples["infomec"]`` of its draw, 10,000 for the papers' protocols; all of them when InfoMEC is not run), as
+Tripod's authors compute the PSNR of their checkpoint filter on the same ``num_val`` images as their InfoMEC
+(:mod:`qkernels.train.selection`). ``balls``: also the Spearman MCC of the Cliff paper's Table 2 (``mcc.spearman``)
+between the true continuous ball coordinates and the representation, on as many fresh draws.
+``quantized_grid2d``: MCC between the encoded and the true continuous latents.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qkernels.data.balls import Balls
 from qkernels.train.data import generator, is_ground_truth
 from qkernels.train.run import CHECKPOINT, CONFIG, METRICS_FILE, build, scalars
 
@@ -76,18 +81,61 @@ def evaluate_model(model, ds, cfg, *, num_samples: int | None = None) -> dict:
         if proto.discrete_latents == "values":  # a discrete model's values, scored as discrete (float dtype)
             one = ds.observations_from_factors(ds.sample_factors(1, generator(cfg.seed, 3)))
             kw["discrete_latents"] = model.codes(one.to(dev)) is not None
-        res = M.evaluate(lambda x: enc(x.to(dev)).cpu(), ds, protocol=proto,
-                         metrics=None if cfg.metrics is None else tuple(cfg.metrics),
-                         num_samples=num_samples or cfg.eval_samples, seed=cfg.seed + 1, batch_size=256, **kw)
-        f = ds.sample_factors(RECON_SAMPLES, generator(cfg.seed, 2))
-        x = ds.observations_from_factors(f)
-        xh = model.decode(model.encode(x.to(dev))).cpu()
-        res["recon.mse"] = float(M.mse(xh, x))
-        res["recon.psnr"] = float(M.psnr(xh, x))
-        res["recon.psnr_uint8"] = M.psnr_uint8(x, xh)  # Tripod's, for its checkpoint filter (qkernels.train.selection)
+        names = tuple(cfg.metrics) if cfg.metrics is not None else proto.metrics
+        n = num_samples or cfg.eval_samples
+        counts = {m: n or proto.samples.get(m, proto.num_samples()) for m in names}
+        tally = ReconTally(model, counts.get("infomec", max(counts.values())))
+
+        def rep(x):  # the representation the metrics score; the same images' reconstructions are tallied
+            x = x.to(dev)
+            return tally.add(x, enc(x)).cpu()
+
+        res = M.evaluate(rep, ds, protocol=proto, metrics=names, num_samples=n, seed=cfg.seed + 1, batch_size=256,
+                         **kw)
+        res.update(tally.scores())
+        if isinstance(ds, Balls):
+            res["mcc.spearman"] = balls_spearman_mcc(lambda x: enc(x.to(dev)).cpu(), ds, tally.n, cfg.seed)
         return _jsonable(res)
     finally:
         model.train(was)
+
+
+class ReconTally:
+    """Reconstruction scores of the first ``n`` images a metric pass encodes, in batches: :meth:`add` each batch
+    with its representation (returned unchanged), :meth:`scores` at the end -> ``recon.mse`` (over all elements),
+    ``recon.psnr`` and ``recon.psnr_uint8`` (means over the images, :mod:`qkernels.metrics.image`)."""
+
+    def __init__(self, model, n: int) -> None:
+        self.model, self.n, self.seen = model, int(n), 0
+        self.sums = {"mse": 0.0, "psnr": 0.0, "psnr_uint8": 0.0}
+
+    def add(self, x: torch.Tensor, rep: torch.Tensor) -> torch.Tensor:
+        from qkernels import metrics as M
+
+        k = min(self.n - self.seen, x.shape[0])
+        if k > 0:
+            x = x[:k]
+            xh = self.model.decode(self.model.encode(x))
+            x, xh = x.cpu(), xh.cpu()
+            self.sums["mse"] += M.mse(xh, x) * k
+            self.sums["psnr"] += M.psnr(xh, x) * k
+            self.sums["psnr_uint8"] += M.psnr_uint8(x, xh) * k
+            self.seen += k
+        return rep
+
+    def scores(self) -> dict:
+        return {f"recon.{k}": v / max(self.seen, 1) for k, v in self.sums.items()}
+
+
+def balls_spearman_mcc(encode, ds, n: int, seed: int, batch_size: int = 256) -> float:
+    """The Cliff paper's Balls score (§E, Table 2: "the Mean Correlation Coefficient (MCC) with Spearman correlation
+    coefficient"): MCC (:func:`qkernels.metrics.mcc`, ``method="spearman"``) between ``n`` fresh draws of the
+    ball coordinates (``ds.sample``, generator (seed, 4)) and ``encode`` of their images."""
+    from qkernels import metrics as M
+
+    images, z = ds.sample(int(n), generator(seed, 4))
+    reps = [torch.as_tensor(encode(images[i:i + batch_size])) for i in range(0, images.shape[0], batch_size)]
+    return float(M.mcc(z, torch.cat(reps).double(), method="spearman")["mcc"])
 
 
 def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: int | None = None) -> dict:

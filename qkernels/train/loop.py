@@ -43,8 +43,9 @@ from qkernels.train.config import TrainConfig
 from qkernels.train.data import derive_seed, get_batch
 from qkernels.train.evaluate import evaluate_model, finish_run
 from qkernels.train.interrupt import DeferredSignals, TrainingInterrupted
+from qkernels.train.paper import describe_settings
 from qkernels.train.run import CHECKPOINT, CONFIG, LOG, RunExistsError, build, clear_run, run_files, scalars
-from qkernels.train.selection import CheckpointSelector
+from qkernels.train.selection import CheckpointSelector, describe_cadence, eval_records, eval_steps
 from qkernels.train.throughput import CollapseWatch, fewer_threads
 
 
@@ -103,6 +104,7 @@ class Trainer:
         self.cfg, self.out = cfg.resolve_defaults(), Path(cfg.out)  # config.json records the values used
         self.spec = METHODS[cfg.model]
         self.selector = CheckpointSelector(cfg, self.out)
+        self.eval_at = set(eval_steps(cfg))  # the periodic evaluations (after this many updates)
         self.optim = replace(method_optim(cfg.model, cfg.dataset), weight_decay=cfg.weight_decay)
         self.rank, self.world = rank_and_size()
         # every rank looks before rank 0 writes anything (the DDP set-up below and a barrier come between)
@@ -304,6 +306,16 @@ class Trainer:
         if self.rank == 0:
             self.cfg.save(self.out / CONFIG)
 
+    def _periodic_eval(self) -> None:
+        """Evaluate the model at ``self.step`` (rank 0), log it and let the selection rule see it; before the
+        checkpoint of that step, so a resumed run never evaluates a step twice."""
+        if self.rank != 0:
+            return
+        res = evaluate_model(self.model, self.ds, self.cfg)
+        self.log({"type": "eval", "step": self.step, **scalars(res)})
+        self.selector.observe(self.step, self.model)
+        self.model.train()
+
     def _run(self, stop_after: int | None, final_eval: bool) -> dict | None:
         cfg = self.cfg
         self.model.train()
@@ -311,9 +323,12 @@ class Trainer:
         why = f" ({self.threads_why})" if self.threads_why else ""
         n = torch.get_num_threads()
         bar.note(f"training {cfg.model} on {cfg.dataset} with {n} thread{'s' if n > 1 else ''}{why}: step "
-                 f"{self.step} of {cfg.steps}, batch {self.batch_size}, lr {self.lr:g} -> {self.out}")
+                 f"{self.step} of {cfg.steps}, batch {self.batch_size}, lr {self.lr:g} -> {self.out}; "
+                 f"{describe_cadence(cfg)}; {describe_settings(cfg)}")
         if self.replaced:
             bar.note(f"deleted the {len(self.replaced)} files of the run that was in {self.out}")
+        if self.step == 0 and 0 in self.eval_at and not any(r["step"] == 0 for r in eval_records(self.out)):
+            self._periodic_eval()  # before the first update (Tripod's authors evaluate the initial model)
         while self.step < cfg.steps:
             self._stop_if_signalled(bar)
             if stop_after is not None and self.step >= stop_after:
@@ -325,11 +340,8 @@ class Trainer:
                 raise FloatingPointError(f"non-finite loss at step {self.step}: {terms}")
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 self.log({"type": "train", "step": self.step, **terms})
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps and self.rank == 0:
-                res = evaluate_model(self.model, self.ds, cfg)
-                self.log({"type": "eval", "step": self.step, **scalars(res)})
-                self.selector.observe(self.step, self.model)
-                self.model.train()
+            if self.step in self.eval_at:
+                self._periodic_eval()
             if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                 self.save()
         self._stop_if_signalled(bar)

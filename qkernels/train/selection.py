@@ -8,13 +8,22 @@ evaluates every 10,000 steps (tripod ``configs/train_autoencoder.yaml`` line 87,
 ``scripts/train_autoencoder.py`` lines 317-323: also before the first step and every 2,000 steps of the first
 10,000) and computes the PSNR on uint8 images, whose arithmetic wraps (:func:`qkernels.metrics.psnr_uint8`).
 
-Here the candidates are the run's evaluations: every ``eval_every`` steps (``qkernels train --eval-every N``) and
-the final one. ``"tripod"`` keeps those whose ``recon.psnr_uint8`` reaches the dataset's threshold and picks the
-highest InfoM (ties: the earliest; a NaN InfoM never wins); when none reaches it, the final step is reported and
-the record says so (``"fallback": true``): a CPU-sized run at 32 x 32 does not reach 38 dB. ``"final"``: the last
-evaluation. ``metrics.json`` keeps the final step's metrics at its top level and adds ``"selection"`` (the rule,
-step, threshold and counts) and ``"selected"`` (the chosen evaluation's metrics); the chosen weights are saved as
-``selected.pt`` when they are not the final ones.
+Here the candidates are the run's evaluations (``TrainConfig.eval_every``, :func:`eval_steps`) and the final one.
+Under the ``tripod`` selection the cadence is on by default (``eval_every="auto"`` -> ``"tripod"``): the authors'
+loop evaluates at its index ``step`` BEFORE that index's update, when ``step == 0``, ``(step + 1) % 10000 == 0``, or
+``step + 1 < 10000`` and ``(step + 1) % 2000 == 0``; here that is the model after 0, 1,999, 3,999, 5,999, 7,999,
+9,999, 19,999, ... updates (a run of 250,000 steps: 30 evaluations, the last after 249,999; qkernels also scores the
+final step, one update later, which the authors' loop never evaluates). A run shorter than 50,000 steps (five of
+the authors' periods) is scaled so that it still has several candidates at a bearable cost (each evaluation scores
+10,000 images): it evaluates after ``k * (steps // 5) - 1`` updates for k = 1..4 and at the end, five candidates (a
+CPU-sized run of 600 steps: after 119, 239, 359, 479 updates and at 600). ``"tripod"`` keeps the evaluations
+whose ``recon.psnr_uint8`` reaches the dataset's threshold and picks the highest InfoM (ties: the earliest; a NaN InfoM
+never wins); when none reaches it, the final step is reported and the record says so (``"fallback": true``): a
+CPU-sized run at 32 x 32 does not reach 38 dB. The PSNR is computed on the images the protocol scores (Tripod's: the
+10,000 InfoMEC images; :func:`qkernels.train.evaluate.evaluate_model`), as the authors' ``evaluate`` does on their
+``num_val`` 10,000. ``"final"``: the last evaluation. ``metrics.json`` keeps the final step's metrics at its top level
+and adds ``"selection"`` (the rule, step, threshold and counts) and ``"selected"`` (the chosen evaluation's metrics);
+the chosen weights are saved as ``selected.pt`` when they are not the final ones.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ SELECTIONS = ("final", "tripod")
 TRIPOD_PSNR_THRESHOLDS = {"shapes3d": 38.0, "mpi3d": 42.0, "falcor3d": 34.0, "isaac3d": 40.0}
 #: tripod configs/train_autoencoder.yaml ``eval.period``: the authors' steps between evaluations
 TRIPOD_EVAL_PERIOD = 10_000
+#: a run shorter than this many periods evaluates on a scaled period (:func:`tripod_period`)
+TRIPOD_MIN_PERIODS = 5
 INFOM, PSNR = "infomec.infom", "recon.psnr_uint8"
 
 
@@ -47,6 +58,67 @@ def psnr_threshold(dataset: str) -> float:
 
     name = STAND_INS.get(dataset, dataset)
     return TRIPOD_PSNR_THRESHOLDS.get(name, TRIPOD_PSNR_THRESHOLDS["shapes3d"])
+
+
+def tripod_period(steps: int) -> int:
+    """The evaluation period of Tripod's cadence for a run of ``steps``: the authors' 10,000 from 50,000 steps on,
+    else ``steps // 5`` (at least 1; the short-run scaling of the module docstring).
+
+    Examples:
+        >>> from qkernels.train.selection import tripod_period
+        >>> tripod_period(250_000), tripod_period(50_000), tripod_period(600), tripod_period(3)
+        (10000, 10000, 120, 1)
+    """
+    if steps >= TRIPOD_MIN_PERIODS * TRIPOD_EVAL_PERIOD:
+        return TRIPOD_EVAL_PERIOD
+    return max(1, steps // TRIPOD_MIN_PERIODS)
+
+
+def eval_steps(cfg) -> list[int]:
+    """The steps (updates done) after which a resolved config's run evaluates, besides the final step.
+
+    ``cfg.eval_every`` N > 0: N, 2N, ... below ``cfg.steps``; 0: none; ``"tripod"``: the Tripod authors' cadence
+    (module docstring): from 50,000 steps on 0, then ``k * 2000 - 1`` for k = 1..4, then ``k * 10000 - 1``; below,
+    ``k * (steps // 5) - 1`` for k = 1..4; all below ``cfg.steps``.
+
+    Examples:
+        >>> from types import SimpleNamespace as C
+        >>> from qkernels.train.selection import eval_steps
+        >>> eval_steps(C(eval_every="tripod", steps=600))
+        [119, 239, 359, 479]
+        >>> at = eval_steps(C(eval_every="tripod", steps=250_000))
+        >>> len(at), at[:7], at[-1]
+        (30, [0, 1999, 3999, 5999, 7999, 9999, 19999], 249999)
+        >>> eval_steps(C(eval_every=3, steps=10)), eval_steps(C(eval_every=0, steps=10))
+        ([3, 6, 9], [])
+    """
+    total, every = int(cfg.steps), cfg.eval_every
+    if every == "tripod":
+        period = tripod_period(total)
+        if period == TRIPOD_EVAL_PERIOD:
+            at = {0, *(k * period // 5 - 1 for k in range(1, 5)), *range(period - 1, total, period)}
+        else:
+            at = {k * period - 1 for k in range(1, TRIPOD_MIN_PERIODS)}
+        return sorted(s for s in at if 0 <= s < total)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"eval_every must be an integer >= 0 or 'tripod' (resolve 'auto' first), got {every!r}")
+    return list(range(every, total, every)) if every else []
+
+
+def describe_cadence(cfg) -> str:
+    """One phrase for the ``training ...`` line: when the run evaluates (a resolved config)."""
+    at = eval_steps(cfg)
+    if not at:
+        return "evaluating at the end"
+    shown = ", ".join(f"{s:,}" for s in at[:10]) + (f", ... ({len(at)} in all)" if len(at) > 10 else "")
+    if cfg.eval_every != "tripod":
+        return f"evaluating every {cfg.eval_every:,} steps ({shown}) and at the end"
+    period = tripod_period(int(cfg.steps))
+    scaled = "" if period == TRIPOD_EVAL_PERIOD else (
+        f", scaled for a run of {int(cfg.steps):,} steps: the authors' evaluate every 10,000 steps and every 2,000 "
+        "of the first 10,000")
+    return (f"evaluating after {shown} updates and at the end: Tripod's checkpoint cadence{scaled}; "
+            f"{len(at) + 1} candidates; --eval-every N or 0 to change")
 
 
 def _finite(v) -> bool:
@@ -127,10 +199,8 @@ class CheckpointSelector:
     ``"selection"`` and ``"selected"`` to ``metrics.json`` and returns the metrics so extended."""
 
     def __init__(self, cfg, out: str | Path) -> None:
-        rule = cfg.eval_protocol().selection if cfg.select == "auto" else cfg.select
-        if rule not in SELECTIONS:
-            raise ValueError(f"select must be 'auto' or one of {SELECTIONS}, got {cfg.select!r}")
-        self.rule, self.out, self.periodic = rule, Path(out), bool(cfg.eval_every)
+        rule = cfg.selection_rule()
+        self.rule, self.out, self.periodic = rule, Path(out), bool(eval_steps(cfg))
         self.threshold = psnr_threshold(cfg.dataset) if rule == "tripod" else None
 
     def current(self) -> dict | None:
