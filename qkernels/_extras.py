@@ -24,6 +24,8 @@ DISTRIBUTIONS = {
     "matplotlib": "matplotlib",
     "jax": "jax",
     "jaxlib": "jaxlib",
+    "ray": "ray",
+    "tomli": "tomli",
 }
 
 

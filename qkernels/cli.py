@@ -478,6 +478,9 @@ def parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads while timing (1: steadier on a busy machine)")
     b.set_defaults(func=_bench)
     _add_train(sub)
+    from qkernels.cli_sweep import add_sweep  # light: no torch
+
+    add_sweep(sub, _debug_flag, _int_at_least, _positive_float, UsageError)
     return p
 
 

@@ -64,9 +64,17 @@ def test_tripods_default_cadence_gives_several_candidates_and_the_rule_picks_one
     script = {1: (0.9, 20.0), 3: (0.5, 39.0), 5: (0.7, 38.5), 7: (0.95, 37.9), 10: (0.6, 41.0)}
     trainers = []
     seen = _scripted(monkeypatch, script, trainers)
-    cfg = TrainConfig(model="tripod", dataset="sprites", image_size=8, batch_size=4, steps=10, seed=1,
-                      model_kwargs={"lambda_klm": 0.0, "lambda_nhp": 0.0}, checkpoint_every=100,
-                      out=str(tmp_path / "a"))
+    cfg = TrainConfig(
+        model="tripod",
+        dataset="sprites",
+        image_size=8,
+        batch_size=4,
+        steps=10,
+        seed=1,
+        model_kwargs={"lambda_klm": 0.0, "lambda_nhp": 0.0},
+        checkpoint_every=100,
+        out=str(tmp_path / "a"),
+    )
     trainers.append(loop.Trainer(cfg))
     res = trainers[-1].run()
     assert [s for s, _ in seen] == [1, 3, 5, 7, 10]  # five candidates
@@ -77,10 +85,15 @@ def test_tripods_default_cadence_gives_several_candidates_and_the_rule_picks_one
     for k, v in seen[2][1].items():  # the weights evaluated at step 5
         assert torch.equal(kept["model"][k], v), k
     err = capsys.readouterr().err
-    assert "evaluating after 1, 3, 5, 7 updates and at the end: Tripod's checkpoint cadence, scaled for a run of " \
-           "10 steps" in err and "5 candidates" in err
-    assert "not the paper's settings: arch small (theirs paper), image size 8 (theirs 64), 10 of their 250,000 " \
-           "steps" in err
+    assert (
+        "evaluating after 1, 3, 5, 7 updates and at the end: Tripod's checkpoint cadence, scaled for a run of 10 steps"
+        in err
+        and "5 candidates" in err
+    )
+    assert (
+        "not the paper's settings: arch small (theirs paper), image size 8 (theirs 64), 10 of their 250,000 "
+        "steps" in err
+    )
 
 
 def test_an_evaluation_at_step_0_sees_the_initial_weights(tmp_path, monkeypatch):
@@ -92,9 +105,18 @@ def test_an_evaluation_at_step_0_sees_the_initial_weights(tmp_path, monkeypatch)
     trainers = []
     seen = _scripted(monkeypatch, script, trainers)
     monkeypatch.setattr(loop, "eval_steps", lambda cfg: [0, 2])
-    cfg = TrainConfig(model="tripod", dataset="sprites", image_size=8, batch_size=4, steps=4, seed=1,
-                      model_kwargs={"lambda_klm": 0.0, "lambda_nhp": 0.0}, checkpoint_every=2, progress=False,
-                      out=str(tmp_path / "a"))
+    cfg = TrainConfig(
+        model="tripod",
+        dataset="sprites",
+        image_size=8,
+        batch_size=4,
+        steps=4,
+        seed=1,
+        model_kwargs={"lambda_klm": 0.0, "lambda_nhp": 0.0},
+        checkpoint_every=2,
+        progress=False,
+        out=str(tmp_path / "a"),
+    )
     trainers.append(loop.Trainer(cfg))
     init = {k: v.clone() for k, v in trainers[-1].model.state_dict().items()}
     trainers[-1].run(stop_after=3, final_eval=False)  # killed after step 3: checkpoint of step 2
@@ -102,8 +124,11 @@ def test_an_evaluation_at_step_0_sees_the_initial_weights(tmp_path, monkeypatch)
     trainers[-1].run()
     assert [s for s, _ in seen] == [0, 2, 4]
     assert all(torch.equal(seen[0][1][k], v) for k, v in init.items())
-    evals = [json.loads(ln)["step"] for ln in (tmp_path / "a" / "log.jsonl").read_text().splitlines()
-             if json.loads(ln)["type"] == "eval"]
+    evals = [
+        json.loads(ln)["step"]
+        for ln in (tmp_path / "a" / "log.jsonl").read_text().splitlines()
+        if json.loads(ln)["type"] == "eval"
+    ]
     assert evals == [0, 2, 4]
 
 
@@ -116,7 +141,7 @@ class _Oracle(torch.nn.Module):
         self.z, self.at = z, 0
 
     def forward(self, x):
-        z = self.z[self.at:self.at + x.shape[0]]
+        z = self.z[self.at : self.at + x.shape[0]]
         self.at += x.shape[0]
         return torch.exp(3 * z.flip(1))  # permuted, rank-preserving: Spearman 1, Pearson < 1
 
@@ -158,21 +183,31 @@ def test_grid2d_paper_mixing_is_the_printed_decoder():
         QuantizedGrid2D(n=5, mixing="papr")
 
 
-@pytest.mark.parametrize("model, dataset, want", [
-    ("qlae", "shapes3d", dict(arch="paper", image_size=64, steps=200_000, eval_every=0, protocol="qlae")),
-    ("tripod", "mpi3d", dict(arch="paper", image_size=64, steps=250_000, eval_every="tripod", protocol="tripod")),
-    ("factorqvae", "isaac3d", dict(arch="paper", image_size=64, steps=50_000, eval_every=0, protocol="factorqvae",
-                                   batch_size=256)),
-    ("dvae", "shapes3d", dict(arch="paper", image_size=64, steps=300_000, eval_every=0, protocol="dlib")),
-    ("cliff_vae", "shapes3d", dict(arch="paper", image_size=64, steps=750_000, eval_every=0, protocol="dlib")),
-    ("cliff_ae", "quantized_grid2d", dict(steps=1000, batch_size=5000, eval_every=0,
-                                          dataset_kwargs={"n": 5000, "mixing": "paper"})),
-])
+@pytest.mark.parametrize(
+    "model, dataset, want",
+    [
+        ("qlae", "shapes3d", dict(arch="paper", image_size=64, steps=200_000, eval_every=0, protocol="qlae")),
+        ("tripod", "mpi3d", dict(arch="paper", image_size=64, steps=250_000, eval_every="tripod", protocol="tripod")),
+        (
+            "factorqvae",
+            "isaac3d",
+            dict(arch="paper", image_size=64, steps=50_000, eval_every=0, protocol="factorqvae", batch_size=256),
+        ),
+        ("dvae", "shapes3d", dict(arch="paper", image_size=64, steps=300_000, eval_every=0, protocol="dlib")),
+        ("cliff_vae", "shapes3d", dict(arch="paper", image_size=64, steps=750_000, eval_every=0, protocol="dlib")),
+        (
+            "cliff_ae",
+            "quantized_grid2d",
+            dict(steps=1000, batch_size=5000, eval_every=0, dataset_kwargs={"n": 5000, "mixing": "paper"}),
+        ),
+    ],
+)
 def test_cli_paper_sets_the_papers_settings_and_records_them(model, dataset, want, tmp_path, capsys):
     from qkernels.cli import _train_config, parser
 
-    cfg = _train_config(parser().parse_args(["train", "--model", model, "--dataset", dataset, "--paper",
-                                             "--out", str(tmp_path)]))
+    cfg = _train_config(
+        parser().parse_args(["train", "--model", model, "--dataset", dataset, "--paper", "--out", str(tmp_path)])
+    )
     assert {k: getattr(cfg, k) for k in want} == want and cfg.paper
     said = capsys.readouterr().err
     assert said.startswith("qkernels train: --paper set ") and f"steps {want['steps']:,}" in said
@@ -190,11 +225,13 @@ def test_paper_flags_given_win_and_the_line_names_them(tmp_path):
     def cfg_of(*argv):
         return _train_config(parser().parse_args(["train", *argv, "--out", str(tmp_path)]))
 
-    cfg = cfg_of("--model", "tripod", "--dataset", "shapes3d_procedural", "--paper", "--steps", "100",
-                 "--image-size", "32")
+    cfg = cfg_of(
+        "--model", "tripod", "--dataset", "shapes3d_procedural", "--paper", "--steps", "100", "--image-size", "32"
+    )
     assert (cfg.steps, cfg.image_size, cfg.arch, cfg.eval_every) == (100, 32, "paper", "tripod")
-    assert describe_settings(cfg) == ("the paper's settings except image size 32 (theirs 64), 100 of their 250,000 "
-                                      "steps")
+    assert describe_settings(cfg) == (
+        "the paper's settings except image size 32 (theirs 64), 100 of their 250,000 steps"
+    )
     with pytest.raises(UsageError, match="beta_tcvae is no method of the five papers"):
         cfg_of("--model", "beta_tcvae", "--paper")
     with pytest.raises(UsageError, match="not in qkernels"):

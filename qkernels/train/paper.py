@@ -19,21 +19,43 @@ any method still reports the Spearman MCC of Table 2, :func:`qkernels.train.eval
 from __future__ import annotations
 
 #: each method's paper (the one whose table reports it as its own method or its direct baseline)
-METHOD_PAPER = {"ae": "qlae", "qlae": "qlae", "tripod": "tripod", "qvae": "factorqvae", "factorqvae": "factorqvae",
-                "dvae": "dvae", "factordvae": "dvae", "cliff_vae": "cliff", "cliff_ae": "cliff"}
-PAPER_NAMES = {"qlae": "QLAE (Hsu et al., NeurIPS 2023)", "tripod": "Tripod (Hsu et al., ICML 2024)",
-               "factorqvae": "FactorQVAE (Baykal et al., 2024)", "dvae": "D-VAE (Friede et al., 2023)",
-               "cliff": "Cliff (Barin-Pacela et al., ICML 2025)"}
+METHOD_PAPER = {
+    "ae": "qlae",
+    "qlae": "qlae",
+    "tripod": "tripod",
+    "qvae": "factorqvae",
+    "factorqvae": "factorqvae",
+    "dvae": "dvae",
+    "factordvae": "dvae",
+    "cliff_vae": "cliff",
+    "cliff_ae": "cliff",
+}
+PAPER_NAMES = {
+    "qlae": "QLAE (Hsu et al., NeurIPS 2023)",
+    "tripod": "Tripod (Hsu et al., ICML 2024)",
+    "factorqvae": "FactorQVAE (Baykal et al., 2024)",
+    "dvae": "D-VAE (Friede et al., 2023)",
+    "cliff": "Cliff (Barin-Pacela et al., ICML 2025)",
+}
 #: the datasets each paper reports (a procedural stand-in takes its real dataset's settings)
-PAPER_DATASETS = {"qlae": ("shapes3d", "mpi3d", "falcor3d", "isaac3d"),
-                  "tripod": ("shapes3d", "mpi3d", "falcor3d", "isaac3d"),
-                  "factorqvae": ("shapes3d", "isaac3d", "mpi3d"),
-                  "dvae": ("dsprites", "shapes3d", "mpi3d"),
-                  "cliff": ("quantized_grid2d", "balls", "shapes3d")}
+PAPER_DATASETS = {
+    "qlae": ("shapes3d", "mpi3d", "falcor3d", "isaac3d"),
+    "tripod": ("shapes3d", "mpi3d", "falcor3d", "isaac3d"),
+    "factorqvae": ("shapes3d", "isaac3d", "mpi3d"),
+    "dvae": ("dsprites", "shapes3d", "mpi3d"),
+    "cliff": ("quantized_grid2d", "balls", "shapes3d"),
+}
 PAPER_IMAGE_SIZE = 64
 #: the fields :func:`describe_settings` compares (label, field)
-_SHOWN = (("arch", "arch"), ("image size", "image_size"), ("steps", "steps"), ("evaluation cadence", "eval_every"),
-          ("protocol", "protocol"), ("batch size", "batch_size"), ("data", "dataset_kwargs"))
+_SHOWN = (
+    ("arch", "arch"),
+    ("image size", "image_size"),
+    ("steps", "steps"),
+    ("evaluation cadence", "eval_every"),
+    ("protocol", "protocol"),
+    ("batch size", "batch_size"),
+    ("data", "dataset_kwargs"),
+)
 
 
 def paper_fields(model: str, dataset: str) -> dict:
@@ -58,20 +80,39 @@ def paper_fields(model: str, dataset: str) -> dict:
     if model not in METHODS:
         raise ValueError(f"model must be one of {', '.join(METHODS)}, got {model!r}")
     if model not in METHOD_PAPER:
-        raise ValueError(f"--paper: {model} is no method of the five papers (theirs: {', '.join(METHOD_PAPER)}); "
-                         "give its settings as flags")
+        raise ValueError(
+            f"--paper: {model} is no method of the five papers (theirs: {', '.join(METHOD_PAPER)}); "
+            "give its settings as flags"
+        )
     if model == "cliff_ae":
         if dataset != "quantized_grid2d":
-            raise ValueError(f"--paper: cliff_ae is Cliff's App. F.2 network for the synthetic quantized_grid2d, "
-                             f"not {dataset}")
-        return {"steps": paper_steps(model), "batch_size": METHODS[model].batch_size, "eval_every": 0,
-                "protocol": METHOD_PROTOCOL[model], "dataset_kwargs": {"n": 5000, "mixing": "paper"}}
+            raise ValueError(
+                f"--paper: cliff_ae is Cliff's App. F.2 network for the synthetic quantized_grid2d, not {dataset}"
+            )
+        return {
+            "steps": paper_steps(model),
+            "batch_size": METHODS[model].batch_size,
+            "eval_every": 0,
+            "protocol": METHOD_PROTOCOL[model],
+            "dataset_kwargs": {"n": 5000, "mixing": "paper"},
+        }
     if model == "cliff_vae" and dataset in ("balls", "quantized_grid2d"):
-        raise ValueError(f"--paper: the Cliff paper trains cliff_vae on Shapes3D only; its {dataset} model ("
-                         + ("an autoencoder with Lachapelle et al.'s architecture, App. F.3 / G.2, Table 2) is not "
-                            "in qkernels" if dataset == "balls" else "App. F.2) is --model cliff_ae") + ")")
-    return {"arch": "paper", "image_size": PAPER_IMAGE_SIZE, "steps": paper_steps(model),
-            "eval_every": "tripod" if model == "tripod" else 0, "protocol": METHOD_PROTOCOL[model]}
+        raise ValueError(
+            f"--paper: the Cliff paper trains cliff_vae on Shapes3D only; its {dataset} model ("
+            + (
+                "an autoencoder with Lachapelle et al.'s architecture, App. F.3 / G.2, Table 2) is not in qkernels"
+                if dataset == "balls"
+                else "App. F.2) is --model cliff_ae"
+            )
+            + ")"
+        )
+    return {
+        "arch": "paper",
+        "image_size": PAPER_IMAGE_SIZE,
+        "steps": paper_steps(model),
+        "eval_every": "tripod" if model == "tripod" else 0,
+        "protocol": METHOD_PROTOCOL[model],
+    }
 
 
 def apply_paper(fields: dict) -> tuple[dict, str]:
@@ -119,9 +160,11 @@ def describe_settings(cfg) -> str:
     Examples:
         >>> from qkernels.train import TrainConfig
         >>> from qkernels.train.paper import describe_settings
-        >>> print(describe_settings(TrainConfig(model="qlae").resolve_defaults()).replace("; ", ";\n"))
-        not the paper's settings: arch small (theirs paper), image size 32 (theirs 64), 600 of their 200,000 steps;
-        --paper for theirs
+        >>> said = describe_settings(TrainConfig(model="qlae").resolve_defaults())
+        >>> said.startswith("not the paper's settings: arch small (theirs paper), image size 32 (theirs 64)")
+        True
+        >>> said.endswith("600 of their 200,000 steps; --paper for theirs")
+        True
     """
     try:
         theirs = paper_fields(cfg.model, cfg.dataset)
