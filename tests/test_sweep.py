@@ -293,6 +293,10 @@ def test_grid_validation_conflicts_and_core_split(tmp_path):
     assert cell_state(g, g.cells()[0]) == ("conflict", "steps 7 where the sweep has 40")
     with pytest.raises(ValueError, match="--force"):
         run_sweep(g, threads=1, stream=io.StringIO())
+    # --data-root reaches the file datasets only, and is not part of what a cell computes
+    g = Grid(models=("ae",), datasets=("sprites", "shapes3d"), seeds=(0,), out=str(tmp_path / "r"), data_root="R")
+    assert g.config(Cell("ae", "shapes3d", 0)).dataset_kwargs == {"root": "R"}
+    assert "root" not in g.config(Cell("ae", "sprites", 0)).dataset_kwargs
     w, per, how = split_cores(4, 2, 10)
     assert (w, per) == (2, 2) and "2 workers x 2 threads" in how
     assert split_cores(3, None, 2)[:2] == (2, 1)  # one worker per cell at most; 3 // 2 threads each

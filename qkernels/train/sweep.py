@@ -14,8 +14,9 @@ that was stopped; ``qkernels train --resume`` continues it from its checkpoint, 
 the done cells and resumes the others, so nothing runs twice to completion. A worker killed by a signal (SIGKILL, a
 lost Ray worker) is started again with ``--resume`` up to ``retries`` times; since a run's batches and RNG are
 functions of (seed, step) and its threads are fixed, the resumed run ends bit-for-bit where an uninterrupted one
-does. A worker that exits with an error (exit status 1: a failed run such as a NaN loss; 2: a bad config) is
-reported with its error line and not retried. Only one sweep at a time writes a directory (a lock,
+does. One stopped by SIGINT / SIGTERM (Ctrl-C of the sweep) saves a checkpoint and is reported as stopped: the next
+invocation resumes it. A worker that exits with an error (exit status 1: a failed run such as a NaN loss; 2: a bad
+config) is reported with its error line and not retried. Only one sweep at a time writes a directory (a lock,
 ``<out>/.sweep/lock``).
 
 Cores. Locally ``workers`` processes run at once and each gets ``threads // workers`` torch threads (``threads``
@@ -82,7 +83,8 @@ def _names(kind: str, v) -> tuple:
 class Grid:
     """methods x datasets x seeds (x ``settings``: name -> TrainConfig fields; "" is the unnamed one), under ``base``
     (TrainConfig fields for every cell); ``paper``: start from each method's paper settings. ``out``: the sweep's
-    directory. Build it from flags, a dict or a TOML file (:meth:`from_dict`, :meth:`from_toml`)."""
+    directory; ``data_root``: the file datasets' folder (their ``root``). Build it from flags, a dict or a TOML
+    file (:meth:`from_dict`, :meth:`read_toml`)."""
 
     models: tuple[str, ...]
     datasets: tuple[str, ...]
@@ -91,6 +93,7 @@ class Grid:
     base: dict = field(default_factory=dict)
     settings: dict[str, dict] = field(default_factory=lambda: {"": {}})
     paper: bool = False
+    data_root: str | None = None
 
     def __post_init__(self) -> None:
         from qkernels.models.registry import METHODS
@@ -123,6 +126,7 @@ class Grid:
 
     def config(self, cell: Cell):
         """The resolved TrainConfig of ``cell`` (its ``out``: the cell's directory). ValueError for a bad field."""
+        from qkernels.data import FILE_DATASETS
         from qkernels.train.config import TrainConfig
         from qkernels.train.paper import apply_paper
 
@@ -130,6 +134,8 @@ class Grid:
         kw = {**self.base.get("dataset_kwargs", {}), **self.settings[cell.setting].get("dataset_kwargs", {})}
         if kw:
             fields_["dataset_kwargs"] = kw
+        if self.data_root is not None and cell.dataset in FILE_DATASETS:
+            fields_["dataset_kwargs"] = {**fields_.get("dataset_kwargs", {}), "root": self.data_root}
         fields_.update(
             model=cell.model, dataset=cell.dataset, seed=cell.seed, out=str(Path(self.out) / cell.path), progress=False
         )
@@ -255,7 +261,15 @@ def run_cell(spec: dict) -> dict:
         out = {"attempts": attempts, "killed": killed, "returncode": rc}
         if rc == 0:
             return {**out, "status": "done", "why": "", "seconds": time.perf_counter() - t0}
-        if rc < 0 or rc in (130, 143):  # a signal: SIGKILL (no checkpoint of this step), or SIGINT / SIGTERM
+        if rc in (130, 143):  # SIGINT / SIGTERM: the worker saved a checkpoint and stopped, as asked
+            return {
+                **out,
+                "status": "stopped",
+                "seconds": time.perf_counter() - t0,
+                "why": f"stopped by {'SIGINT' if rc == 130 else 'SIGTERM'}; its checkpoint is kept: run the sweep "
+                "again to resume it",
+            }
+        if rc < 0:  # killed by a signal (SIGKILL: no checkpoint of the step it was in): resumed from its checkpoint
             killed += 1
             out["killed"] = killed
             if stop is not None and stop.is_set():
@@ -267,8 +281,8 @@ def run_cell(spec: dict) -> dict:
             return {
                 **out,
                 "status": "failed",
-                "why": f"killed {killed} times (exit {rc}); last: {_last_error(log)}",
                 "seconds": time.perf_counter() - t0,
+                "why": f"killed {killed} times (exit {rc}); last: {_last_error(log)}",
             }
         return {**out, "status": "failed", "why": _last_error(log), "seconds": time.perf_counter() - t0}
 
@@ -414,9 +428,9 @@ def run_sweep(
     if data_root is not None:
         from qkernels.data import FILE_DATASETS
 
-        grid.base = {**grid.base, "dataset_kwargs": {**grid.base.get("dataset_kwargs", {}), "root": data_root}}
         if not set(grid.datasets) & set(FILE_DATASETS):
             raise ValueError(f"data_root: none of {', '.join(grid.datasets)} reads files")
+        grid.data_root = data_root  # the file datasets' root on the workers (not part of what a cell computes)
     t0 = time.perf_counter()
     lock = _lock(out)
     try:
