@@ -180,53 +180,69 @@ def register_formula(fwd: str, bwd: str, op: decl.Op) -> None:
     """The autograd of the op ``fwd`` (qualified) declared by ``op``, whose backward op is ``bwd``: the forward saves
     what the backward op reads (:func:`qkernels.decl.backward_wiring`); an upstream gradient autograd left out is
     passed as None where the backward op takes None, as zeros otherwise (a 0-d one made once per dtype and device);
-    outputs without a gradient argument are non-differentiable."""
-    w = decl.backward_wiring(op)
-    backward_op = op_callable(bwd)
-    scalars = tuple(k for kind, k in w.plan if kind == "scalar")
-    graded = tuple(i for i, r in enumerate(w.returns) if r is not None)
-    optional = dict(zip((k for kind, k in w.plan if kind == "grad"), w.grad_optional, strict=True))
-    n_in = len(w.saved_inputs)
-
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        outs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*(inputs[i] for i in w.saved_inputs), *(outs[j] for j in w.saved_outputs))
-        ctx.scalars = {i: inputs[i] for i in scalars}
-        ctx.given = tuple(inputs[i] is not None for i in graded)
-        ctx.zeros = {j: (outs[j].shape, outs[j].dtype, outs[j].device) for j, opt in optional.items() if not opt}
-        if w.non_differentiable:
-            ctx.mark_non_differentiable(*(outs[j] for j in w.non_differentiable))
-        ctx.set_materialize_grads(False)
-
-    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        saved = ctx.saved_tensors
-        args = []
-        for kind, k in w.plan:
-            if kind == "grad":
-                g = grads[k]
-                if g is None and k in ctx.zeros:
-                    shape, dtype, device = ctx.zeros[k]
-                    g = _zeros(shape, dtype, device, saved[0])
-                args.append(g)
-            elif kind == "input":
-                args.append(saved[k])
-            elif kind == "output":
-                args.append(saved[n_in + k])
-            else:
-                args.append(ctx.scalars[k])
-        res = backward_op(*args)
-        res = res if isinstance(res, tuple) else (res,)
-        given = dict(zip(graded, ctx.given, strict=True))
-        return tuple(None if r is None or not given[i] else res[r] for i, r in enumerate(w.returns))
-
+    outputs without a gradient argument are non-differentiable. The two functions are generated as straight-line
+    code (:func:`formula_source`): per call they cost what hand-written ones do."""
+    namespace: dict[str, Any] = {"backward_op": op_callable(bwd), "_zeros": _zeros}
+    exec(formula_source(op), namespace)  # noqa: S102 - code generated from the declaration, no user input
+    setup_context, backward = namespace["setup_context"], namespace["backward"]
     torch.library.register_autograd(fwd, backward, setup_context=setup_context)
     _FORMULAS[fwd] = (setup_context, backward)
 
 
-def _zeros(shape: torch.Size, dtype: torch.dtype, device: torch.device, like: torch.Tensor) -> torch.Tensor:
+def formula_source(op: decl.Op) -> str:
+    """The Python source of ``op``'s ``setup_context(ctx, inputs, output)`` and ``backward(ctx, *grads)``."""
+    w = decl.backward_wiring(op)
+    assert op.backward is not None
+    outs = len(op.outputs)
+
+    def out(j: int) -> str:
+        return f"output[{j}]" if outs > 1 else "output"
+
+    saved = [f"inputs[{i}]" for i in w.saved_inputs] + [out(j) for j in w.saved_outputs]
+    scalars = [k for kind, k in w.plan if kind == "scalar"]
+    # the data tensor whose dtype and device zeros take: the first saved data input
+    data = next(k for k, i in enumerate(w.saved_inputs)
+                if isinstance(op.args[i], decl.Tensor) and op.args[i].role == "data")
+    grads = [k for kind, k in w.plan if kind == "grad"]
+    zeros = [k for k, opt in zip(grads, w.grad_optional, strict=True) if not opt]
+    optional_inputs = [i for i, r in enumerate(w.returns)
+                       if r is not None and isinstance(op.args[i], decl.Tensor) and op.args[i].optional]
+    nondiff = [j for j in w.non_differentiable if op.outputs[j].dtype != "index"]  # int outputs are never
+    setup = [f"    ctx.save_for_backward({', '.join(saved)})"]
+    if scalars:
+        setup.append(f"    ctx.scalars = ({''.join(f'inputs[{i}], ' for i in scalars)})")
+    if zeros:
+        setup.append(f"    ctx.shapes = ({''.join(f'{out(j)}.shape, ' for j in zeros)})")
+    if optional_inputs:
+        setup.append(f"    ctx.given = ({''.join(f'inputs[{i}] is not None, ' for i in optional_inputs)})")
+    if nondiff:
+        setup.append(f"    ctx.mark_non_differentiable({', '.join(out(j) for j in nondiff)})")
+    setup.append("    ctx.set_materialize_grads(False)")
+    body = ["    s = ctx.saved_tensors"]
+    body += [f"    if g{k} is None:\n        g{k} = _zeros(ctx.shapes[{zeros.index(k)}], s[{data}])" for k in zeros]
+    n_in = len(w.saved_inputs)
+    args = [f"g{k}" if kind == "grad" else f"s[{k}]" if kind == "input" else f"s[{n_in + k}]" if kind == "output"
+            else f"ctx.scalars[{scalars.index(k)}]" for kind, k in w.plan]
+    body.append(f"    r = backward_op({', '.join(args)})")
+    single = len(op.backward.outputs) == 1
+    results = []
+    for i, r in enumerate(w.returns):
+        value = "None" if r is None else "r" if single else f"r[{r}]"
+        if i in optional_inputs:
+            value = f"({value} if ctx.given[{optional_inputs.index(i)}] else None)"
+        results.append(value)
+    body.append(f"    return ({', '.join(results)},)")
+    return "\n".join([
+        "def setup_context(ctx, inputs, output):", *setup, "",
+        f"def backward(ctx, {', '.join(f'g{j}' for j in range(outs))}):", *body, "",
+    ])
+
+
+def _zeros(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+    """Zeros in ``like``'s dtype and device (a 0-d one made once per dtype and device: no launch per call)."""
     if len(shape) == 0:
-        return constant("zero", like, lambda: torch.zeros((), dtype=dtype, device=device), dtype, device)
-    return torch.zeros(shape, dtype=dtype, device=device)
+        return constant("zero", like, lambda: like.new_zeros(()))
+    return like.new_zeros(shape)
 
 
 def wire(fwd: str, bwd: str, op: decl.Op) -> None:
