@@ -11,6 +11,7 @@ orders and run lengths there too."""
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 
@@ -149,6 +150,58 @@ def test_auto_picks_by_the_size_of_the_call_on_cuda(cuda_kernels):
     assert _backend._select("cliff_loss", torch.device("cpu"), torch.float32, 1e12)[0] == "cpu"
 
 
+def _banded():
+    """(device type, op, bands) of every banded entry of AUTO_ORDER."""
+    return [
+        (device, op, entry)
+        for device, table in _backend.AUTO_ORDER.items()
+        for op, entry in table.items()
+        if not isinstance(entry[0], str)
+    ]
+
+
+def test_a_call_at_a_bands_bound_takes_that_band(cuda_kernels):
+    """The rule of every band of every banded entry, read from the table (a new band is covered as it is added):
+    the first band whose bound is >= the call's work applies, so work == bound takes the band it bounds and the
+    next representable work above it the next band; the bounds increase and the last is inf."""
+    assert _banded(), "no banded entry left: this test and AUTO_BANDS_AT_BOUNDS are stale"
+    for device, op, bands in _banded():
+        bounds = [bound for bound, _ in bands]
+        assert bounds == sorted(set(bounds)) and bounds[-1] == math.inf, (device, op, bounds)
+        for (bound, order), (_, above) in zip(bands, bands[1:], strict=False):
+            assert order != above, (device, op, bound)  # two equal neighbours would make this test vacuous
+            for work in (math.nextafter(bound, -math.inf), bound, int(bound)):
+                assert _backend._auto_order(op, device, work) == order, (device, op, work)
+            assert _backend._auto_order(op, device, math.nextafter(bound, math.inf)) == above, (device, op, bound)
+            assert _backend._auto_order(op, device, int(bound) + 1) == above, (device, op, bound)
+            for work, want in ((bound, order), (int(bound) + 1, above)):
+                dev = torch.device(device)
+                # the pick: the first backend of the band's order that runs (select caches it per band)
+                runs = [b for b in want if b in _backend._REGISTRY[op] and _backend.unavailable_reason(b, dev) is None]
+                pick = runs[0]
+                assert _backend._select(op, dev, torch.float32, work)[0] == pick, (device, op, work)
+                assert _backend.select(op, dev, torch.float32, work)[0] == pick, (device, op, work)
+
+
+# today's bounds and auto's pick at and just above each (the H200 run of 2026-11-27): a changed bound, or a changed
+# rule (work < bound), fails here
+AUTO_BANDS_AT_BOUNDS = {
+    ("cuda", "cliff_loss"): (2_000_000_000, "triton", "reference"),
+    ("cuda", "klm"): (100_000_000, "cuda", "triton"),
+    ("cuda", "latent_quantize"): (1_000_000, "cuda", "triton"),
+    ("cuda", "kde_grid"): (1_000_000, "cuda", "triton"),
+}
+
+
+def test_todays_bands_at_their_bounds(cuda_kernels):
+    assert {(device, op) for device, op, _ in _banded()} == set(AUTO_BANDS_AT_BOUNDS), "a band added or removed"
+    for (device, op), (bound, at, above) in AUTO_BANDS_AT_BOUNDS.items():
+        assert [b for b, _ in _backend.AUTO_ORDER[device][op]] == [bound, math.inf], (device, op)
+        for work, want in ((bound - 1, at), (bound, at), (bound + 1, above)):
+            assert _backend._select(op, torch.device(device), torch.float32, work)[0] == want, (op, work)
+            assert _backend.select(op, torch.device(device), torch.float32, work)[0] == want, (op, work)
+
+
 def test_the_bands_hold_under_torch_compile_with_symbolic_sizes():
     """Under torch.compile(dynamic=True) the call's size is symbolic: a band is a guard, so the compiled function
     changes its pick where the eager one does (here Cliff's band on CUDA, at 2e9)."""
@@ -158,7 +211,7 @@ def test_the_bands_hold_under_torch_compile_with_symbolic_sizes():
         return x * (1.0 if order[0] == "triton" else 2.0)
 
     compiled = torch.compile(pick, dynamic=True, fullgraph=True)
-    for n in (10, 20, 1999, 2001, 5000, 30):
+    for n in (10, 20, 1999, 2000, 2001, 5000, 30):  # 2000: work == the bound, the lower band
         x = torch.ones(n)
         assert compiled(x)[0].item() == pick(x)[0].item() == (1.0 if n <= 2000 else 2.0), n
 
