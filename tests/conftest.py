@@ -1,7 +1,22 @@
 """Shared test set-up. Triton kernels run on CPU tensors through the interpreter on machines
-without a GPU; the variable must be set before any module defining kernels is imported."""
+without a GPU; the variable must be set before any module defining kernels is imported.
 
+Every test runs inside :func:`_no_leaked_state`: a test that leaves process-wide state changed (a backend, a
+precision mode, an environment variable, a thread count, ...: tests/global_state.py lists it) fails at its teardown
+with what changed, and the state is put back; the global random number generators are put back after every test.
+
+Optional parts (the native extension, Triton, JAX, ...: :data:`PARTS`) are skipped where they are missing, through
+:func:`require` / :func:`missing` / :func:`skip_unless`; ``QKERNELS_CI_REQUIRE`` (a comma-separated list of part
+names, ``all`` for every one; .ci/run sets it) makes a named part's absence fail instead: the run stops before the
+first test, and a test that would skip for it fails."""
+
+import importlib
+import importlib.util
 import os
+import shutil
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -9,13 +24,101 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import global_state  # noqa: E402 - a helper module beside this file
+
 import qkernels  # noqa: E402
 import qkernels.ops  # noqa: E402,F401 - registers every op (qkernels._backend's registry imports none of its clients)
+from qkernels import _ext  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # every backend that can run on this machine's test device, reference included
 BACKENDS = qkernels.available_backends(DEVICE)
 KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
+
+
+# ----------------------------------------------------------------------------- optional parts
+
+
+def _modules(*names: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        absent = [n for n in names if importlib.util.find_spec(n) is None]
+        return f"{', '.join(absent)} not installed" if absent else None
+
+    return check
+
+
+def _jax() -> str | None:
+    try:
+        importlib.import_module("qkernels.jax")
+    except ImportError as err:
+        return f"qkernels.jax does not import: {err}"
+    return None
+
+
+def _gloo() -> str | None:
+    import torch.distributed as dist
+
+    return None if dist.is_available() and dist.is_gloo_available() else "torch.distributed without gloo"
+
+
+# every optional part a test skips without, by name: () -> None where present, else why it is missing
+PARTS: dict[str, Callable[[], str | None]] = {
+    "ext": lambda: None if _ext.LOADED else f"the native extension qkernels._C is not loaded: {_ext.REASON}",
+    "triton": lambda: qkernels._backend.unavailable_reason("triton", DEVICE),
+    "jax": _jax,
+    "vqp": _modules("vector_quantize_pytorch"),
+    "docs": _modules("mkdocs", "mkdocstrings", "material", "griffe"),
+    "mypy": _modules("mypy"),
+    "build": _modules("build"),
+    "gloo": _gloo,
+    "binutils": lambda: None if shutil.which("nm") and shutil.which("readelf") else "nm / readelf not on PATH",
+}
+REQUIRED = {p.strip() for p in os.environ.get("QKERNELS_CI_REQUIRE", "").split(",") if p.strip()}
+if "all" in REQUIRED:
+    REQUIRED = set(PARTS)
+
+
+def pytest_sessionstart(session: Any) -> None:
+    """Under QKERNELS_CI_REQUIRE: every named part is present, or the run stops here saying which is not."""
+    unknown = REQUIRED - set(PARTS)
+    if unknown:
+        raise pytest.UsageError(f"QKERNELS_CI_REQUIRE names unknown parts {sorted(unknown)}; known: {sorted(PARTS)}")
+    absent = {p: why for p in sorted(REQUIRED) if (why := PARTS[p]()) is not None}
+    if absent:
+        raise pytest.UsageError(
+            "QKERNELS_CI_REQUIRE: required parts are missing: " + "; ".join(f"{p}: {w}" for p, w in absent.items())
+        )
+
+
+def missing(part: str, reason: str) -> NoReturn:
+    """Skip the calling test (or module, at import) for ``reason``; fail where ``part`` is required. The reason
+    names the test file that asked (a skip raised here is reported at this line)."""
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r}; known: {sorted(PARTS)}")
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    reason = f"{os.path.basename(frame.f_code.co_filename)}: {reason}"
+    if part in REQUIRED:
+        pytest.fail(f"{reason}, and QKERNELS_CI_REQUIRE requires {part!r}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require(module: str, part: str, reason: str | None = None) -> Any:
+    """``import module`` and return it, or :func:`missing` (``part``) when it does not import; the one
+    ``pytest.importorskip`` of the suite, at module level or in a test."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        missing(part, reason or f"needs {module} ({err})")
+
+
+def skip_unless(part: str, reason: str | None = None) -> pytest.MarkDecorator:
+    """A ``skipif`` marker: skip where ``part`` is missing; fail (at collection) where it is also required."""
+    why = PARTS[part]()
+    if why is not None and part in REQUIRED:
+        missing(part, reason or why)
+    return pytest.mark.skipif(why is not None, reason=reason or f"needs {part}: {why}")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -42,3 +145,38 @@ def all_value_checks(monkeypatch):
 def tol(dtype: torch.dtype) -> dict:
     """assert_close tolerances per dtype."""
     return {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+
+
+_BASELINE: dict = {}  # the state every test starts from: read at the first test's set-up, after collection
+_RNG: list = []
+_LAST = ["collection"]  # the test whose teardown ran last
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_state(request):
+    """Fails a test that leaves global state changed (at its teardown, naming what changed), or a test whose
+    state was changed before it started (by a module- or session-scoped fixture, naming the test before it); puts
+    the state back either way, and the global random number generators after every test."""
+    if not _BASELINE:
+        _BASELINE.update(global_state.snapshot())
+        _RNG.append(global_state.rng_state())
+    else:
+        diff = global_state.changes(_BASELINE, global_state.snapshot())
+        if diff:
+            global_state.restore(_BASELINE)
+            pytest.fail(
+                f"global state changed between the end of {_LAST[0]} and the start of this test (a module- or "
+                "session-scoped fixture?): " + "; ".join(diff) + " (put back)",
+                pytrace=False,
+            )
+    yield
+    _LAST[0] = request.node.nodeid
+    global_state.set_rng_state(_RNG[0])
+    diff = global_state.changes(_BASELINE, global_state.snapshot())
+    if diff:
+        global_state.restore(_BASELINE)
+        pytest.fail(
+            "this test left global state changed: " + "; ".join(diff) + " (put back; restore it in the test: "
+            "monkeypatch, a fixture, try/finally)",
+            pytrace=False,
+        )

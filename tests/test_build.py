@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 import torch
+from conftest import skip_unless
 
 from qkernels import _ext
 
@@ -81,8 +82,8 @@ def test_cuda_glue_compiles(path):
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.skipif(not _ext.LOADED or shutil.which("readelf") is None or shutil.which("nm") is None,
-                    reason="needs the built extension and binutils")
+@skip_unless("ext")
+@skip_unless("binutils")
 def test_extension_uses_the_shared_cpp_runtime():
     """_C links libstdc++.so.6 dynamically and carries no private copy of its iostreams: a static
     copy (what the CUDA image's compiler wrapper produced) formats numbers with the system

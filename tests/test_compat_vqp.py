@@ -8,10 +8,9 @@ import math
 
 import pytest
 import torch
+from conftest import BACKENDS, require
 
-vqp = pytest.importorskip("vector_quantize_pytorch")
-
-from conftest import BACKENDS  # noqa: E402
+vqp = require("vector_quantize_pytorch", "vqp")
 
 import qkernels  # noqa: E402
 from qkernels.compat import vector_quantize_pytorch as ours  # noqa: E402

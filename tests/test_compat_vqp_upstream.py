@@ -22,8 +22,9 @@ import types
 
 import pytest
 import torch
+from conftest import require
 
-vqp = pytest.importorskip("vector_quantize_pytorch")
+vqp = require("vector_quantize_pytorch", "vqp")
 
 from qkernels.compat import vector_quantize_pytorch as ours  # noqa: E402
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import skip_unless
 
 import qkernels
 from qkernels.distributed import average_gradients, gather_rows
@@ -54,7 +55,7 @@ def _worker(rank, store, out):
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+@skip_unless("gloo")
 def test_global_batch_losses_and_gradient_shares(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
@@ -122,7 +123,7 @@ def _single(cfg):
         torch.set_default_dtype(previous)
 
 
-@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+@skip_unless("gloo")
 @pytest.mark.parametrize(("model", "steps"), [("qlae", 20), ("tripod", 20), ("cliff_vae", 6)])
 def test_two_process_training_follows_the_single_process_run(tmp_path, model, steps):
     """2 ranks x 8 rows against one process on the global batch of 16, same seed: the same parameters
@@ -153,7 +154,7 @@ def test_two_process_training_follows_the_single_process_run(tmp_path, model, st
             assert two[k] == (v if isinstance(v, str) else pytest.approx(v, rel=1e-6, abs=1e-9)), (k, one["step"])
 
 
-@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+@skip_unless("gloo")
 def test_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(tmp_path):
     from test_train import tiny_cfg
 
@@ -168,7 +169,7 @@ def test_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(tmp_pa
     assert (tmp_path / "resumed" / "log.jsonl").read_text() == (tmp_path / "straight" / "log.jsonl").read_text()
 
 
-@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+@skip_unless("gloo")
 def test_discriminator_methods_stay_in_sync_across_ranks(tmp_path):
     """FactorVAE: DDP syncs the VAE, the trainer averages the discriminator's gradients: after 3 steps
     every rank holds the same parameters, discriminator included, and they moved."""
@@ -182,7 +183,7 @@ def test_discriminator_methods_stay_in_sync_across_ranks(tmp_path):
         assert torch.equal(ranks[0][k], ranks[1][k]), k
 
 
-@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+@skip_unless("gloo")
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     import time
 
@@ -205,7 +206,7 @@ def test_global_batch_must_divide_over_ranks(tmp_path, monkeypatch):
         Trainer(tiny_cfg("qlae", tmp_path / "x", batch_size=16))
 
 
-@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+@skip_unless("gloo")
 def test_cli_under_torchrun(tmp_path):
     """The README's command line: torchrun starts 2 ranks (gloo on the CPU); rank 0 alone prints and writes
     the run; a global batch that does not divide fails on every rank with the one-line error."""

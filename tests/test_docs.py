@@ -13,9 +13,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
+from conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -39,9 +41,8 @@ def api_modules() -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The site, built once for the checks below with ``mkdocs build --strict`` (a warning fails it)."""
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("mkdocstrings")
-    pytest.importorskip("material")
+    for module in ("mkdocs", "mkdocstrings", "material"):
+        require(module, "docs")
     mkdocs = shutil.which("mkdocs", path=os.path.dirname(sys.executable)) or shutil.which("mkdocs")
     cmd = [mkdocs] if mkdocs else [sys.executable, "-m", "mkdocs"]
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
@@ -137,9 +138,12 @@ def test_docs_code_blocks_run(page, monkeypatch, tmp_path):
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     namespace = {"__name__": f"docs_{page.stem}"}
-    for i, block in enumerate(BLOCK.findall(page.read_text())):
-        try:
-            exec(compile(block, f"{page.name}[block {i}]", "exec"), namespace)
-        except Exception as err:  # noqa: BLE001 - name the page and block
-            raise AssertionError(f"{page.name}, python block {i} failed: {err!r}\n{block}") from err
+    # the environment put back whole afterwards: a page's example sets variables (training-code.md: MASTER_ADDR and
+    # MASTER_PORT), which delenv of an unset variable does not undo
+    with mock.patch.dict(os.environ):
+        for i, block in enumerate(BLOCK.findall(page.read_text())):
+            try:
+                exec(compile(block, f"{page.name}[block {i}]", "exec"), namespace)
+            except Exception as err:  # noqa: BLE001 - name the page and block
+                raise AssertionError(f"{page.name}, python block {i} failed: {err!r}\n{block}") from err
     torch._dynamo.reset()

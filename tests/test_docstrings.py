@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+from conftest import require
 from test_docs import api_modules
 
 MODULES = api_modules()  # the API page's sections (docs/hooks.py)
@@ -86,7 +87,7 @@ def _is_named_tuple(obj: object) -> bool:
 def _entries(obj: object) -> list[tuple[str, str]]:
     """(name, description) of each entry of the docstring's "Args:" ("Attributes:" for a NamedTuple) sections, as
     griffe's Google parser (the one mkdocstrings renders with) reads them."""
-    griffe = pytest.importorskip("griffe")
+    griffe = require("griffe", "docs")
     doc = griffe.Docstring(inspect.cleandoc(obj.__doc__ or ""))
     kind = "attributes" if _is_named_tuple(obj) else "parameters"
     sections = griffe.parse_google(doc, warn_unknown_params=False, warn_missing_types=False, warnings=False)

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import missing, require
 
 import qkernels
 from qkernels import _ext
@@ -24,10 +25,10 @@ from qkernels.reference import hessian as ref_hessian
 from qkernels.reference import kde as ref_kde
 from qkernels.reference import quantize as ref_quantize
 
-jax = pytest.importorskip("jax")
+jax = require("jax", "jax")
 if not _ext.LOADED:
-    pytest.skip("needs the built qkernels._C (the torch ops the JAX ops are compared with)", allow_module_level=True)
-qj = pytest.importorskip("qkernels.jax", reason="needs qkernels/jax/_kernels.abi3.so (built when jax is importable)")
+    missing("ext", "needs the built qkernels._C (the torch ops the JAX ops are compared with)")
+qj = require("qkernels.jax", "jax", "needs qkernels/jax/_kernels.abi3.so (built when jax is importable)")
 import jax.numpy as jnp  # noqa: E402
 from jax.test_util import check_grads  # noqa: E402
 

@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import require
 
 import qkernels
 from qkernels._backend import implementations, kernels
@@ -576,7 +577,7 @@ def test_triton_cliff_divides_as_torch_does(monkeypatch):
     case's bound. On an H200 the in-kernel grid step (hi - lo) / (K - 1) divided so put every grid point off
     torch.linspace's, and the gradient 4-6x the float32 reference's error (this emulation: 11-20x); the kernels
     divide with div.rn (``_cliff_common._div``) since."""
-    interpreter = pytest.importorskip("triton.runtime.interpreter")
+    interpreter = require("triton.runtime.interpreter", "triton")
     if not hasattr(interpreter, "InterpreterBuilder") or not os.environ.get("TRITON_INTERPRET"):
         pytest.skip("needs the Triton interpreter")
     _triton_kde("cliff")

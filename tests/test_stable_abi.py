@@ -13,12 +13,12 @@ import shutil
 import subprocess
 import sys
 
-import pytest
+from conftest import skip_unless
 
 from qkernels import _ext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.skipif(not _ext.LOADED, reason="needs the built qkernels._C")
+pytestmark = skip_unless("ext", "needs the built qkernels._C")
 
 
 def _target() -> tuple[int, int]:
@@ -63,7 +63,7 @@ def test_torch_abi_audit_finds_only_stable_symbols_and_abi3():
     assert gate.returncode == 0, gate.stdout + gate.stderr
 
 
-@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils")
+@skip_unless("binutils")
 def test_only_c_functions_of_the_stable_shim_are_imported_from_torch():
     """Independent of the audit tool: no mangled at::, c10:: or torch:: C++ symbol (they change with each torch
     release); what _C takes from libtorch is aoti_torch_* / torch_* C functions."""

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 import qkernels
 import qkernels.nn
@@ -48,7 +49,7 @@ def test_public_api_user_code_runs():
 
 
 def test_mypy_strict_accepts_the_public_api():
-    pytest.importorskip("mypy")
+    require("mypy", "mypy")
     res = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Success: no issues found" in res.stdout

@@ -20,6 +20,7 @@ import zipfile
 
 import pytest
 import torch
+from conftest import missing, skip_unless
 
 from qkernels import _ext
 
@@ -28,7 +29,7 @@ COMPILERS = ("cc", "c++", "gcc", "g++", "clang", "clang++", "nvcc", "ninja")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not _ext.LOADED, reason=f"needs a built qkernels._C to package ({_ext.REASON})"),
+    skip_unless("ext", f"needs a built qkernels._C to package ({_ext.REASON})"),
 ]
 
 CHECK = textwrap.dedent("""
@@ -61,7 +62,7 @@ def _run(cmd, *, env=None, cwd=None, timeout=900):
 
 def test_wheel_installs_and_runs_without_a_compiler(tmp_path):
     if subprocess.run([sys.executable, "-m", "build", "--version"], capture_output=True, cwd=ROOT).returncode:
-        pytest.skip("the `build` package (the dev extra) is not installed")
+        missing("build", "the `build` package (the dev extra) is not installed")
     dist = tmp_path / "dist"
     # the dev venv's tools first on PATH, as in scripts/bootstrap.sh: another ninja's log recompiles everything
     dev = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))

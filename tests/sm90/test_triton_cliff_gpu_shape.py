@@ -24,14 +24,17 @@ import math
 
 import pytest
 import torch
+from conftest import skip_unless
 
 import qkernels
 from qkernels.bench import kde as bench_kde
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available() or "triton" not in qkernels.available_backends("cpu"),
-    reason="runs and records launches under the Triton interpreter (CPU only)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        torch.cuda.is_available(), reason="runs and records launches under the Triton interpreter (CPU only)"
+    ),
+    skip_unless("triton"),
+]
 
 import sm90_launches as sm90  # noqa: E402 - a helper module beside this file
 
