@@ -40,7 +40,7 @@ PRUNE_RULES = ("range", "iqr")
 INFOE_FITS = ("converged", "sklearn")  # our converged L-BFGS fit, or the authors' capped scikit-learn one
 DEGENERATE_RULES = ("finite", "nan")  # 0/0 in InfoM / InfoC: a finite convention, or NaN as the authors' code
 IQR_DISCRETE = 0.1  # Tripod's rule: a discrete latent is active iff its IQR > 0.1 (in the latents' units)
-IQR_CONTINUOUS = 1 / 10  # ... a continuous one iff its IQR > max IQR / 10
+IQR_CONTINUOUS = 10  # ... a continuous one iff its IQR > max IQR / 10 (divided, as the authors' code)
 
 
 def infomec(
@@ -74,11 +74,11 @@ def infomec(
         seed: seeds the estimator's jitter (``random_state``), so results are deterministic.
         prune: the inactive-latent rule for InfoM/InfoC (InfoC is normalized by the number of
             active latents). ``"range"`` (QLAE's code, also FactorQVAE's): a discrete latent is
-            inactive iff constant (zero range); a continuous one iff its range < ``prune_threshold``
-            x the largest latent range. ``"iqr"`` (Tripod's ``disentangle/metrics/infomec.py``): a
-            discrete latent is active iff its interquartile range > 0.1, in the latents' own units
-            (Tripod passes FSQ values in [-1, 1], not codes); a continuous one iff its IQR > the
-            largest IQR / 10 (quantiles with linear interpolation, as ``np.quantile``).
+            inactive iff constant (zero range); a continuous one iff its range <= the largest latent
+            range / (1 / ``prune_threshold``) (the authors' ``max / 20``). ``"iqr"`` (Tripod's
+            ``disentangle/metrics/infomec.py``): a discrete latent is active iff its interquartile range
+            > 0.1, in the latents' own units (Tripod passes FSQ values in [-1, 1], not codes); a continuous
+            one iff its IQR > the largest IQR / 10 (quantiles with linear interpolation, as ``np.quantile``).
         prune_threshold: ``"range"`` only: the paper's 1/20; ``0`` keeps every non-constant latent.
         class_weight: InfoE's regression. ``"balanced"`` (the authors' code): the fit minimizes the
             class-weighted mean log loss, sample weight ``N / (n_present_classes * count(class))``
@@ -163,7 +163,9 @@ def infomec(
     else:
         zf = z.astype(np.float64)
         ranges = zf.max(0) - zf.min(0)
-        active = (ranges > 0) & (ranges >= prune_threshold * ranges.max())
+        # the authors' comparison and arithmetic: range > max range / 20 (x / 20, x * (1 / 20) differ in the last bit)
+        cut = ranges.max() / (1 / prune_threshold) if prune_threshold > 0 else 0.0
+        active = ranges > cut
         design = _standardize(zf[:, ranges > 0])
         mi = np.zeros((n_s, z.shape[1]))  # a constant latent carries no information
         if design.shape[1]:
@@ -172,7 +174,7 @@ def infomec(
     if prune == "iqr":
         q1, q3 = np.quantile(z.astype(np.float64), [0.25, 0.75], axis=0)
         iqr = q3 - q1
-        active = iqr > (IQR_DISCRETE if discrete else IQR_CONTINUOUS * iqr.max())
+        active = iqr > (IQR_DISCRETE if discrete else iqr.max() / IQR_CONTINUOUS)
     nmi = np.clip(mi / h_s[:, None], 0.0, 1.0)
     infom, infoc = _modularity_compactness(nmi[:, active], degenerate)
     fit = dict(class_weight=class_weight, max_iter=max_iter, tol=tol)
