@@ -133,31 +133,67 @@ def test_permute_dims_permutes_each_latent():
     assert not torch.equal(p, z)
 
 
-def test_straight_through_gap():
-    # D-VAE's score recomputed by hand: noise-free soft z = softmax(logits) @ values and hard z =
-    # the value of the argmax category, the summed-per-image BCE of each decoded, the absolute
-    # difference of the sample-weighted means over the loader's batches
-    model, x = tiny("dvae")
-    with torch.no_grad():  # spread the logits so that soft and hard latents differ clearly
-        last = [m for m in model.encoder.modules() if isinstance(m, torch.nn.Linear)][-1]
-        last.weight.mul_(30.0)
-    gap = straight_through_gap(model, [x[:3], (x[3:], None)])
-    values = np.linspace(-1.0, 1.0, 64)
+def _gap_model(logits: torch.Tensor):
+    """A float64 D-VAE whose encoder returns ``logits`` (n, N, K) for the images whose first pixel is i / 100 (row i)
+    and whose decoder is a fixed linear map (pixel logits 3 sum_j z_j w_pj, w = +-1): the gap is then set by the
+    constructed logits, whatever the architecture's layers or initialization."""
+    model, _ = tiny("dvae")
+    model = model.double()
+    n, latents, k = logits.shape
+    x = torch.rand(n, 1, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x[:, 0, 0, 0] = torch.arange(n, dtype=torch.float64) / 100
+    model.logits = lambda xx: logits[(xx[:, 0, 0, 0] * 100).round().long()]
+    w = torch.where(torch.arange(256 * latents).reshape(256, latents) % 3 == 0, -1.0, 1.0).double()
+    model.decoder = torch.nn.Sequential(
+        torch.nn.Linear(latents, 256, bias=False, dtype=torch.float64), torch.nn.Unflatten(1, (1, 16, 16))
+    )
     with torch.no_grad():
-        logits = model.logits(x).double().numpy()
+        model.decoder[0].weight.copy_(3 * w)
+    return model, x, w
+
+
+def _gap_by_hand(logits: np.ndarray, x: np.ndarray, w: np.ndarray, batches: list[slice]) -> float:
+    """lddr's score in numpy: per batch the mean over images of BCE (summed per image) + sum_n KL(p_n || U(K)), with
+    soft z = p @ values and hard z = the value of the argmax; |sample-weighted mean of hard - of soft|."""
+    values = np.linspace(-1.0, 1.0, logits.shape[-1])
     p = np.exp(logits - logits.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
+    kl = (p * np.log(p * logits.shape[-1])).sum((-1, -2))
+
+    def total(z, rows):
+        o = 3 * z[rows] @ w.T
+        xx = x[rows].reshape(len(o), -1)
+        return ((np.logaddexp(0.0, o) - xx * o).sum(1) + kl[rows]).mean()
+
     soft, hard = p @ values, values[logits.argmax(-1)]
+    diff = sum((total(hard, b) - total(soft, b)) * len(range(*b.indices(len(x)))) for b in batches)
+    return abs(diff) / len(x)
 
-    def bce_sum_per_image(z):
-        with torch.no_grad():
-            o = model.decoder(torch.from_numpy(z).float()).double().numpy()
-        xx = x.double().numpy()
-        return (np.logaddexp(0.0, o) - xx * o).reshape(len(xx), -1).sum(1)
 
-    want = abs(bce_sum_per_image(hard).mean() - bce_sum_per_image(soft).mean())
-    assert want > 1e-2
-    assert math.isclose(gap, want, rel_tol=1e-4)
+def test_straight_through_gap():
+    """D-VAE's model-selection score (lddr eval.py: |E[loss with hard one-hots] - E[loss soft]|, noise 0) in
+    float64 against the formula in numpy, on constructed logits: every latent puts ~half its mass on -1 and ~half on
+    +1 (soft z ~ 0, hard z = +-1: a gap of order the image size), and on logits peaked on one value (soft = hard: no
+    gap). Batches of unequal size: the mean is weighted by samples."""
+    n, latents, k = 8, 4, 64
+    g = torch.Generator().manual_seed(1)
+    split = torch.full((n, latents, k), -30.0, dtype=torch.float64)
+    split[..., 0] = 10.0 + torch.rand(n, latents, generator=g, dtype=torch.float64)  # value -1
+    split[..., -1] = 10.0 + torch.rand(n, latents, generator=g, dtype=torch.float64)  # value +1
+    model, x, w = _gap_model(split)
+    batches = [slice(0, 3), slice(3, n)]
+    gap = straight_through_gap(model, [x[:3], (x[3:], None)])
+    want = _gap_by_hand(split.numpy(), x.numpy(), w.numpy(), batches)
+    p = torch.softmax(split, -1)
+    values = torch.linspace(-1, 1, k, dtype=torch.float64)
+    soft, hard = p @ values, values[split.argmax(-1)]
+    assert ((soft - hard).abs() > 0.5).all()  # the construction: soft and hard latents far apart
+    assert want > 10.0 and math.isclose(gap, want, rel_tol=1e-12)
+    # peaked logits: the soft latent is the hard one to ~1e-26, and so are the losses
+    peaked = torch.full((n, latents, k), -30.0, dtype=torch.float64)
+    peaked.scatter_(-1, torch.randint(0, k, (n, latents, 1), generator=g), 30.0)
+    model, x, w = _gap_model(peaked)
+    assert straight_through_gap(model, [x[:3], x[3:]]) < 1e-9
     with pytest.raises(ValueError):
         straight_through_gap(model, [])
 
