@@ -72,6 +72,8 @@ PARTS: dict[str, Callable[[], str | None]] = {
     "build": _modules("build"),
     "gloo": _gloo,
     "binutils": lambda: None if shutil.which("nm") and shutil.which("readelf") else "nm / readelf not on PATH",
+    "equinox": _modules("equinox"),  # the authors' JAX code (tests/test_jax_baselines.py, with their checkouts)
+    "tomllib": _modules("tomllib"),  # Python >= 3.11
 }
 REQUIRED = {p.strip() for p in os.environ.get("QKERNELS_CI_REQUIRE", "").split(",") if p.strip()}
 if "all" in REQUIRED:

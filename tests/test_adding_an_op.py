@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "adding-an-op.md").read_text()
@@ -128,7 +128,7 @@ print("toy op ok")
 
 def test_a_toy_op_made_by_the_recipe_is_complete():
     """In a child process: the toy op's registration must not outlive the test."""
-    pytest.importorskip("triton")
+    require("triton", "triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", TOY], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0 and "toy op ok" in res.stdout, res.stderr[-3000:]

@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import require
 
-jax = pytest.importorskip("jax")
+jax = require("jax", "jax")
 import jax.numpy as jnp  # noqa: E402
 
 from qkernels.reference import hessian as ref_hessian  # noqa: E402
@@ -211,7 +212,7 @@ def test_cliff_equals_torch_reference(n, d, m, k):
 def tripod():
     if not os.environ.get(jb.TRIPOD_ENV):
         pytest.skip(f"{jb.TRIPOD_ENV} names no checkout of github.com/kylehkhsu/tripod")
-    pytest.importorskip("equinox")
+    require("equinox", "equinox")
     return jb.authors_tripod()
 
 
@@ -219,7 +220,7 @@ def tripod():
 def qlae():
     if not os.environ.get(jb.QLAE_ENV):
         pytest.skip(f"{jb.QLAE_ENV} names no checkout of github.com/kylehkhsu/latent_quantization")
-    pytest.importorskip("equinox")
+    require("equinox", "equinox")
     return jb.authors_qlae()
 
 
@@ -297,7 +298,7 @@ def test_dropin_lockstep_float64(method, capsys):
     env = jb.TRIPOD_ENV if method == "tripod" else jb.QLAE_ENV
     if not os.environ.get(env):
         pytest.skip(f"{env} names no checkout")
-    pytest.importorskip("equinox")
+    require("equinox", "equinox")
     sys.path.insert(0, str(ROOT / "python"))
     try:
         module = __import__(f"jax_dropin_{method}")
@@ -318,7 +319,7 @@ def test_tripod_nhp_float32(capsys):
     draws, cast; float64 drop-in = float64 original: test_dropin_lockstep_float64), quoted in docs/jax.md."""
     if not os.environ.get(jb.TRIPOD_ENV):
         pytest.skip(f"{jb.TRIPOD_ENV} names no checkout")
-    eqx = pytest.importorskip("equinox")
+    eqx = require("equinox", "equinox")
     sys.path.insert(0, str(ROOT / "python"))
     try:
         import jax_dropin_tripod as tripod_module

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 from qkernels import _extras, cli
 
@@ -115,7 +116,7 @@ def test_the_package_asks_for_torch_and_numpy_and_offers_the_extras():
         ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "REQUIRES"
     )
     assert [r.split(">")[0] for r in requires] == ["numpy"]
-    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    tomllib = require("tomllib", "tomllib")  # Python >= 3.11
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {"train", "metrics", "data", "plot", "docs", "jax", "dev"} <= set(extras)
 

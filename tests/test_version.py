@@ -5,6 +5,7 @@ import importlib.metadata
 import os
 
 import pytest
+from conftest import require
 
 import qkernels
 
@@ -16,7 +17,7 @@ def test_metadata_version_is_qkernels_version():
 
 
 def test_pyproject_reads_the_version_from_the_package():
-    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    tomllib = require("tomllib", "tomllib")  # Python >= 3.11
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
         config = tomllib.load(fh)
     assert "version" not in config["project"] and "version" in config["project"]["dynamic"]
