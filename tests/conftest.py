@@ -72,6 +72,7 @@ PARTS: dict[str, Callable[[], str | None]] = {
     "build": _modules("build"),
     "gloo": _gloo,
     "binutils": lambda: None if shutil.which("nm") and shutil.which("readelf") else "nm / readelf not on PATH",
+    "ray": _modules("ray"),  # qkernels sweep --ray (the dev extra installs it)
     "equinox": _modules("equinox"),  # the authors' JAX code (tests/test_jax_baselines.py, with their checkouts)
     "tomllib": _modules("tomllib"),  # Python >= 3.11
 }

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require
 
 from qkernels.train import TrainConfig, eval_run, train
 from qkernels.train.sweep import Cell, Grid, cell_state, run_sweep, split_cores
@@ -224,7 +225,7 @@ def test_the_tables_numbers_are_qkernels_eval_of_each_run(swept):
 
 
 def test_the_same_sweep_on_a_local_ray_cluster(tmp_path, one_by_one):
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'qkernels[ray]')")
+    ray = require("ray", "ray", "ray is not installed (pip install 'qkernels[ray]')")
     ray.init(
         num_cpus=2,
         include_dashboard=False,
