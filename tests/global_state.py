@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 # environment variables set by the tools themselves, not by a test: pytest around each phase of a test, inductor at
-# its first compilation (its cache directory, a pointer it passes to its subprocesses), jax and scikit-learn (joblib)
-# at their import
+# its first compilation (its cache directory, a pointer it passes to its subprocesses), jax, scikit-learn (joblib)
+# and ray at their import
 _OWN_ENV = (
     "PYTEST_CURRENT_TEST",
     "TORCHINDUCTOR_CACHE_DIR",
@@ -35,6 +35,7 @@ _OWN_ENV = (
     "TPU_SKIP_MDS_QUERY",
     "KMP_DUPLICATE_LIB_OK",
     "KMP_INIT_AT_FORK",
+    "RAY_CLIENT_MODE",
 )
 
 

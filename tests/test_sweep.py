@@ -226,6 +226,7 @@ def test_the_tables_numbers_are_qkernels_eval_of_each_run(swept):
 
 def test_the_same_sweep_on_a_local_ray_cluster(tmp_path, one_by_one):
     ray = require("ray", "ray", "ray is not installed (pip install 'qkernels[ray]')")
+    env, sigterm = dict(os.environ), signal.getsignal(signal.SIGTERM)  # ray.init sets both for the process
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -243,6 +244,9 @@ def test_the_same_sweep_on_a_local_ray_cluster(tmp_path, one_by_one):
         res = run_sweep(_grid(tmp_path), ray="auto", ray_threads=1, stream=err)
     finally:
         ray.shutdown()
+        signal.signal(signal.SIGTERM, sigterm)
+        os.environ.clear()
+        os.environ.update(env)
     assert not res.failed and len(res.ran) == 4, err.getvalue()
     assert "4 cells as Ray tasks of 1 CPU each" in err.getvalue()
     for cell in _grid(tmp_path).cells():

@@ -9,11 +9,11 @@ import io
 import json
 import signal
 import threading
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from qkernels.train import TrainConfig
 from qkernels.train import threads as T
 from qkernels.train.interrupt import DeferredSignals
 from qkernels.train.selection import CheckpointSelector
@@ -22,7 +22,7 @@ from qkernels.train.selection import CheckpointSelector
 
 
 def _selector(out):
-    cfg = SimpleNamespace(select="tripod", eval_every=1, dataset="shapes3d", eval_protocol=lambda: None)
+    cfg = TrainConfig(model="tripod", dataset="shapes3d", steps=5, eval_every=1, select="tripod", out=str(out))
     return CheckpointSelector(cfg, out)
 
 
