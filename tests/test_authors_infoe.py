@@ -77,7 +77,7 @@ def transcribed_infoe(s: np.ndarray, z: np.ndarray, discrete: bool, max_iter: in
     return _score(s, design, z.shape, max_iter)
 
 
-def _data(n: int = 600, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def _data(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Two sources (5 and 4 values) and five latents entangled with them, on scales from 0.01 to 1000 with offsets,
     and a constant latent."""
     rng = np.random.default_rng(seed)
