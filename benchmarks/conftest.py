@@ -14,13 +14,16 @@ The default run leaves out the slow cases (``Case.slow``) and the tests marked `
 training-step benchmarks, the slow metrics): ``--bench-all`` includes them. Before the tests run, a
 plan line says what will run, what is left out and roughly how long it takes.
 
-As it goes (issue 47): each comparison test's row is printed as soon as it finishes (under its case's name, in
-the table's columns; "vs baseline" where the baseline already ran), so a stopped run shows what it measured;
+As it goes: each comparison test's row is printed as soon as it finishes (under its case's name, in the table's
+columns), so a stopped run shows what it measured. Each case's baseline runs first and its torch.compile variant
+second (:func:`baseline_first`), so every row printed has its ratios (a selection that leaves the baseline out
+shows "-");
 ``--bench-save DIR`` also writes every finished row to ``DIR/<machine>/<date>.csv`` and ``.json`` after each
 test (the format of ``qkernels bench --save``, :mod:`qkernels.bench.results`).
 
 Selections: every test carries a marker naming its hot path (``-m quantize``, ``kde``, ``hessian``,
-``overhead``, ``step``) or, outside the comparison cases, its file (``-m data``, ``metrics``, ``agreement``);
+``overhead``, ``step``, ``jax``) or, outside the comparison cases, its file (``-m data``, ``metrics``, ``agreement``,
+``jax_baselines``): :data:`MARKERS`, registered with pytest;
 ``-k`` matches case names. ``--quick`` runs :data:`QUICK`: one headline case per kernel hot path, eager
 variants only (a torch.compile variant compiles for seconds) and no peak-memory subprocesses, under a minute
 on 2 cores.
@@ -29,6 +32,7 @@ on 2 cores.
 import dataclasses
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,7 +53,9 @@ QUICK = {
     "hessian": ("nhp mlp n=64 d=12 k=2",),
     "overhead": ("cliff_loss n=8 d=3, cpu",),
 }
-MARKERS = (*bench.HOTPATHS, "data", "metrics", "agreement")  # a marker per hot path, or per file
+# a marker per hot path (test_jax.py's cases: "jax"), and one per file for the tests that are not cases
+FILES = sorted(p.stem.removeprefix("test_") for p in Path(__file__).parent.glob("test_*.py"))
+MARKERS = tuple(dict.fromkeys((*bench.HOTPATHS, "jax", *FILES)))
 # torch.compile's pre-grad passes import torch.fx.experimental.optimization -> torch.utils.mkldnn, whose 14
 # @torch.jit.script_method decorators each warn (torch 2.13); nothing of qkernels uses TorchScript
 TORCH_WARNINGS = ("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning",)
@@ -121,6 +127,31 @@ def plan(items, skipped) -> list[str]:
                              runs="tests")
 
 
+def _rank(item) -> int:
+    """0 for a case's baseline variant, 1 for its torch.compile variant (the "vs compiled" column), 2 otherwise."""
+    case, variant = _case(item), item.callspec.params["variant"]
+    return 0 if variant == case.baseline else 1 if variant == "reference_compiled" else 2
+
+
+def baseline_first(items) -> list:
+    """``items`` with each run of consecutive tests of one case reordered: its baseline first, its torch.compile
+    variant second, the others in their order. A row is printed as its test finishes, with its ratios only
+    when the baseline has run: this way every row has them."""
+
+    def group(item):
+        case = _case(item)
+        return case and (item.path, case.hotpath, case.name)
+
+    out, i = [], 0
+    while i < len(items):
+        key, j = group(items[i]), i + 1
+        while key and j < len(items) and group(items[j]) == key:
+            j += 1
+        out += sorted(items[i:j], key=_rank) if key else items[i:j]
+        i = j
+    return out
+
+
 def pytest_itemcollected(item):
     item.add_marker(marker(item))  # before -m selects
 
@@ -141,6 +172,7 @@ def pytest_collection_modifyitems(config, items):
         if skipped:
             config.hook.pytest_deselected(items=skipped)
             items[:] = [i for i in items if not is_slow(i)]
+    items[:] = baseline_first(items)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and not getattr(config.option, "benchmark_disable", False) and items:
         reporter.write_line("")

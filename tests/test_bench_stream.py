@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import importlib.util
 import subprocess
 import sys
@@ -74,3 +75,41 @@ def test_markers_and_the_quick_selection():
     assert {"quantize", "kde", "hessian"} <= {h for h, _ in names}  # every kernel hot path (overhead: with _C)
     assert all("compiled" not in v for _, v in chosen)
     assert bench.estimate_seconds(chosen, memory=False, min_time=0.8) < 60  # the plan's own estimate
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own
+def test_each_case_runs_its_baseline_first_so_every_streamed_row_has_its_ratio():
+    """Issue 57, item 10: the hessian cases list ``reference``, ``cpu`` before their baseline ``sequential``; run in
+    that order their rows were printed with "-" for the ratio. The conftest reorders each case's tests: baseline,
+    then torch.compile, then the rest, so every row printed as it finishes shows "vs baseline"."""
+    conf = _conftest()
+    probe = bench.report._ROW.format("v", "1", "2", "3", "4", "VS_BASELINE", "VS_COMPILED", "5", "6")
+    at = probe.index("VS_BASELINE")
+    for hotpath in ("hessian", "kde"):
+        cases = bench.cases(hotpath)
+        items = [_item(c, v) for c in cases for v in c.variants]
+        ordered = conf.baseline_first(items)
+        assert sorted(map(id, ordered)) == sorted(map(id, items))  # the same tests, each case's kept together
+        assert [i.callspec.params["case"].name for i in ordered] == [i.callspec.params["case"].name for i in items]
+        conf._FINISHED.clear()
+        for item in ordered:
+            case, variant = item.callspec.params["case"], item.callspec.params["variant"]
+            median = 2.0 if variant == case.baseline else 1.0
+            stats = types.SimpleNamespace(min=median, median=median, q1=median, q3=median, rounds=5)
+            meta = types.SimpleNamespace(stats=stats, extra_info={"hotpath": hotpath, "case": case.name,
+                                                                  "variant": variant, "baseline": case.baseline})
+            row = conf.finished(meta)[-1]
+            assert row.startswith(f"  {variant[:19]}") and row[at:at + 13].strip() not in ("", "-"), (case.name, row)
+        conf._FINISHED.clear()
+    hessian = bench.cases("hessian")[0]
+    assert list(hessian.variants)[-1] == hessian.baseline  # the order that printed "-" before
+
+
+def test_every_benchmark_marker_is_registered():
+    """Issue 57, item 10: test_jax.py's cases carry the marker "jax", test_jax_baselines.py's tests
+    "jax_baselines": both are registered (no PytestUnknownMarkWarning)."""
+    conf = _conftest()
+    hotpaths = set(re.findall(r'\bCase\(\s*"(\w+)"', "".join(p.read_text() for p in (ROOT / "benchmarks").glob("*.py"))))
+    files = {p.stem.removeprefix("test_") for p in (ROOT / "benchmarks").glob("test_*.py")}
+    assert {"jax", "jax_baselines"} <= set(conf.MARKERS)
+    assert hotpaths | set(bench.HOTPATHS) | files <= set(conf.MARKERS)
