@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Set up .venv with qkernels (native extension included) and its dev tools. Idempotent: a second run with
-# nothing changed (same native sources, build files, torch and environment switches) installs and builds
-# nothing and takes seconds. Each step prints one line (what it does, roughly how long it takes).
+# Set up .venv with qkernels (native extension included) and its dev tools. Each step prints one line (what it
+# does, roughly how long it takes). Idempotent: a second run with nothing changed (same native sources, build
+# files, torch, jax, Python and environment switches) installs and builds nothing. It still checks, each time:
+# that torch, numpy and jax are installed (without importing them), a hash of what the build depends on against
+# the last build's, that qkernels._C loads with torch and the JAX FFI library is there, that qkernels and the dev
+# tools import, and then prints the backends (qkernels imported with torch). Those two torch imports take most of
+# its time: about 10 s on 2 idle cores, half a minute on 2 cores at load 12, more under heavier load.
 # Installs the CPU build of torch 2.13.0 when the venv has none; set QKERNELS_TORCH (pip arguments, e.g.
 # "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128") to choose another build.
 set -euo pipefail
@@ -26,7 +30,9 @@ install_cpu_torch() {
     say "no torch installed: set QKERNELS_TORCH to pip arguments that reach a build of torch $TORCH_RELEASE"
     exit 1
 }
-if ! python -c "import torch" >/dev/null 2>&1; then
+# is installed: found on the path, not imported (an import of torch takes seconds, many on a loaded machine)
+installed() { python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
+if ! installed torch; then
     if [ -n "${QKERNELS_TORCH:-}" ]; then
         say "installing $QKERNELS_TORCH (QKERNELS_TORCH; 1-3 min)"
         # shellcheck disable=SC2086  # QKERNELS_TORCH holds several pip arguments
@@ -37,7 +43,7 @@ if ! python -c "import torch" >/dev/null 2>&1; then
     fi
 fi
 # torch warns "Failed to initialize NumPy" at every import without numpy: install it before torch is imported
-if ! python -c "import numpy" >/dev/null 2>&1; then
+if ! installed numpy; then
     say "installing numpy (seconds)"
     pip_install "numpy>=1.24"
 fi
@@ -57,7 +63,9 @@ fi
 # what the build depends on: native sources, build files, torch, jax, python, the build switches
 stamp_file=.venv/.qkernels-build-stamp
 stamp=$( { cat setup.py pyproject.toml; find csrc -type f | LC_ALL=C sort | xargs cat;
-           python -c "import sys, torch; print(sys.version, torch.__version__, torch.version.cuda)";
+           python -c "import importlib.util, sys; v = {}  # torch/version.py: torch.__version__, torch.version.cuda
+exec(open(importlib.util.find_spec('torch').submodule_search_locations[0] + '/version.py').read(), v)
+print(sys.version, v['__version__'], v['cuda'])";
            jax_version || true;
            echo "${QKERNELS_NO_EXT:-0} ${QKERNELS_NO_CUDA:-0} ${QKERNELS_NO_JAX:-0} ${TORCH_CUDA_ARCH_LIST:-}"; } | sha256sum | cut -d' ' -f1)
 ext_ok() {

@@ -75,3 +75,39 @@ def test_intervention_rows_and_loss_axes_are_labelled(monkeypatch):
     recs = [{"type": "train", "step": s, "total": 1.0 / s, "recon": 0.5 + 0.01 * s, "lr": 1e-3} for s in (1, 10, 100)]
     F.loss_curves([("run", recs)], "title")
     assert texts == ["total, log scale", "recon"]  # one y label per panel (lr is constant: listed below)
+
+
+# ------------------------------------------------------------------------- issue 57, item 11: klm_loss's own name
+_KLM_C = (
+    "the CPU kernel's value checks name the raw op 'klm': csrc/cpu/kde.cpp, check_finite(z, \"z\", \"klm\") and "
+    "check_finite(*given, \"std\", \"klm\", ...) (csrc/jax/kde_ffi.cpp the same for JAX) should say \"klm_loss\"; "
+    "a C++ change and a rebuild (the lead's): remove this mark then"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=_KLM_C)
+def test_klm_loss_names_itself_in_its_value_messages():
+    if "cpu" not in qkernels.available_backends():
+        pytest.skip("the cpu backend is not built")
+    z = torch.randn(50, 3)
+    bad = z.clone()
+    bad[0, 0] = float("nan")
+    with qkernels.use_backend("cpu"):
+        with pytest.raises(ValueError, match=r"^cliff_loss: z contains NaN or inf"):  # as the others say it
+            qkernels.cliff_loss(bad)
+        with pytest.raises(ValueError, match=r"^klm_loss: z contains NaN or inf"):
+            qkernels.klm_loss(bad, std=torch.ones(3))
+        with pytest.raises(ValueError, match=r"^klm_loss: std must be > 0"):
+            qkernels.klm_loss(z, std=-torch.ones(3))
+
+
+@pytest.mark.xfail(strict=True, reason=_KLM_C)
+def test_jax_klm_loss_names_itself_in_its_value_message():
+    jnp = pytest.importorskip("jax.numpy")
+    qj = pytest.importorskip("qkernels.jax")
+    import numpy as np
+
+    z = np.random.default_rng(0).normal(size=(50, 3)).astype("float32")
+    z[0, 0] = np.nan
+    with pytest.raises(Exception, match=r"klm_loss: z contains NaN or inf"):
+        qj.klm_loss(jnp.asarray(z), std=jnp.ones(3))
