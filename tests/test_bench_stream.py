@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import csv
-import re
 import importlib.util
+import re
 import subprocess
 import sys
 import types
@@ -96,10 +96,12 @@ def test_each_case_runs_its_baseline_first_so_every_streamed_row_has_its_ratio()
             case, variant = item.callspec.params["case"], item.callspec.params["variant"]
             median = 2.0 if variant == case.baseline else 1.0
             stats = types.SimpleNamespace(min=median, median=median, q1=median, q3=median, rounds=5)
-            meta = types.SimpleNamespace(stats=stats, extra_info={"hotpath": hotpath, "case": case.name,
-                                                                  "variant": variant, "baseline": case.baseline})
+            meta = types.SimpleNamespace(
+                stats=stats,
+                extra_info={"hotpath": hotpath, "case": case.name, "variant": variant, "baseline": case.baseline},
+            )
             row = conf.finished(meta)[-1]
-            assert row.startswith(f"  {variant[:19]}") and row[at:at + 13].strip() not in ("", "-"), (case.name, row)
+            assert row.startswith(f"  {variant[:19]}") and row[at : at + 13].strip() not in ("", "-"), (case.name, row)
         conf._FINISHED.clear()
     hessian = bench.cases("hessian")[0]
     assert list(hessian.variants)[-1] == hessian.baseline  # the order that printed "-" before
@@ -109,7 +111,8 @@ def test_every_benchmark_marker_is_registered():
     """Issue 57, item 10: test_jax.py's cases carry the marker "jax", test_jax_baselines.py's tests
     "jax_baselines": both are registered (no PytestUnknownMarkWarning)."""
     conf = _conftest()
-    hotpaths = set(re.findall(r'\bCase\(\s*"(\w+)"', "".join(p.read_text() for p in (ROOT / "benchmarks").glob("*.py"))))
+    sources = "".join(p.read_text() for p in (ROOT / "benchmarks").glob("*.py"))
+    hotpaths = set(re.findall(r'\bCase\(\s*"(\w+)"', sources))
     files = {p.stem.removeprefix("test_") for p in (ROOT / "benchmarks").glob("test_*.py")}
     assert {"jax", "jax_baselines"} <= set(conf.MARKERS)
     assert hotpaths | set(bench.HOTPATHS) | files <= set(conf.MARKERS)
