@@ -62,7 +62,15 @@ def test_the_ops_models_and_procedural_data_run_with_torch_and_numpy_only_and_ex
                 fn()
             except ImportError as err:
                 errors[what] = [type(err).__name__, str(err)]
-        error("metrics", lambda: __import__("qkernels.metrics"))
+        import qkernels.metrics as M  # issue 57: only the names that need scikit-learn / scipy fail
+        x = torch.rand(4, 3, 8, 8)
+        assert M.psnr(x, x * 0.9) > 0 and M.mse(x, x) == 0 and M.psnr_uint8(x, x * 0.9) > 0
+        s = torch.randint(0, 3, (200, 2))
+        assert 0 <= M.mig(s, s.float())["mig"] <= 1 and "modularity" in M.modularity(s, s.float())
+        assert M.get_protocol("tripod").metrics == ("infomec", "dci")
+        for name in ("dci", "evaluate", "infomec", "sap", "mcc", "METRICS"):
+            error(name, lambda name=name: getattr(M, name))
+        error("from", lambda: exec("from qkernels.metrics import sap"))
         error("figures", lambda: __import__("qkernels.train.figures"))
         from qkernels.data import Shapes3D, contact_sheet
         error("shapes3d", lambda: Shapes3D(tempfile.mkdtemp() + "/3dshapes.h5"))
@@ -77,7 +85,13 @@ def test_the_ops_models_and_procedural_data_run_with_torch_and_numpy_only_and_ex
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     want = {
-        "metrics": "qkernels.metrics.dci needs scikit-learn: pip install 'qkernels[metrics]'",
+        "dci": "qkernels.metrics.dci needs scikit-learn: pip install 'qkernels[metrics]'",
+        "evaluate": "qkernels.metrics.evaluate needs scikit-learn: pip install 'qkernels[metrics]'",
+        "infomec": "qkernels.metrics.infomec needs scipy: pip install 'qkernels[metrics]'",
+        "sap": "qkernels.metrics.sap needs scikit-learn: pip install 'qkernels[metrics]'",
+        "mcc": "qkernels.metrics.mcc needs scipy: pip install 'qkernels[metrics]'",
+        "METRICS": "qkernels.metrics.METRICS needs scikit-learn: pip install 'qkernels[metrics]'",
+        "from": "qkernels.metrics.sap needs scikit-learn: pip install 'qkernels[metrics]'",
         "figures": "qkernels.train.figures needs pillow: pip install 'qkernels[train]'",
         "shapes3d": "qkernels.data.Shapes3D needs h5py: pip install 'qkernels[data]'",
         "contact_sheet": "qkernels.data.contact_sheet needs pillow: pip install 'qkernels[data]'",
