@@ -581,12 +581,12 @@ def test_tripod_selection_is_the_papers_psnr_filter_and_best_infom():
         "shapes3d": 38.0, "mpi3d": 42.0, "falcor3d": 34.0, "isaac3d": 40.0}
     assert psnr_threshold("shapes3d_procedural") == 38.0 and TRIPOD_EVAL_PERIOD == 10_000
     assert PROTOCOLS["tripod"].selection == "tripod"
-    recs = [{"step": 10, "infomec.infom": 0.95, "recon.psnr_uint8": 37.9},  # best InfoM, blurry: discarded
-            {"step": 20, "infomec.infom": 0.70, "recon.psnr_uint8": 38.0},
-            {"step": 30, "infomec.infom": float("nan"), "recon.psnr_uint8": 45.0},  # NaN never wins
-            {"step": 40, "infomec.infom": 0.80, "recon.psnr_uint8": 41.0},
-            {"step": 50, "infomec.infom": 0.80, "recon.psnr_uint8": 42.0},  # a tie: the earlier one
-            {"step": 60, "infomec.infom": 0.60, "recon.psnr_uint8": 44.0}]
+    recs = [{"step": 10, "infomec.infom": 0.95, "recon.psnr_tripod": 37.9},  # best InfoM, blurry: discarded
+            {"step": 20, "infomec.infom": 0.70, "recon.psnr_tripod": 38.0},
+            {"step": 30, "infomec.infom": float("nan"), "recon.psnr_tripod": 45.0},  # NaN never wins
+            {"step": 40, "infomec.infom": 0.80, "recon.psnr_tripod": 41.0},
+            {"step": 50, "infomec.infom": 0.80, "recon.psnr_tripod": 42.0},  # a tie: the earlier one
+            {"step": 60, "infomec.infom": 0.60, "recon.psnr_tripod": 44.0}]
     sel = select_checkpoint(recs, "tripod", 38.0)
     assert (sel["step"], sel["passed"], sel["evaluated"], sel["fallback"]) == (40, 5, 6, False)
     sel = select_checkpoint(recs, "tripod", 50.0)
@@ -612,7 +612,7 @@ def test_trainer_reports_the_selected_checkpoint_and_keeps_its_weights(tmp_path,
     def scripted(model, ds, cfg, **kw):
         tr = trainers[-1]
         infom, psnr = script[tr.step]
-        return {"infomec.infom": infom, "recon.psnr_uint8": psnr, "recon.psnr": psnr - 10}
+        return {"infomec.infom": infom, "recon.psnr_tripod": psnr, "recon.psnr": psnr - 10}
 
     def final(model, ds, cfg, out, step, log):  # as finish_run: the final eval line, metrics.json (no figures)
         res = {"step": step, **scripted(model, ds, cfg)}

@@ -43,7 +43,7 @@ def _scripted(monkeypatch, script, trainers):
         tr = trainers[-1]
         seen.append((tr.step, {k: v.clone() for k, v in model.state_dict().items()}))
         infom, psnr = script[tr.step]
-        return {"infomec.infom": infom, "recon.psnr_uint8": psnr, "recon.psnr": psnr - 10}
+        return {"infomec.infom": infom, "recon.psnr_tripod": psnr, "recon.psnr": psnr - 10}
 
     def final(model, ds, cfg, out, step, log):  # as finish_run: the final eval line and metrics.json (no figures)
         res = {"step": step, **scripted(model, ds, cfg)}

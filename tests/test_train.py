@@ -816,11 +816,11 @@ def test_evaluate_model_wiring_and_reconstruction_scores(monkeypatch):
     mse, psnr, psnr8 = want(x)  # all 300 images (two batches of the draw), not 256 of another generator
     assert res["recon.mse"] == pytest.approx(mse, rel=1e-9)
     assert res["recon.psnr"] == pytest.approx(psnr, rel=1e-9)
-    assert res["recon.psnr_uint8"] == pytest.approx(psnr8, rel=1e-9)
+    assert res["recon.psnr_tripod"] == pytest.approx(psnr8, rel=1e-9)
     # with InfoMEC: its images (the first samples["infomec"] of the draw; here all 300)
     tripod = TrainConfig(model="tripod", dataset="sprites", image_size=16, seed=7, metrics=("infomec", "dci"))
     res = evaluate_model(model, ds, tripod, num_samples=300)
-    assert res["recon.psnr_uint8"] == pytest.approx(psnr8, rel=1e-9)
+    assert res["recon.psnr_tripod"] == pytest.approx(psnr8, rel=1e-9)
     coded = _Half(codes=True).eval()
     evaluate_model(coded, ds, cfg, num_samples=50)
     x = ds.observations_from_factors(ds.sample_factors(4, torch.Generator().manual_seed(0)))

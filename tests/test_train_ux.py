@@ -7,11 +7,13 @@ and two quantizer messages say what is wrong."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ import torch
 import qkernels
 from qkernels.cli import main
 from qkernels.nn import FSQ, CategoricalLatent, LatentQuantizer
-from qkernels.train import TrainConfig, Trainer, loop, train
+from qkernels.train import TrainConfig, Trainer, compare_runs, loop, train
 from qkernels.train import figures as F
 from qkernels.train import threads as T
 from qkernels.train.run import RunExistsError, clear_run, run_files
@@ -414,3 +416,49 @@ def test_cli_run_killed_then_resumed_ends_as_the_run_left_alone(tmp_path):
     subprocess.run([*base, "--out", str(killed), "--force", "--steps", "3"], check=True, capture_output=True,
                    env=env, timeout=600)
     assert torch.load(killed / "checkpoint.pt", weights_only=True)["step"] == 3  # --force: a new run
+
+
+# --------------------------------------------------------------- issue 57, items 3-4: what compare puts side by side
+def _metrics_json(name, **fields):
+    path = Path(name)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.json").write_text(json.dumps({"model": "tripod", "dataset": "shapes3d_procedural", "step": 600,
+                                                   "infomec.infom": 0.65, "recon.psnr": 19.5, **fields}))
+    return path
+
+
+def test_compare_shows_protocol_samples_both_psnrs_and_warns_when_runs_were_scored_differently(tmp_path, capsys,
+                                                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tripod = {"protocol": "tripod", "infomec.num_samples": 10_000, "dci.num_samples": 10_000}
+    old = _metrics_json("old", **tripod, **{"recon.psnr_uint8": 28.1})  # written before the rename
+    new = _metrics_json("new", **tripod, **{"recon.psnr_tripod": 27.9})
+    fast = _metrics_json("fast", protocol="fast", **{"infomec.num_samples": 2000, "dci.num_samples": 2000})
+    fqv = _metrics_json("fqv", protocol="factorqvae", **{"infomec.num_samples": 10_000, "dci.num_samples": 15_000})
+    lines = compare_runs([old, new]).splitlines()
+    assert lines[0].split() == ["run", "model", "dataset", "step", "protocol", "samples", "infomec.infom",
+                                "recon.psnr", "recon.psnr_tripod"]
+    assert lines[2].split()[4:] == ["tripod", "10,000", "0.650", "19.500", "28.100"]  # the old key, read
+    assert lines[3].split()[4:] == ["tripod", "10,000", "0.650", "19.500", "27.900"] and len(lines) == 4
+    assert main(["compare", str(old), str(fast), str(fqv)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[4:6] for ln in out[2:5]] == [["tripod", "10,000"], ["fast", "2,000"],
+                                                   ["factorqvae", "10,000/15,000"]]
+    assert out[-1] == (f"warning: these runs were scored differently (tripod protocol on 10,000 samples: {old}; "
+                       f"fast protocol on 2,000 samples: {fast}; factorqvae protocol on 10,000/15,000 samples: "
+                       f"{fqv}): their metrics are not comparable. Score them alike with `qkernels eval RUN_DIR "
+                       "--protocol NAME --eval-samples N`")
+    # Tripod's checkpoint selection reads an old run's log under the new name too
+    from qkernels.train.selection import eval_records
+
+    (old / "log.jsonl").write_text(json.dumps({"type": "eval", "step": 600, "recon.psnr_uint8": 28.1}) + "\n")
+    assert eval_records(old) == [{"type": "eval", "step": 600, "recon.psnr_tripod": 28.1}]
+
+
+def test_an_evaluation_names_its_two_psnrs_and_the_readme_says_which_it_quotes(two_runs):
+    m = json.loads((two_runs[0] / "metrics.json").read_text())
+    assert "recon.psnr_uint8" not in m and m["recon.psnr_tripod"] >= 10 * math.log10(255) - 1e-9  # 24.07 dB
+    assert m["recon.psnr_tripod"] > m["recon.psnr"]  # Tripod's wrapped uint8 arithmetic lifts the blurry ones
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    expect = readme[readme.index("What to expect after the default 600 steps"):][:600]
+    assert "`recon.psnr`" in expect and "`recon.psnr_tripod`" in expect

@@ -3,10 +3,13 @@
 Image datasets: ``qkernels.metrics.evaluate`` with the run's protocol (``cfg.protocol``; "auto": the method's
 authors' (:mod:`qkernels.metrics.protocols`), recorded as ``"protocol"`` in metrics.json); discrete methods are
 scored on their integer codes, or on their latent values where the protocol says so (Tripod's); continuous ones
-on ``encode``; plus reconstruction MSE / PSNR on the images the protocol's InfoMEC scores (the first
+on ``encode``; plus reconstruction MSE and two PSNRs on the images the protocol's InfoMEC scores (the first
 ``samples["infomec"]`` of its draw, 10,000 for the papers' protocols; all of them when InfoMEC is not run), as
 Tripod's authors compute the PSNR of their checkpoint filter on the same ``num_val`` images as their InfoMEC
-(:mod:`qkernels.train.selection`). ``balls``: also the Spearman MCC of the Cliff paper's Table 2 (``mcc.spearman``)
+(:mod:`qkernels.train.selection`): ``recon.psnr``, the PSNR of the float images (10 log10(1 / MSE) per image in
+[0, 1], then the mean), and ``recon.psnr_tripod``, the Tripod paper's: its authors' PSNR on wrapped uint8 images
+(:func:`qkernels.metrics.psnr_uint8`, never below 24.07 dB), the one its checkpoint thresholds (38 dB on Shapes3D)
+apply to. ``balls``: also the Spearman MCC of the Cliff paper's Table 2 (``mcc.spearman``)
 between the true continuous ball coordinates and the representation, on as many fresh draws.
 ``quantized_grid2d``: MCC between the encoded and the true continuous latents.
 """
@@ -21,7 +24,7 @@ import torch
 
 from qkernels.data.balls import Balls
 from qkernels.train.data import generator, is_ground_truth
-from qkernels.train.run import CHECKPOINT, CONFIG, METRICS_FILE, build, scalars
+from qkernels.train.run import CHECKPOINT, CONFIG, METRICS_FILE, build, current_keys, scalars
 
 RECON_SAMPLES = 256
 
@@ -103,11 +106,12 @@ def evaluate_model(model, ds, cfg, *, num_samples: int | None = None) -> dict:
 class ReconTally:
     """Reconstruction scores of the first ``n`` images a metric pass encodes, in batches: :meth:`add` each batch
     with its representation (returned unchanged), :meth:`scores` at the end -> ``recon.mse`` (over all elements),
-    ``recon.psnr`` and ``recon.psnr_uint8`` (means over the images, :mod:`qkernels.metrics.image`)."""
+    ``recon.psnr`` and ``recon.psnr_tripod`` (:func:`~qkernels.metrics.psnr_uint8`; means over the images,
+    :mod:`qkernels.metrics.image`)."""
 
     def __init__(self, model, n: int) -> None:
         self.model, self.n, self.seen = model, int(n), 0
-        self.sums = {"mse": 0.0, "psnr": 0.0, "psnr_uint8": 0.0}
+        self.sums = {"mse": 0.0, "psnr": 0.0, "psnr_tripod": 0.0}
 
     def add(self, x: torch.Tensor, rep: torch.Tensor) -> torch.Tensor:
         from qkernels import metrics as M
@@ -119,7 +123,7 @@ class ReconTally:
             x, xh = x.cpu(), xh.cpu()
             self.sums["mse"] += M.mse(xh, x) * k
             self.sums["psnr"] += M.psnr(xh, x) * k
-            self.sums["psnr_uint8"] += M.psnr_uint8(x, xh) * k
+            self.sums["psnr_tripod"] += M.psnr_uint8(x, xh) * k  # the Tripod paper's (selection.py)
             self.seen += k
         return rep
 
@@ -205,11 +209,22 @@ def eval_run(run_dir: str | Path, *, num_samples: int | None = None, device: str
 
 
 COLUMNS = ("infomec.infom", "infomec.infoc", "infomec.infoe", "dci.disentanglement", "dci.completeness",
-           "dci.informativeness", "mig.mig", "mcc.mcc", "recon.psnr", "recon.mse")
+           "dci.informativeness", "mig.mig", "mcc.mcc", "recon.psnr", "recon.psnr_tripod", "recon.mse")
+
+
+def scored_with(metrics: dict) -> tuple[str, str]:
+    """(protocol, sample counts) a metrics.json was scored with: ``("tripod", "10,000")``, ``("factorqvae",
+    "10,000/15,000")`` (per metric, in its order); ``"-"`` where it does not say (2-D data: MCC on every point)."""
+    counts = [v for k, v in metrics.items() if k.endswith(".num_samples") and isinstance(v, int)]
+    return str(metrics.get("protocol", "-")), "/".join(f"{n:,}" for n in dict.fromkeys(counts)) or "-"
 
 
 def compare_runs(run_dirs, *, columns=None, width: int = 120) -> str:
-    """A plain-text table: one row per run (model, dataset, step, and the metric columns present).
+    """A plain-text table: one row per run (model, dataset, step, the protocol and sample counts it was scored
+    with, and the metric columns present), and a warning under it when the runs were scored with different
+    protocols or sample counts (their numbers are then not comparable: ``qkernels eval --protocol P
+    --eval-samples N`` re-scores a run). Metrics.json files written before a metric was renamed
+    (:data:`~qkernels.train.run.RENAMED_KEYS`) show under the current name.
 
     ``columns``: the metric keys to show (default: the known ones present). A table wider than ``width``
     characters is wrapped: the metric columns that do not fit go to further tables below, each starting with
@@ -231,15 +246,19 @@ def compare_runs(run_dirs, *, columns=None, width: int = 120) -> str:
         p = Path(d) / "metrics.json"
         if not p.is_file():
             raise FileNotFoundError(f"{p} not found: train or `qkernels eval {d}` first")
-        rows.append((str(d), json.loads(p.read_text())))
+        rows.append((str(d), current_keys(json.loads(p.read_text()))))
     cols = list(columns) if columns else [c for c in COLUMNS if any(c in r for _, r in rows)]
-    head = ["run", "model", "dataset", "step", *cols]
+    scored = {name: scored_with(r) for name, r in rows}
+    shown = any(s != ("-", "-") for s in scored.values())  # the protocol columns: when some run names one
+    fixed = ["run", "model", "dataset", "step", *(["protocol", "samples"] if shown else [])]
+    head = [*fixed, *cols]
     body = [[name, str(r.get("model", "")), str(r.get("dataset", "")), str(r.get("step", "")),
-             *[_fmt(r.get(c)) for c in cols]] for name, r in rows]
+             *(scored[name] if shown else ()), *[_fmt(r.get(c)) for c in cols]] for name, r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    blocks: list[list[int]] = [[0, 1, 2, 3]]  # column indices per table; each further one starts with the run
-    for i in range(4, len(head)):
-        if blocks[-1][4 if len(blocks) == 1 else 1:] and sum(widths[j] + 2 for j in blocks[-1]) + widths[i] > width:
+    blocks: list[list[int]] = [list(range(len(fixed)))]  # column indices per table; the others start with the run
+    for i in range(len(fixed), len(head)):
+        first = len(fixed) if len(blocks) == 1 else 1
+        if blocks[-1][first:] and sum(widths[j] + 2 for j in blocks[-1]) + widths[i] > width:
             blocks.append([0])
         blocks[-1].append(i)
 
@@ -249,7 +268,16 @@ def compare_runs(run_dirs, *, columns=None, width: int = 120) -> str:
 
         return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
 
-    return "\n\n".join(table(idx) for idx in blocks)
+    text = "\n\n".join(table(idx) for idx in blocks)
+    if len(set(scored.values())) > 1:
+        groups: dict[tuple[str, str], list[str]] = {}
+        for name, how in scored.items():
+            groups.setdefault(how, []).append(name)
+        ways = "; ".join(f"{'no protocol' if p == '-' else f'{p} protocol on {n} samples'}: {', '.join(names)}"
+                         for (p, n), names in groups.items())
+        text += (f"\n\nwarning: these runs were scored differently ({ways}): their metrics are not comparable. "
+                 "Score them alike with `qkernels eval RUN_DIR --protocol NAME --eval-samples N`")
+    return text
 
 
 def _fmt(v) -> str:

@@ -83,5 +83,14 @@ def build(cfg: TrainConfig, ds=None):
     return model, ds
 
 
+#: metric keys renamed since a run could have written them (old -> new): such runs are still read (selection, compare)
+RENAMED_KEYS = {"recon.psnr_uint8": "recon.psnr_tripod"}
+
+
+def current_keys(record: dict) -> dict:
+    """``record`` (a line of log.jsonl, a metrics.json) with the keys of :data:`RENAMED_KEYS` renamed."""
+    return {RENAMED_KEYS.get(k, k): v for k, v in record.items()}
+
+
 def scalars(res: dict) -> dict:
     return {k: v for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

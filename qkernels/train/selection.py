@@ -17,7 +17,7 @@ final step, one update later, which the authors' loop never evaluates). A run sh
 the authors' periods) is scaled so that it still has several candidates at a bearable cost (each evaluation scores
 10,000 images): it evaluates after ``k * (steps // 5) - 1`` updates for k = 1..4 and at the end, five candidates (a
 CPU-sized run of 600 steps: after 119, 239, 359, 479 updates and at 600). ``"tripod"`` keeps the evaluations
-whose ``recon.psnr_uint8`` reaches the dataset's threshold and picks the highest InfoM (ties: the earliest; a NaN InfoM
+whose ``recon.psnr_tripod`` reaches the dataset's threshold and picks the highest InfoM (ties: the earliest; a NaN InfoM
 never wins); when none reaches it, the final step is reported and the record says so (``"fallback": true``): a
 CPU-sized run at 32 x 32 does not reach 38 dB. The PSNR is computed on the images the protocol scores (Tripod's: the
 10,000 InfoMEC images; :func:`qkernels.train.evaluate.evaluate_model`), as the authors' ``evaluate`` does on their
@@ -33,7 +33,7 @@ import math
 from pathlib import Path
 
 from qkernels.train import checkpoint as ckpt
-from qkernels.train.run import CHECKPOINT, LOG, METRICS_FILE, SELECTED
+from qkernels.train.run import CHECKPOINT, LOG, METRICS_FILE, SELECTED, current_keys
 
 SELECTIONS = ("final", "tripod")
 #: Tripod paper App. B.1, Table 2: "PSNR threshold (dB) for 64x64"; another dataset takes Shapes3D's, a
@@ -43,7 +43,7 @@ TRIPOD_PSNR_THRESHOLDS = {"shapes3d": 38.0, "mpi3d": 42.0, "falcor3d": 34.0, "is
 TRIPOD_EVAL_PERIOD = 10_000
 #: a run shorter than this many periods evaluates on a scaled period (:func:`tripod_period`)
 TRIPOD_MIN_PERIODS = 5
-INFOM, PSNR = "infomec.infom", "recon.psnr_uint8"
+INFOM, PSNR = "infomec.infom", "recon.psnr_tripod"
 
 
 def psnr_threshold(dataset: str) -> float:
@@ -128,7 +128,7 @@ def _finite(v) -> bool:
 def select_checkpoint(records: list[dict], rule: str = "final", threshold: float | None = None) -> dict:
     """The evaluation ``rule`` picks among ``records`` (dicts with ``"step"`` and the metrics, in step order).
 
-    ``"final"``: the last record. ``"tripod"``: among the records whose ``recon.psnr_uint8`` is >= ``threshold``
+    ``"final"``: the last record. ``"tripod"``: among the records whose ``recon.psnr_tripod`` is >= ``threshold``
     (dB), the highest finite ``infomec.infom`` (ties: the earliest); none passes -> the last record, with
     ``"fallback": True``.
 
@@ -141,9 +141,9 @@ def select_checkpoint(records: list[dict], rule: str = "final", threshold: float
 
     Examples:
         >>> from qkernels.train.selection import select_checkpoint
-        >>> recs = [{"step": 100, "infomec.infom": 0.9, "recon.psnr_uint8": 30.0},
-        ...         {"step": 200, "infomec.infom": 0.7, "recon.psnr_uint8": 39.0},
-        ...         {"step": 300, "infomec.infom": 0.6, "recon.psnr_uint8": 40.0}]
+        >>> recs = [{"step": 100, "infomec.infom": 0.9, "recon.psnr_tripod": 30.0},
+        ...         {"step": 200, "infomec.infom": 0.7, "recon.psnr_tripod": 39.0},
+        ...         {"step": 300, "infomec.infom": 0.6, "recon.psnr_tripod": 40.0}]
         >>> select_checkpoint(recs, "tripod", 38.0)["step"]  # step 100 is filtered out
         200
         >>> select_checkpoint(recs, "tripod", 45.0)["fallback"], select_checkpoint(recs)["step"]
@@ -183,12 +183,12 @@ def select_checkpoint(records: list[dict], rule: str = "final", threshold: float
 
 
 def eval_records(out: str | Path) -> list[dict]:
-    """The evaluation lines of a run's log (``log.jsonl``), in order."""
+    """The evaluation lines of a run's log (``log.jsonl``), in order (keys renamed since: their current names)."""
     log = Path(out) / LOG
     if not log.is_file():
         return []
     rows = [json.loads(ln) for ln in log.read_text().splitlines() if ln]
-    return [r for r in rows if r.get("type") == "eval"]
+    return [current_keys(r) for r in rows if r.get("type") == "eval"]
 
 
 class CheckpointSelector:
