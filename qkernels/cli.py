@@ -145,7 +145,7 @@ def _train_config(args: argparse.Namespace):
     from qkernels.train import TrainConfig
     from qkernels.train.run import CONFIG
 
-    out = args.out or f"runs/{args.model or 'tripod'}"
+    out = _out_dir(args)
     if args.resume and args.force:
         raise UsageError("--resume continues the run in --out and --force deletes it: give one of them")
     if args.resume and args.paper:
@@ -194,7 +194,7 @@ def _train_config(args: argparse.Namespace):
         except ValueError as err:
             raise UsageError(str(err)) from None
         print(f"qkernels train: --paper set {said}", file=sys.stderr)
-    base["out"] = args.out or base.get("out") or f"runs/{base.get('model', 'tripod')}"
+    base["out"] = _out_dir(args)
     try:
         cfg = TrainConfig.from_dict(base)
     except (TypeError, ValueError) as err:
@@ -210,10 +210,60 @@ def _resolved(cfg):
         raise UsageError(str(err)) from None
 
 
+def _out_dir(args: argparse.Namespace) -> str:
+    """The run directory of a ``train`` command line: --out, else the --config file's "out" (not for --resume),
+    else runs/<model> (--model, else the file's, else tripod). Reads no more than the JSON file."""
+    import json
+    from pathlib import Path
+
+    if args.out:
+        return args.out
+    base = {}
+    if args.config and not args.resume:
+        try:
+            base = json.loads(Path(args.config).read_text())
+        except (OSError, ValueError):  # _train_config says so
+            base = {}
+    base = base if isinstance(base, dict) else {}
+    return base.get("out") or f"runs/{args.model or base.get('model') or 'tripod'}"
+
+
+def _hold_run_dir(out: str, args: argparse.Namespace, *, fresh: bool):
+    """The lock of ``out`` (:class:`qkernels.train.files.RunLock`, held by rank 0), taken before torch loads: a
+    directory another process trains or evaluates is refused, and so is, for a ``fresh`` run, one that already
+    holds a run (without --force)."""
+    import os
+
+    from qkernels.train.files import RunInUseError, RunLock, run_files
+
+    lock = RunLock(out, enabled=os.environ.get("RANK", "0") == "0")
+    try:
+        lock.acquire()
+    except RunInUseError as err:
+        raise UsageError(str(err)) from None
+    old = [p.relative_to(out).as_posix() for p in run_files(out)]
+    if fresh and old and not args.force:
+        lock.release()
+        shown = ", ".join(old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4 else "")
+        raise UsageError(f"--out {out} already holds a run ({shown}): continue it with --resume, or delete "
+                         "those files and start over with --force")
+    return lock
+
+
 def _train(args: argparse.Namespace) -> int:
     from qkernels._extras import require
 
-    require("qkernels train", "train", "sklearn", "scipy", "PIL")  # its evaluation and figures: fail before training
+    # the directory first (a fresh run never shares --out with another; --force: the Trainer deletes that run's
+    # files; --resume without a checkpoint restarts the run of its config.json), then the extras, then torch
+    lock = _hold_run_dir(_out_dir(args), args, fresh=not args.resume)
+    try:
+        require("qkernels train", "train", "sklearn", "scipy", "PIL")  # its evaluation and figures: before training
+        return _train_locked(args, lock)
+    finally:
+        lock.release()
+
+
+def _train_locked(args: argparse.Namespace, lock) -> int:
     print("qkernels train: loading torch, the data and the model ...", file=sys.stderr, flush=True)
     import json
 
@@ -221,18 +271,10 @@ def _train(args: argparse.Namespace) -> int:
 
     from qkernels.data import DatasetFormatError
     from qkernels.train.loop import Trainer
-    from qkernels.train.run import run_files
     from qkernels.train.threads import auto_threads
 
     cfg = _train_config(args)
     _check_device(cfg.device)
-    # a fresh run never shares --out with another (--force: the Trainer deletes that run's files first); --resume
-    # without a checkpoint restarts the same run, whose config.json cfg was read from
-    old = [str(p.relative_to(cfg.out)) for p in run_files(cfg.out)]
-    if old and not (args.force or args.resume):
-        shown = ", ".join(old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4 else "")
-        raise UsageError(f"--out {cfg.out} already holds a run ({shown}): continue it with --resume, or delete "
-                         "those files and start over with --force")
     if cfg.threads is None:  # recorded in config.json by the Trainer: a --resume keeps the count
         cfg.threads, why = auto_threads()
         cfg.adapt_threads = why != "OMP_NUM_THREADS"  # our own choice: fewer when other work slows the steps down
@@ -251,6 +293,7 @@ def _train(args: argparse.Namespace) -> int:
         try:
             res = trainer.run()
         except KeyboardInterrupt:  # SIGINT / SIGTERM (qkernels.train.interrupt): how to continue, then main's line
+            lock.release()  # the checkpoint is written: the command printed may start at once
             _resume_hint(trainer)
             raise
     finally:
@@ -334,19 +377,26 @@ def _run_dir(path: str, *files: str) -> None:
 def _eval(args: argparse.Namespace) -> int:
     import json
 
-    from qkernels.train import eval_run
-    from qkernels.train.run import CHECKPOINT, CONFIG
+    from qkernels.train.files import CHECKPOINT, CONFIG
 
-    _run_dir(args.run_dir, CONFIG, CHECKPOINT)
-    _check_device(args.device or "cpu")
-    res = eval_run(args.run_dir, num_samples=args.eval_samples, device=args.device or "cpu", protocol=args.protocol)
+    _run_dir(args.run_dir, CONFIG, CHECKPOINT)  # before torch loads, as the lock below
+    lock = _hold_run_dir(args.run_dir, args, fresh=False)  # it rewrites metrics.json and the figures
+    try:
+        print("qkernels eval: loading torch, the run and its data ...", file=sys.stderr, flush=True)
+        from qkernels.train import eval_run
+
+        _check_device(args.device or "cpu")
+        res = eval_run(args.run_dir, num_samples=args.eval_samples, device=args.device or "cpu",
+                       protocol=args.protocol, progress=True)
+    finally:
+        lock.release()
     print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict))}, indent=1))
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
     from qkernels.train import compare_runs
-    from qkernels.train.run import LOG, METRICS_FILE
+    from qkernels.train.files import LOG, METRICS_FILE
 
     for d in args.run_dirs:
         _run_dir(d, METRICS_FILE, *((LOG,) if args.curves else ()))
@@ -484,7 +534,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_now(code: int) -> NoReturn:
+    """End this process at once with ``code``: output flushed, every file of the run written and closed (the lock
+    released); the interpreter's teardown (freeing torch's state, joining its threads: seconds, many on a loaded
+    machine) is skipped, so that the shell prompt, and the resume command just printed, come back at once."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``qkernels`` command; ``argv`` None: this process's command line (the console script, ``python -m
+    qkernels``), in which case a training run stopped by a signal ends the process at once (:func:`_exit_now`)
+    once it has said how to resume. Returns the exit status."""
     args = parser().parse_args(argv)  # a bad flag: one error line, exit 2 (_Parser)
     try:
         return args.func(args)
@@ -495,7 +559,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as err:
         print("qkernels: interrupted", file=sys.stderr)
-        return 128 + getattr(err, "signum", 2)  # 130 for SIGINT, 143 for SIGTERM
+        code = 128 + getattr(err, "signum", 2)  # 130 for SIGINT, 143 for SIGTERM
+        if argv is None and args.func is _train:
+            _exit_now(code)
+        return code
     except Exception as err:  # noqa: BLE001 - a failed run: one line, the traceback with --debug
         if args.debug:
             raise

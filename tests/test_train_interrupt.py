@@ -11,10 +11,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+import qkernels
 from qkernels.cli import main, resume_command
 from qkernels.train import TrainConfig, Trainer, loop, train
 from qkernels.train import threads as T
@@ -56,10 +58,17 @@ def test_sigint_saves_the_current_step_prints_the_command_and_the_resumed_run_is
     config.write_text(
         json.dumps({"dataset_kwargs": {"n": 300}, "batch_size": 50, "checkpoint_every": 1000, "log_every": 1})
     )
+    # `python -m qkernels` (sys.argv[0] its __main__.py), with an exit handler that prints: an interpreter that ends
+    # normally runs it, one that ends at once after the checkpoint (issue 57, item 8) does not
+    main_py = str(Path(qkernels.__file__).with_name("__main__.py"))
+    start = (
+        "import atexit, sys; atexit.register(print, 'teardown ran', flush=True); from qkernels.cli import main; "
+        f"sys.argv[0] = {main_py!r}; sys.exit(main())"
+    )
     cmd = [
         sys.executable,
-        "-m",
-        "qkernels",
+        "-c",
+        start,
         "train",
         "--model",
         "cliff_ae",
@@ -85,11 +94,13 @@ def test_sigint_saves_the_current_step_prints_the_command_and_the_resumed_run_is
                 break
             time.sleep(0.01)
         assert proc.poll() is None, "the run ended before the signal"
+        assert (out / "run.lock").read_text().split()[0] == str(proc.pid)  # the directory is in use
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        stdout, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 130, err
+    assert "teardown ran" not in stdout and not (out / "run.lock").exists()  # ended at once, the lock dropped
     step = _state(out)["step"]
     assert 12 <= step < 200 and not (out / "metrics.json").exists()
     assert [r["step"] for r in _log(out)] == list(range(1, step + 1))  # every step up to the checkpoint's
@@ -243,3 +254,37 @@ def test_the_cli_adapts_only_its_own_thread_count(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's count
     monkeypatch.setattr(T, "auto_threads", lambda: (1, "OMP_NUM_THREADS"))
     assert main([*tiny, "--out", str(tmp_path / "omp")]) == 0 and seen[-1] is False
+
+
+# --------------------------------------------------------- issue 57, item 9: the figures of a run stopped mid-log
+def test_the_figures_of_a_stopped_run_name_the_step_of_its_checkpoint(tmp_path, monkeypatch):
+    """Stopped during step 3 with a log line every 2 steps: the checkpoint (hence metrics.json and every figure of
+    `qkernels eval`) is step 3, the last logged losses step 2; loss.png says step 3 and where its log ends."""
+    from qkernels.train import eval_run
+    from qkernels.train import figures as F
+
+    cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 300}, batch_size=50,
+                      checkpoint_every=100, log_every=2, out=str(tmp_path / "run"), progress=False, steps=6,
+                      threads=1)  # fmt: skip
+    trainer = Trainer(cfg)
+    step = trainer.train_step
+
+    def step_then_signal(s):
+        if s == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(s)
+
+    monkeypatch.setattr(trainer, "train_step", step_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    assert [r["step"] for r in _log(tmp_path / "run")] == [2] and _state(tmp_path / "run")["step"] == 3
+    titles = []
+    titled = F.titled
+    monkeypatch.setattr(F, "titled", lambda img, title, note=None: (titles.append((title, note)),
+                                                                    titled(img, title, note))[1])  # fmt: skip
+    assert eval_run(tmp_path / "run", num_samples=100)["step"] == 3
+    assert sorted(t for t, _ in titles) == ["cliff_ae on quantized_grid2d, step 3: latents",
+                                            "cliff_ae on quantized_grid2d, step 3: training losses"]  # fmt: skip
+    assert dict(titles)["cliff_ae on quantized_grid2d, step 3: training losses"].endswith(
+        "; logged every 2 steps, the last at step 2"
+    )

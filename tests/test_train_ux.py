@@ -6,10 +6,13 @@ and two quantizer messages say what is wrong."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -250,7 +253,7 @@ def _has_colour(img, rgb) -> bool:
     return rgb in {c for _, c in img.getcolors(maxcolors=1 << 20)}
 
 
-def test_every_figure_is_titled_and_the_loss_curves_are_drawn(two_runs, monkeypatch, tmp_path):
+def test_every_figure_is_titled_and_the_loss_curves_are_drawn(two_runs, monkeypatch, tmp_path, capsys):
     from PIL import Image
 
     a = two_runs[0]
@@ -267,7 +270,19 @@ def test_every_figure_is_titled_and_the_loss_curves_are_drawn(two_runs, monkeypa
     monkeypatch.setattr(F, "titled", spy)
     monkeypatch.setattr(Image.Image, "save", lambda self, fp, *args, **kw: (saved.append((fp, id(self))),
                                                                             save(self, fp, *args, **kw))[1])
-    qkernels.train.eval_run(a, num_samples=50)  # redraws every figure of the run
+    assert main(["eval", str(a)]) == 0  # redraws every figure of the run
+    # issue 57, item 2: it says what it does, with an estimate after the first batch and the time of each part
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == ["qkernels eval: loading torch, the run and its data ...",
+                       f"qkernels eval: {a} (qlae on sprites, step 4): qlae protocol, infomec, dci on 50 samples; "
+                       "then reconstructions and figures"]
+    assert re.fullmatch(r"encoding 50 samples at \d+/s: about \d+:\d\d in all \(encoding \d+:\d\d, metrics "
+                        r"\d+:\d\d, reconstructions and figures \d+:\d\d\)", err[2]), err[2]
+    assert err[3].startswith("encoded 50 samples in ")
+    assert [re.sub(r"^\[\d+:\d\d\] ", "", ln) for ln in err[4:8]] == [
+        "infomec on 50 samples ...", "dci on 50 samples ...", "reconstructions of 256 samples ...",
+        "drawing the figures ..."]
+    assert err[8].startswith("evaluated in ") and len(err) == 9
     names = sorted(str(fp.relative_to(a)) for fp, _ in saved)
     assert names == ["figures/interventions.png", "figures/loss.png", "figures/nmi.png",
                      "figures/reconstructions.png"]
@@ -462,3 +477,91 @@ def test_an_evaluation_names_its_two_psnrs_and_the_readme_says_which_it_quotes(t
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     expect = readme[readme.index("What to expect after the default 600 steps"):][:600]
     assert "`recon.psnr`" in expect and "`recon.psnr_tripod`" in expect
+
+
+# ------------------------------------------------------------------------ issue 57, item 2: eval says what it does
+def test_eval_progress_estimates_from_the_first_batch_and_reports_every_quarter():
+    from qkernels.metrics import get_protocol
+    from qkernels.train.eval_progress import EvalProgress, metric_seconds
+
+    out, now = io.StringIO(), [0.0]
+    said = EvalProgress("qkernels eval: r (tripod on x, step 9)", clock=lambda: now[0], load=0.0, stream=out)
+    said.begin(get_protocol("tripod"), {"infomec": 10_000, "dci": 10_000})
+    for done in [*range(256, 10_000, 256), 10_000]:  # 40 batches of 2.56 s: 100 samples/s
+        now[0] += 2.56
+        said.encoded(done, 10_000)
+    said.metric("infomec", 10_000)
+    now[0] += 30
+    said.close()
+    metrics = metric_seconds(get_protocol("tripod"), {"infomec": 10_000, "dci": 10_000}, load=0.0)
+    assert round(metrics) == 11  # 2.2 + 8.6 s on an idle core
+    assert out.getvalue().splitlines() == [
+        "qkernels eval: r (tripod on x, step 9): tripod protocol, infomec, dci on 10,000 samples; then "
+        "reconstructions and figures",
+        # 100 s of encoding, 11 s of metrics, 1500 samples' worth (15 s) of reconstructions and figures
+        "encoding 10,000 samples at 100/s: about 2:06 in all (encoding 1:40, metrics 0:11, reconstructions and "
+        "figures 0:15)",
+        "encoded 2,560/10,000 | eta 1:14",
+        "encoded 5,120/10,000 | eta 0:49",
+        "encoded 7,680/10,000 | eta 0:23",
+        "encoded 10,000 samples in 1:42",
+        "[1:42] infomec on 10,000 samples ...",
+        "evaluated in 2:12",
+    ]
+
+
+# ------------------------------------------------- issue 57, items 7-8: the run directory, checked first and locked
+def test_a_directory_holding_a_run_is_refused_before_torch_loads(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    code = f"""
+import sys
+from qkernels.cli import main
+rc = main(["train", "--out", {str(tmp_path / "run")!r}])
+print(rc, "torch" in sys.modules, "qkernels.train.loop" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False", "False"], r.stdout + r.stderr
+    assert r.stderr.strip() == (f"qkernels: error: --out {tmp_path / 'run'} already holds a run (config.json): "
+                                "continue it with --resume, or delete those files and start over with --force")
+
+
+def test_a_directory_in_use_is_refused_and_a_stale_lock_is_taken_over(tmp_path, capsys, monkeypatch):
+    from qkernels.train.files import LOCK, RunInUseError, RunLock
+
+    tiny = ["train", "--model", "cliff_ae", "--dataset", "quantized_grid2d", "--batch-size", "50", "--steps", "2",
+            "--eval-samples", "300", "--threads", "1"]
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(["sleep", "120"])  # a live process of this machine holds the directory
+    try:
+        (out / LOCK).write_text(f"{holder.pid} {socket.gethostname()}\n")
+        for argv in ([*tiny, "--out", str(out)], [*tiny, "--out", str(out), "--resume"], ["eval", str(out)]):
+            if argv[0] == "eval":
+                for name in ("config.json", "checkpoint.pt"):
+                    (out / name).write_text("x")
+            assert main(argv) == 2
+            assert capsys.readouterr().err.strip() == (
+                f"qkernels: error: {out} is in use by process {holder.pid} (qkernels train or eval): wait for it to "
+                f"end, or stop it (kill {holder.pid}), then run this again")
+            assert (out / LOCK).read_text().split()[0] == str(holder.pid)  # not touched
+    finally:
+        holder.kill()
+        holder.wait()
+    for name in ("config.json", "checkpoint.pt"):
+        (out / name).unlink()
+    # its process has ended: the lock is stale, the run starts, holds the lock while it trains and drops it after
+    held = []
+    run = loop.Trainer.run
+    monkeypatch.setattr(loop.Trainer, "run", lambda self, **kw: (held.append((out / LOCK).read_text()),
+                                                                 run(self, **kw))[1])
+    assert main([*tiny, "--out", str(out)]) == 0
+    assert held == [f"{os.getpid()} {socket.gethostname()}\n"] and not (out / LOCK).exists()
+    (out / LOCK).write_text("1 elsewhere.example\n")  # another host's: respected, and the message says how to drop it
+    where = re.escape(str(out / LOCK))
+    with pytest.raises(RunInUseError, match=rf"in use by process 1 on elsewhere\.example .* delete {where}$"):
+        RunLock(out).acquire()
+    (out / LOCK).unlink()
+    with RunLock(tmp_path / "new") as lock:  # a directory the lock made is removed with it when nothing was written
+        assert lock.held and (tmp_path / "new").is_dir()
+    assert not (tmp_path / "new").exists()

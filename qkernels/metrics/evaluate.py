@@ -41,6 +41,7 @@ def evaluate(
     discrete_latents: bool | None = None,
     verbose: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    on_metric: Callable[[str, int], None] | None = None,
 ) -> dict:
     """Score ``encode`` on samples of a ground-truth ``dataset``.
 
@@ -58,8 +59,8 @@ def evaluate(
     it. Without a protocol: ``("infomec", "dci")`` on 10,000 samples with each metric's defaults.
     ``options`` gives per-metric keyword arguments, e.g. ``{"dci": {"preset": "dlib"}}``; ``seed`` is
     passed to every metric that takes one, ``discrete_latents`` (None: integer dtype = discrete) to
-    every metric that takes it. Progress: ``progress(done, total)`` after each batch, and/or a line
-    on stderr when ``verbose``.
+    every metric that takes it. Progress: ``progress(done, total)`` after each batch, ``on_metric(name,
+    samples)`` before each metric, and/or a line on stderr for each when ``verbose``.
 
     Returns every metric's entries under namespaced keys: ``"infomec.infom"``,
     ``"dci.disentanglement"``, ``"infomec.nmi"``, ... Values are floats, numpy arrays, or strings
@@ -93,12 +94,7 @@ def evaluate(
     for name, v in (("num_samples", num_samples), ("batch_size", batch_size)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if num_samples is not None:
-        counts = {m: num_samples for m in metrics}
-    elif proto is not None:
-        counts = {m: proto.samples.get(m, proto.num_samples()) for m in metrics}
-    else:
-        counts = {m: 10_000 for m in metrics}
+    counts = sample_counts(proto, metrics, num_samples)
 
     sources, latents = encode_dataset(
         encode,
@@ -121,12 +117,33 @@ def evaluate(
             kwargs.setdefault("discrete_latents", discrete_latents)
         if verbose:
             print(f"[qkernels.metrics] computing {name} on {counts[name]} samples", file=sys.stderr)
+        if on_metric is not None:
+            on_metric(name, counts[name])
         n = counts[name]
         for key, value in fn(sources[:n], latents[:n], **kwargs).items():
             results[f"{name}.{key}"] = value
         if proto is not None:
             results[f"{name}.num_samples"] = n
     return results
+
+
+def sample_counts(
+    protocol: str | Protocol | None, metrics: Sequence[str], num_samples: int | None = None
+) -> dict[str, int]:
+    """The samples :func:`evaluate` scores each of ``metrics`` on: ``num_samples`` for every one when given, else
+    the protocol's count for it, else 10,000.
+
+    Examples:
+        >>> from qkernels.metrics.evaluate import sample_counts
+        >>> sample_counts("factorqvae", ("infomec", "dci")), sample_counts(None, ("mig",), 500)
+        ({'infomec': 10000, 'dci': 15000}, {'mig': 500})
+    """
+    proto = None if protocol is None else get_protocol(protocol)
+    if num_samples is not None:
+        return {m: num_samples for m in metrics}
+    if proto is not None:
+        return {m: proto.samples.get(m, proto.num_samples()) for m in metrics}
+    return {m: 10_000 for m in metrics}
 
 
 def encode_dataset(

@@ -24,6 +24,7 @@ import torch
 
 from qkernels.data.balls import Balls
 from qkernels.train.data import generator, is_ground_truth
+from qkernels.train.eval_progress import EvalProgress
 from qkernels.train.run import CHECKPOINT, CONFIG, METRICS_FILE, build, current_keys, scalars
 
 RECON_SAMPLES = 256
@@ -53,9 +54,10 @@ def encode_fn(model, discrete_latents: str = "codes"):
 
 
 @torch.no_grad()
-def evaluate_model(model, ds, cfg, *, num_samples: int | None = None) -> dict:
+def evaluate_model(model, ds, cfg, *, num_samples: int | None = None, progress: EvalProgress | None = None) -> dict:
     """Metrics of ``model`` on ``ds`` with ``cfg``'s protocol -> flat dict (matrices as nested lists).
-    ``num_samples``: every metric's sample count (default ``cfg.eval_samples``, else the protocol's).
+    ``num_samples``: every metric's sample count (default ``cfg.eval_samples``, else the protocol's); ``progress``:
+    says what it is doing, as it goes (:class:`~qkernels.train.eval_progress.EvalProgress`).
 
     Examples:
         >>> from qkernels.train import TrainConfig, build, evaluate_model
@@ -66,12 +68,15 @@ def evaluate_model(model, ds, cfg, *, num_samples: int | None = None) -> dict:
         (['mcc.matching', 'mcc.mcc', 'recon.mse'], True)
     """
     from qkernels import metrics as M
+    from qkernels.metrics.evaluate import sample_counts
 
     was = model.training
     model.eval()
     dev = next(model.parameters()).device
     try:
         if not is_ground_truth(ds):
+            if progress is not None:
+                progress.stage(f"MCC of the latents of all {len(ds.x):,} points, reconstructions")
             z = model.encode(ds.x.to(dev)).cpu()
             res = {f"mcc.{k}": v for k, v in M.mcc(ds.z, z).items()}
             x = ds.x[:RECON_SAMPLES]
@@ -86,17 +91,22 @@ def evaluate_model(model, ds, cfg, *, num_samples: int | None = None) -> dict:
             kw["discrete_latents"] = model.codes(one.to(dev)) is not None
         names = tuple(cfg.metrics) if cfg.metrics is not None else proto.metrics
         n = num_samples or cfg.eval_samples
-        counts = {m: n or proto.samples.get(m, proto.num_samples()) for m in names}
+        counts = sample_counts(proto, names, n)
         tally = ReconTally(model, counts.get("infomec", max(counts.values())))
 
         def rep(x):  # the representation the metrics score; the same images' reconstructions are tallied
             x = x.to(dev)
             return tally.add(x, enc(x)).cpu()
 
+        if progress is not None:
+            progress.begin(proto, counts)
+            kw.update(progress=progress.encoded, on_metric=progress.metric)
         res = M.evaluate(rep, ds, protocol=proto, metrics=names, num_samples=n, seed=cfg.seed + 1, batch_size=256,
                          **kw)
         res.update(tally.scores())
         if isinstance(ds, Balls):
+            if progress is not None:
+                progress.stage(f"the Spearman MCC on {tally.n:,} fresh draws")
             res["mcc.spearman"] = balls_spearman_mcc(lambda x: enc(x.to(dev)).cpu(), ds, tally.n, cfg.seed)
         return _jsonable(res)
     finally:
@@ -142,19 +152,24 @@ def balls_spearman_mcc(encode, ds, n: int, seed: int, batch_size: int = 256) -> 
     return float(M.mcc(z, torch.cat(reps).double(), method="spearman")["mcc"])
 
 
-def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: int | None = None) -> dict:
+def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: int | None = None,
+               progress: EvalProgress | None = None) -> dict:
     """Final evaluation: metrics.json + figures (loss curves from the log included); also an eval line in the
-    log when ``log`` is given."""
+    log when ``log`` is given; ``progress``: says what it is doing as it goes."""
     from qkernels.train import figures
     from qkernels.train.checkpoint import write_text_atomic
 
-    res = evaluate_model(model, ds, cfg, num_samples=num_samples)
+    res = evaluate_model(model, ds, cfg, num_samples=num_samples, progress=progress)
     res = {"step": step, "model": cfg.model, "dataset": cfg.dataset, **res}
     write_text_atomic(json.dumps(res, indent=1) + "\n", Path(out) / METRICS_FILE)
     if log is not None:
         log({"type": "eval", **scalars(res)})
+    if progress is not None:
+        progress.stage("drawing the figures")
     figures.make_all(model, ds, cfg, Path(out) / "figures", res)
-    figures.loss_figure(out, cfg)
+    figures.loss_figure(out, cfg, step)
+    if progress is not None:
+        progress.close()
     return res
 
 
@@ -186,8 +201,9 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
 
 
 def eval_run(run_dir: str | Path, *, num_samples: int | None = None, device: str = "cpu",
-             protocol: str | None = None) -> dict:
-    """Re-evaluate a saved run: rewrites its metrics.json and figures (``protocol``: instead of the run's).
+             protocol: str | None = None, progress: bool = False) -> dict:
+    """Re-evaluate a saved run: rewrites its metrics.json and figures (``protocol``: instead of the run's);
+    ``progress``: say on stderr what it is doing (protocol, samples, metrics), with an estimate and progress.
 
     Returns the metrics written (a dict with the run's model, dataset and step).
 
@@ -205,7 +221,8 @@ def eval_run(run_dir: str | Path, *, num_samples: int | None = None, device: str
     model, ds, cfg, step = load_run(run_dir, device)
     if protocol is not None:
         cfg.protocol = protocol
-    return finish_run(model, ds, cfg, Path(run_dir), step=step, num_samples=num_samples)
+    said = EvalProgress(f"qkernels eval: {run_dir} ({cfg.model} on {cfg.dataset}, step {step})", enabled=progress)
+    return finish_run(model, ds, cfg, Path(run_dir), step=step, num_samples=num_samples, progress=said)
 
 
 COLUMNS = ("infomec.infom", "infomec.infoc", "infomec.infoe", "dci.disentanglement", "dci.completeness",

@@ -279,10 +279,10 @@ def _vertical_text(img: Image.Image, at: tuple[float, float], text: str, font) -
 
 
 def loss_curves(runs: list[tuple[str, list[dict]]], title: str, *, panel: tuple[int, int] = (320, 180),
-                cols: int = 2) -> Image.Image:
+                cols: int = 2, note: str = "") -> Image.Image:
     """Each logged term of each run over steps: one panel per term that varies (log y where it spans a decade),
     one colour per run (legend when several); terms constant in every run are listed below. ``runs``: (label,
-    train records of a log.jsonl)."""
+    train records of a log.jsonl); ``note``: added to the line under the title."""
     font, small = _font(12), _font(11)
     terms = _terms(runs)
     series_of, constant = {}, []
@@ -317,18 +317,24 @@ def loss_curves(runs: list[tuple[str, list[dict]]], title: str, *, panel: tuple[
         d.text((10, head + 4), "no term changed over the logged steps", fill="black", font=font)
     if constant:
         d.text((10, img.height - 17), "constant: " + ", ".join(constant), fill=(80, 80, 80), font=small)
-    return titled(img, title, "x: optimizer step; one panel per logged term (log.jsonl)")
+    return titled(img, title, "x: optimizer step; one panel per logged term (log.jsonl)" + note)
 
 
-def loss_figure(out: str | Path, cfg) -> Path | None:
-    """figures/loss.png of the run in ``out`` from its log.jsonl (None when the log has no training lines)."""
+def loss_figure(out: str | Path, cfg, step: int | None = None) -> Path | None:
+    """figures/loss.png of the run in ``out`` from its log.jsonl (None when the log has no training lines), titled
+    with ``step``, the step of the weights the other figures and metrics.json show (default: the last logged one);
+    when the log ends before it (losses are logged every ``log_every`` steps; a stopped run's checkpoint can come
+    later), the note under the title says where."""
     out = Path(out)
     recs = read_log(out / LOG)
     if not recs:
         return None
+    last = recs[-1]["step"]
+    step = last if step is None else step
+    note = f"; logged every {cfg.log_every} steps, the last at step {last}" if last != step else ""
     path = out / FIGURES / "loss.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    loss_curves([(str(out), recs)], f"{run_title(cfg, recs[-1]['step'])}: training losses").save(path)
+    loss_curves([(str(out), recs)], f"{run_title(cfg, step)}: training losses", note=note).save(path)
     return path
 
 

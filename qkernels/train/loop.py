@@ -41,6 +41,7 @@ from qkernels.models.registry import METHODS, OptimSpec, method_optim
 from qkernels.train import checkpoint as ckpt
 from qkernels.train.config import TrainConfig
 from qkernels.train.data import derive_seed, get_batch
+from qkernels.train.eval_progress import EvalProgress, hms
 from qkernels.train.evaluate import evaluate_model, finish_run
 from qkernels.train.interrupt import DeferredSignals, TrainingInterrupted
 from qkernels.train.paper import describe_settings
@@ -351,18 +352,9 @@ class Trainer:
             dist.barrier()
         if not final_eval or self.rank != 0:
             return None
-        proto = cfg.eval_protocol()
-        metrics = ", ".join(cfg.metrics or proto.metrics)
-        bar.note(f"evaluating ({proto.name} protocol: {metrics} on {cfg.eval_samples or proto.num_samples()} "
-                 "samples) and drawing figures ...")
-        return self.selector.finish(finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log))
-
-
-def hms(seconds: float) -> str:
-    """``m:ss``, or ``h:mm:ss`` from an hour on."""
-    t = max(int(round(seconds)), 0)
-    h, m, sec = t // 3600, t // 60 % 60, t % 60
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+        said = EvalProgress(f"evaluating step {self.step}", enabled=cfg.progress)
+        return self.selector.finish(finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log,
+                                               progress=said))
 
 
 class Progress:

@@ -1,9 +1,7 @@
-"""A run directory's file names, and building a run's (model, dataset) from its config: shared by the
-training loop (:mod:`qkernels.train.loop`) and evaluation (:mod:`qkernels.train.evaluate`)."""
+"""Building a run's (model, dataset) from its config, shared by the training loop (:mod:`qkernels.train.loop`) and
+evaluation (:mod:`qkernels.train.evaluate`); the run directory's file names (:mod:`qkernels.train.files`)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 
@@ -11,42 +9,21 @@ from qkernels.data import load_dataset
 from qkernels.models.registry import METHODS, build_model, default_num_latents, method_defaults
 from qkernels.train.config import TrainConfig
 from qkernels.train.data import derive_seed, num_sources, observation_shape
+from qkernels.train.files import (  # noqa: F401 - the run directory's names, re-exported here
+    CHECKPOINT,
+    CONFIG,
+    FIGURE_FILES,
+    FIGURES,
+    LOG,
+    METRICS_FILE,
+    RUN_FILES,
+    SELECTED,
+    RunExistsError,
+    clear_run,
+    run_files,
+)
 
 PROCEDURAL_IMAGES = ("sprites", "shapes3d_procedural", "balls")
-CHECKPOINT, CONFIG, LOG, METRICS_FILE = "checkpoint.pt", "config.json", "log.jsonl", "metrics.json"
-SELECTED = "selected.pt"  # the weights of the checkpoint a selection rule chose (qkernels.train.selection)
-FIGURES = "figures"
-# the files a run writes into its directory (and their ".tmp" siblings while written), and its figures
-RUN_FILES = (CONFIG, LOG, CHECKPOINT, METRICS_FILE, SELECTED)
-FIGURE_FILES = ("reconstructions.png", "interventions.png", "nmi.png", "latents.png", "loss.png")
-
-
-class RunExistsError(FileExistsError):
-    """A fresh run asked to write into a directory that holds another run; ``files``: that run's files there."""
-
-    def __init__(self, message: str, files: list[str] = ()) -> None:
-        super().__init__(message)
-        self.files = list(files)
-
-
-def run_files(out: str | Path) -> list[Path]:
-    """The files of a run present in ``out``: config.json, log.jsonl, checkpoint.pt, metrics.json (and their
-    ``.tmp`` siblings), figures/<a figure a run draws>. Nothing else in ``out`` belongs to a run."""
-    out = Path(out)
-    names = [*RUN_FILES, *(f + ".tmp" for f in RUN_FILES), *(f"{FIGURES}/{f}" for f in FIGURE_FILES)]
-    return [out / n for n in names if (out / n).is_file()]
-
-
-def clear_run(out: str | Path) -> list[Path]:
-    """Delete the run files of ``out`` (:func:`run_files`) and figures/ when that leaves it empty; other files
-    stay. Returns what was deleted."""
-    gone = run_files(out)
-    for p in gone:
-        p.unlink(missing_ok=True)
-    fig = Path(out) / FIGURES
-    if fig.is_dir() and not any(fig.iterdir()):
-        fig.rmdir()
-    return gone
 
 
 def load_data(cfg: TrainConfig):
