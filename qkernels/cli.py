@@ -470,8 +470,9 @@ def _add_train(sub) -> None:
                         "selected.pt, figures/*.png of a run; nothing else) and start over. Without it such a "
                         "directory is refused")
     p.add_argument("--threads", type=_int_at_least(1),
-                   help="torch threads of the training process (default: the usable cores (affinity, quota), "
-                        "or OMP_NUM_THREADS; --resume: the run's recorded count). Shown in the first line, kept in "
+                   help="torch threads of the training process (default: the usable cores (affinity, quota) that "
+                        "other work does not keep busy when the run starts, or OMP_NUM_THREADS; --resume: the run's "
+                        "recorded count). Shown in the first line with the reason, kept in "
                         "config.json; results depend on it (float summation order). A count of the default's own "
                         "choice is lowered when other work makes the steps 3x slower (one line says so; "
                         "log.jsonl and config.json record it); a count given never changes")

@@ -169,21 +169,48 @@ print("SEEN", rc, seen)
 def test_auto_threads_rule(monkeypatch):
     monkeypatch.setattr(T, "_affinity", lambda: [0, 1, 2, 3])
     monkeypatch.setattr(T, "cpu_quota", lambda: None)
-    # issue 39: the count comes from the machine, not from its load (the same command, the same run); busy cores
-    # only add the hint to pass --threads, with the free count
-    for busy, hint in ((0.0, None), (0.4, None), (0.6, 3), (1.4, 3), (3.6, 1), (7.0, 1)):
+    # issue 57: decided at the start from what the machine shows: the usable cores less those other work keeps busy
+    # (rounded; a run slow from its first step never sped up when the count ignored them)
+    for busy, want in ((0.0, 4), (0.4, 4), (0.6, 3), (1.4, 3), (2.6, 1), (3.6, 1), (7.0, 1)):
         monkeypatch.setattr(T, "busy_cores", lambda interval=0.5, b=busy: b)
         n, why = T.auto_threads()
-        assert n == 4 and why.startswith("auto: 4 usable cores"), (busy, n, why)
-        assert (f"--threads {hint} may run faster" in why) if hint else "busy" not in why, (busy, why)
+        assert n == want and why.startswith("auto: 4 usable cores"), (busy, n, why)
+        if want < 4:
+            assert f"{busy:.1f} of them busy with other work at the start: a step waits for its slowest thread, so " \
+                   f"{want} instead of 4; --threads N to choose" in why, why
+        else:
+            assert why == "auto: 4 usable cores; --threads N to choose"
     monkeypatch.setattr(T, "busy_cores", lambda interval=0.5: 0.0)
     monkeypatch.setattr(T, "cpu_quota", lambda: 1.5)  # a cgroup quota of 1.5 CPUs: 2 threads
     assert T.auto_threads()[0] == 2 and T.usable_cores() == 2
     monkeypatch.setattr(T, "cpu_quota", lambda: None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two training processes on this machine share the cores
     assert T.auto_threads()[0] == 2
+    monkeypatch.setattr(T, "busy_cores", lambda interval=0.5: 1.0)  # and one core is busy: 3 free, 1 each
+    assert T.auto_threads()[0] == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # set by the user (or by torchrun): taken as it is
     assert T.auto_threads() == (3, "OMP_NUM_THREADS")
+
+
+def test_a_run_started_on_a_busy_machine_takes_the_free_cores_unless_told(tmp_path, monkeypatch, capsys):
+    """Issue 57, item 1: one of 2 cores busy when the run starts: the automatic count is 1, said in the run's first
+    line and recorded in config.json; --threads 2 and OMP_NUM_THREADS=2 are kept as given."""
+    monkeypatch.setattr(T, "usable_cores", lambda: 2)
+    monkeypatch.setattr(T, "busy_cores", lambda interval=0.5: 1.0)
+    run = loop.Trainer.run
+    monkeypatch.setattr(loop.Trainer, "run", lambda self, **kw: run(self, stop_after=0, final_eval=False))
+    tiny = ["train", "--model", "cliff_ae", "--dataset", "quantized_grid2d", "--batch-size", "50", "--steps", "2"]
+    why = ("auto: 2 usable cores, 1.0 of them busy with other work at the start: a step waits for its slowest "
+           "thread, so 1 instead of 2; --threads N to choose (the count changes the run's bits)")
+    for name, extra, omp, want, said in (("auto", [], None, 1, f"1 thread ({why})"),
+                                         ("given", ["--threads", "2"], None, 2, "2 threads:"),
+                                         ("omp", [], "2", 2, "2 threads (OMP_NUM_THREADS):")):
+        if omp:
+            monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        assert main([*tiny, "--out", str(tmp_path / name), *extra]) == 0
+        line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("training "))
+        assert line.startswith(f"training cliff_ae on quantized_grid2d with {said}"), line
+        assert json.loads((tmp_path / name / "config.json").read_text())["threads"] == want
 
 
 def test_busy_cores_reads_proc_stat(monkeypatch):

@@ -1,19 +1,19 @@
 """How many torch intra-op threads a training process uses (``qkernels train --threads``, ``TrainConfig.threads``).
 
 torch starts one thread per core. When another job keeps a core busy, every parallel region waits for the thread
-that shares a core with it, and a step slows 3-5x (measured: benchmarks/HISTORY.md, "Training threads"). The
-count also changes float summation order, hence the bits of a run, so the default (:func:`auto_threads`) comes from
-the machine, not from its momentary load (the same command gives the same run on a busy and on an idle machine):
+that shares a core with it, and a step slows 3-20x (measured: benchmarks/HISTORY.md, "Training threads"; README:
+a run on 2 cores kept busy from before its start). So the default (:func:`auto_threads`) is decided at the start
+from what the machine shows:
 
 - ``OMP_NUM_THREADS`` set (by the user, or by ``torchrun`` for several processes per machine): that number;
-- else the usable cores (the process's CPU affinity, capped by a cgroup CPU quota) divided among the training
-  processes of this machine (``LOCAL_WORLD_SIZE``), at least 1. When other processes keep cores busy at the start
-  (measured over half a second from ``/proc/stat``; ``os.getloadavg()`` where there is none), the run's first line
-  says so and suggests ``--threads``.
+- else the usable cores (the process's CPU affinity, capped by a cgroup CPU quota) that other processes do not keep
+  busy at the start (measured over half a second from ``/proc/stat``; ``os.getloadavg()`` where there is none),
+  divided among the training processes of this machine (``LOCAL_WORLD_SIZE``), at least 1.
 
-The count changes float summation order, hence the bits of a run: it is printed in the run's first line and
-recorded in ``config.json``; ``--resume`` keeps the recorded count (bit-for-bit resume) unless ``--threads`` is
-given, and ``--threads N`` reproduces a run exactly.
+The count changes float summation order, hence the bits of a run, and with this default it depends on the load when
+the run starts: it is printed, with the reason, in the run's first line and recorded in ``config.json``;
+``--resume`` keeps the recorded count (bit-for-bit resume) unless ``--threads`` is given, and ``--threads N`` (or
+``OMP_NUM_THREADS``) gives the same run on a busy and on an idle machine.
 """
 
 from __future__ import annotations
@@ -98,10 +98,10 @@ def auto_threads(*, interval: float = 0.5) -> tuple[int, str]:
     procs = max(1, int(local)) if local.isdigit() else 1
     n = max(1, cores // procs)
     per = f", {procs} processes" if procs > 1 else ""
-    why = f"auto: {cores} usable cores{per}; --threads N to choose"
     busy = busy_cores(interval)
-    if busy >= 0.5:
-        free = max(1, (cores - math.floor(busy + 0.5)) // procs)
-        why += (f"; {busy:.1f} of them busy with other work now: each step waits for the slowest thread, "
-                f"--threads {free} may run faster (and gives other results than {n} thread{'s' if n > 1 else ''})")
-    return n, why
+    free = max(1, (cores - math.floor(busy + 0.5)) // procs)
+    if busy >= 0.5 and free < n:
+        return free, (f"auto: {cores} usable cores{per}, {busy:.1f} of them busy with other work at the start: a step "
+                      f"waits for its slowest thread, so {free} instead of {n}; --threads N to choose (the count "
+                      "changes the run's bits)")
+    return n, f"auto: {cores} usable cores{per}; --threads N to choose"
