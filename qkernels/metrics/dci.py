@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qkernels._extras import needs
+from qkernels._extras import require
 from qkernels.metrics._common import (
     check_latents,
     check_seed,
@@ -27,8 +27,7 @@ from qkernels.metrics._common import (
     split_test_fraction,
 )
 
-with needs("qkernels.metrics.dci", "metrics"):
-    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+NEEDS = ("sklearn",)  # the metrics extra: checked when dci runs (qkernels.metrics imports without it)
 
 #: the ``preset`` names of ``dci``
 PRESETS = ("tripod", "qlae", "qlae_validation", "dlib", "depth_search")
@@ -119,6 +118,9 @@ def dci(
         >>> 0 <= r["disentanglement"] <= 1 and 0 <= r["completeness"] <= 1
         True
     """
+    require("qkernels.metrics.dci", "metrics", *NEEDS)
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+
     s = check_sources(sources)
     n, n_s = s.shape
     z = check_latents(latents, n).astype(np.float64)
@@ -231,6 +233,8 @@ def _depth_scores(x_fit, y_fit, x_eval, y_eval, depths, seed, n_jobs):
     """One forest of the deepest limit in ``depths`` (ascending; None = unlimited) fitted on ``(x_fit, y_fit)``
     and cut at every limit (:func:`truncated_forest`), scored on ``(x_eval, y_eval)``: per limit, the accuracy,
     the log loss and the normalized importances."""
+    from sklearn.ensemble import RandomForestClassifier
+
     forest = RandomForestClassifier(
         n_estimators=100, criterion="entropy", max_depth=depths[-1], random_state=seed, n_jobs=n_jobs
     ).fit(x_fit, y_fit)

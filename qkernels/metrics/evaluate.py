@@ -9,12 +9,17 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from qkernels._extras import require
+from qkernels.metrics.dci import NEEDS as DCI_NEEDS
 from qkernels.metrics.dci import dci
+from qkernels.metrics.infomec import NEEDS as INFOMEC_NEEDS
 from qkernels.metrics.infomec import infomec
+from qkernels.metrics.mcc import NEEDS as MCC_NEEDS
 from qkernels.metrics.mcc import mcc
 from qkernels.metrics.mig import mig
 from qkernels.metrics.modularity import modularity
 from qkernels.metrics.protocols import Protocol, get_protocol
+from qkernels.metrics.sap import NEEDS as SAP_NEEDS
 from qkernels.metrics.sap import sap
 
 #: name -> ``fn(sources, latents, **options) -> dict``. A new metric is one function + one line.
@@ -26,6 +31,8 @@ METRICS: dict[str, Callable[..., dict]] = {
     "modularity": modularity,
     "mcc": mcc,
 }
+#: name -> the optional modules (the metrics extra) the metric needs; ``evaluate`` checks them before it encodes
+NEEDS: dict[str, tuple[str, ...]] = {"infomec": INFOMEC_NEEDS, "dci": DCI_NEEDS, "sap": SAP_NEEDS, "mcc": MCC_NEEDS}
 
 
 def evaluate(
@@ -69,6 +76,8 @@ def evaluate(
 
     Raises:
         ValueError: an unknown protocol or metric, or ``encode`` not returning (B, n_z) latents.
+        qkernels._extras.MissingExtraError: a metric asked for needs scipy or scikit-learn, not installed (checked
+            before anything is encoded; :data:`NEEDS`).
 
     Examples:
         >>> from qkernels.data import Sprites
@@ -95,6 +104,8 @@ def evaluate(
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     counts = sample_counts(proto, metrics, num_samples)
+    for name in metrics:  # before minutes of encoding
+        require(f"qkernels.metrics.evaluate (its {name})", "metrics", *NEEDS.get(name, ()))
 
     sources, latents = encode_dataset(
         encode,
@@ -130,7 +141,7 @@ def evaluate(
 def sample_counts(
     protocol: str | Protocol | None, metrics: Sequence[str], num_samples: int | None = None
 ) -> dict[str, int]:
-    """The samples :func:`evaluate` scores each of ``metrics`` on: ``num_samples`` for every one when given, else
+    """The samples ``evaluate`` scores each of ``metrics`` on: ``num_samples`` for every one when given, else
     the protocol's count for it, else 10,000.
 
     Examples:

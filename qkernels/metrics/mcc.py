@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from qkernels._extras import needs
+from qkernels._extras import require
 from qkernels.metrics._common import to_numpy
 
-with needs("qkernels.metrics.mcc", "metrics"):
-    from scipy.optimize import linear_sum_assignment
-    from scipy.stats import rankdata
+NEEDS = ("scipy",)  # the metrics extra: checked when mcc runs (qkernels.metrics imports without it)
 
 
 def mcc(z_true, z_pred, *, method: str = "pearson") -> dict:
@@ -32,6 +30,10 @@ def mcc(z_true, z_pred, *, method: str = "pearson") -> dict:
         >>> round(r["mcc"], 6), r["matching"]
         (1.0, array([1, 0]))
     """
+    require("qkernels.metrics.mcc", "metrics", *NEEDS)
+    from scipy.optimize import linear_sum_assignment
+    from scipy.stats import rankdata
+
     a = _check("z_true", z_true)
     b = _check("z_pred", z_pred)
     if a.shape[0] != b.shape[0]:

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from qkernels._extras import needs
+from qkernels._extras import require
 from qkernels.metrics._common import (
     check_latents,
     check_seed,
@@ -15,9 +15,7 @@ from qkernels.metrics._common import (
     split_indices,
 )
 
-with needs("qkernels.metrics.sap", "metrics"):
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.svm import LinearSVC
+NEEDS = ("sklearn",)  # the metrics extra: checked when sap runs (qkernels.metrics imports without it)
 
 
 def sap(
@@ -45,6 +43,7 @@ def sap(
         >>> round(sap(s, s.flip(1).float(), continuous_factors=True)["sap"], 6)
         1.0
     """
+    require("qkernels.metrics.sap", "metrics", *NEEDS)
     s = check_sources(sources)
     n = s.shape[0]
     z = check_latents(latents, n).astype(np.float64)
@@ -79,6 +78,9 @@ def _squared_correlation(s: np.ndarray, z: np.ndarray) -> np.ndarray:
 
 
 def _svc_accuracy(x_tr, y_tr, x_te, y_te, seed) -> float:
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.svm import LinearSVC
+
     if np.unique(y_tr).size < 2:
         return float(np.mean(y_te == y_tr[0]))
     clf = LinearSVC(C=0.01, class_weight="balanced", random_state=seed)
