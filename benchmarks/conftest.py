@@ -22,8 +22,8 @@ shows "-");
 test (the format of ``qkernels bench --save``, :mod:`qkernels.bench.results`).
 
 Selections: every test carries a marker naming its hot path (``-m quantize``, ``kde``, ``hessian``,
-``overhead``, ``step``, ``jax``) or, outside the comparison cases, its file (``-m data``, ``metrics``, ``agreement``,
-``jax_baselines``): :data:`MARKERS`, registered with pytest;
+``overhead``, ``step``, ``jax``) or, outside the comparison cases, its file (``-m data``, ``metrics``, ``agreement``):
+:data:`MARKERS`, registered with pytest;
 ``-k`` matches case names. ``--quick`` runs :data:`QUICK`: one headline case per kernel hot path, eager
 variants only (a torch.compile variant compiles for seconds) and no peak-memory subprocesses, under a minute
 on 2 cores.
@@ -140,7 +140,7 @@ def baseline_first(items) -> list:
 
     def group(item):
         case = _case(item)
-        return case and (item.path, case.hotpath, case.name)
+        return case and (case.hotpath, case.name)
 
     out, i = [], 0
     while i < len(items):

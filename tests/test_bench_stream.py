@@ -108,11 +108,11 @@ def test_each_case_runs_its_baseline_first_so_every_streamed_row_has_its_ratio()
 
 
 def test_every_benchmark_marker_is_registered():
-    """Issue 57, item 10: test_jax.py's cases carry the marker "jax", test_jax_baselines.py's tests
-    "jax_baselines": both are registered (no PytestUnknownMarkWarning)."""
+    """Issue 57, item 10: test_jax.py's cases carry the marker "jax", and every file's other tests its name (then
+    test_jax_baselines.py's "jax_baselines"): all are registered (no PytestUnknownMarkWarning)."""
     conf = _conftest()
     sources = "".join(p.read_text() for p in (ROOT / "benchmarks").glob("*.py"))
     hotpaths = set(re.findall(r'\bCase\(\s*"(\w+)"', sources))
     files = {p.stem.removeprefix("test_") for p in (ROOT / "benchmarks").glob("test_*.py")}
-    assert {"jax", "jax_baselines"} <= set(conf.MARKERS)
+    assert "jax" in conf.MARKERS
     assert hotpaths | set(bench.HOTPATHS) | files <= set(conf.MARKERS)

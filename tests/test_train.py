@@ -1110,7 +1110,7 @@ def test_cli_eval_bench_compare_forward_their_flags(tmp_path, monkeypatch, capsy
     for f in ("config.json", "checkpoint.pt"):
         (run / f).write_text("")
     assert main(["eval", str(run), "--eval-samples", "25"]) == 0
-    assert seen["eval"] == (str(run), {"num_samples": 25, "device": "cpu", "protocol": None})
+    assert seen["eval"] == (str(run), {"num_samples": 25, "device": "cpu", "protocol": None, "progress": True})
     assert json.loads(capsys.readouterr().out) == {"step": 4, "mig.mig": 0.5}
     assert main(["bench", "--hotpath", "kde", "--hotpath", "quantize", "--no-memory", "--all", "--min-time", "0.1",
                  "--threads", "2", "--case", "klm", "--save", str(tmp_path / "saved")]) == 0
@@ -1154,7 +1154,7 @@ def test_periodic_and_final_evaluation_records(tmp_path, monkeypatch):
 
     seen = []
 
-    def fake_eval(model, ds, cfg, *, num_samples=None):
+    def fake_eval(model, ds, cfg, *, num_samples=None, progress=None):
         seen.append(num_samples or cfg.eval_samples)
         return {"mig.mig": 0.5, "infomec.nmi": [[0.25]]}
 

@@ -301,15 +301,14 @@ def test_every_figure_is_titled_and_the_loss_curves_are_drawn(two_runs, monkeypa
     # issue 57, item 2: it says what it does, with an estimate after the first batch and the time of each part
     err = capsys.readouterr().err.splitlines()
     assert err[:2] == ["qkernels eval: loading torch, the run and its data ...",
-                       f"qkernels eval: {a} (qlae on sprites, step 4): qlae protocol, infomec, dci on 50 samples; "
-                       "then reconstructions and figures"]
+                       f"qkernels eval: {a} (qlae on sprites, step 4): qlae protocol, infomec, dci on 50 samples "
+                       "(reconstructions scored as they are encoded); then the figures"]
     assert re.fullmatch(r"encoding 50 samples at \d+/s: about \d+:\d\d in all \(encoding \d+:\d\d, metrics "
-                        r"\d+:\d\d, reconstructions and figures \d+:\d\d\)", err[2]), err[2]
+                        r"\d+:\d\d, figures \d+:\d\d\)", err[2]), err[2]
     assert err[3].startswith("encoded 50 samples in ")
-    assert [re.sub(r"^\[\d+:\d\d\] ", "", ln) for ln in err[4:8]] == [
-        "infomec on 50 samples ...", "dci on 50 samples ...", "reconstructions of 256 samples ...",
-        "drawing the figures ..."]
-    assert err[8].startswith("evaluated in ") and len(err) == 9
+    assert [re.sub(r"^\[\d+:\d\d\] ", "", ln) for ln in err[4:7]] == [
+        "infomec on 50 samples ...", "dci on 50 samples ...", "drawing the figures ..."]
+    assert err[7].startswith("evaluated in ") and len(err) == 8
     names = sorted(str(fp.relative_to(a)) for fp, _ in saved)
     assert names == ["figures/interventions.png", "figures/loss.png", "figures/nmi.png",
                      "figures/reconstructions.png"]
@@ -523,11 +522,10 @@ def test_eval_progress_estimates_from_the_first_batch_and_reports_every_quarter(
     metrics = metric_seconds(get_protocol("tripod"), {"infomec": 10_000, "dci": 10_000}, load=0.0)
     assert round(metrics) == 11  # 2.2 + 8.6 s on an idle core
     assert out.getvalue().splitlines() == [
-        "qkernels eval: r (tripod on x, step 9): tripod protocol, infomec, dci on 10,000 samples; then "
-        "reconstructions and figures",
-        # 100 s of encoding, 11 s of metrics, 1500 samples' worth (15 s) of reconstructions and figures
-        "encoding 10,000 samples at 100/s: about 2:06 in all (encoding 1:40, metrics 0:11, reconstructions and "
-        "figures 0:15)",
+        "qkernels eval: r (tripod on x, step 9): tripod protocol, infomec, dci on 10,000 samples (reconstructions "
+        "scored as they are encoded); then the figures",
+        # 100 s of encoding, 11 s of metrics, 1500 samples' worth (15 s) of figures
+        "encoding 10,000 samples at 100/s: about 2:06 in all (encoding 1:40, metrics 0:11, figures 0:15)",
         "encoded 2,560/10,000 | eta 1:14",
         "encoded 5,120/10,000 | eta 0:49",
         "encoded 7,680/10,000 | eta 0:23",

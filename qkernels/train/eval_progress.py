@@ -1,10 +1,11 @@
 """What an evaluation is doing, on stderr, while it runs (``qkernels eval``, and ``qkernels train``'s final one).
 
-An evaluation draws samples, encodes them (the longest part on a CPU: 10,000 images through the encoder), runs each
-metric of its protocol, then scores reconstructions and draws the figures. :class:`EvalProgress` says so as it goes:
-a first line with the protocol, metrics and sample counts; after the first encoded batch the estimate of the whole
-(the encoding at that batch's speed, the metrics from :data:`METRIC_SECONDS` scaled to the samples and the load);
-the encoding's progress every quarter (``\\r``-updated on a terminal); each metric as it starts; the time it took.
+An evaluation draws samples, encodes them (the longest part on a CPU: 10,000 images through the encoder, and the
+first ones through the decoder too, their reconstructions scored as they go), runs each metric of its protocol, then
+draws the figures. :class:`EvalProgress` says so as it goes: a first line with the protocol, metrics and sample
+counts; after the first encoded batch the estimate of the whole (the encoding at that batch's speed, the metrics
+from :data:`METRIC_SECONDS` scaled to the samples and the load, the figures from :data:`FIGURE_SAMPLES`); the
+encoding's progress every quarter (``\\r``-updated on a terminal); each metric as it starts; the time it took.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ METRIC_SECONDS = {
     "dlib": {"dci": (8.6, 71.0), "mig": (0.0, 0.1)},
     "fast": {"infomec": (0.06, 0.5), "dci": (1.6, 2.8), "mig": (0.0, 0.1)},
 }
-#: the reconstructions and figures cost about as much as encoding this many samples (256 reconstructions, and the
-#: interventions figure's 10 decodings per latent; Tripod's networks at 32 x 32: 300 to 4000, first calls of the
-#: decoder at new batch sizes being the slow ones)
+#: the figures cost about as much as encoding (and reconstructing) this many samples (the interventions figure's 10
+#: decodings per latent; Tripod's networks at 32 x 32: 300 to 4000, first calls at new batch sizes being the slow
+#: ones)
 FIGURE_SAMPLES = 1500
 
 
@@ -93,7 +94,10 @@ class EvalProgress:
             if same
             else ", ".join(f"{m} on {n:,}" for m, n in counts.items()) + " samples"
         )
-        self.say(f"{self.what}: {protocol.name} protocol, {on}; then reconstructions and figures")
+        self.say(
+            f"{self.what}: {protocol.name} protocol, {on} (reconstructions scored as they are encoded); then "
+            "the figures"
+        )
 
     def encoded(self, done: int, total: int) -> None:
         """After each encoded batch (``qkernels.metrics.evaluate``'s ``progress``): the estimate after the first,
@@ -107,7 +111,7 @@ class EvalProgress:
             figures = FIGURE_SAMPLES / rate
             self.say(
                 f"encoding {total:,} samples at {rate:.0f}/s: about {hms(encode + metrics + figures)} in all "
-                f"(encoding {hms(encode)}, metrics {hms(metrics)}, reconstructions and figures {hms(figures)})"
+                f"(encoding {hms(encode)}, metrics {hms(metrics)}, figures {hms(figures)})"
             )
         if done == total:
             self.say(f"encoded {total:,} samples in {hms(now - self.t0)}")
@@ -130,7 +134,7 @@ class EvalProgress:
         self.say(f"{name} on {samples:,} samples ...", at=True)
 
     def stage(self, text: str) -> None:
-        """Another part starts (the reconstructions, the figures; the MCC of 2-D data, first)."""
+        """Another part starts (the figures; the MCC of 2-D data, first)."""
         self.say((f"{self.what}: " if not self.begun else "") + f"{text} ...", at=self.begun)
         self.begun = True
 

@@ -93,7 +93,7 @@ class RunLock:
 
     def __init__(self, out: str | Path, *, enabled: bool = True) -> None:
         self.out, self.path, self.enabled = Path(out), Path(out) / LOCK, enabled
-        self.held, self._made_dir = False, False
+        self.held, self._made = False, []  # the directories acquire created, deepest first
 
     def holder(self) -> tuple[int, str] | None:
         """(pid, host) written in the lock file; None when there is none, or it is empty or garbled."""
@@ -133,16 +133,15 @@ class RunLock:
         """Take the lock (creating ``out`` if needed); :class:`RunInUseError` when a live process holds it."""
         if not self.enabled or self.held:
             return self
-        if not self.out.exists():
-            self.out.mkdir(parents=True, exist_ok=True)
-            self._made_dir = True
+        self._made = [p for p in (self.out, *self.out.parents) if not p.exists()]
+        self.out.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 err = self._in_use()
                 if err is not None:
-                    self._remove_made_dir()
+                    self._remove_made_dirs()
                     raise err from None
                 self.path.unlink(missing_ok=True)  # stale: its process has ended
                 continue
@@ -150,20 +149,22 @@ class RunLock:
                 fh.write(f"{os.getpid()} {socket.gethostname()}\n")
             self.held = True
             return self
-        self._remove_made_dir()
+        self._remove_made_dirs()
         raise RunInUseError(f"{self.out} is in use: another process keeps taking {self.path}")
 
     def release(self) -> None:
-        """Drop the lock (and ``out`` when :meth:`acquire` created it and nothing else was written there)."""
+        """Drop the lock (and the directories :meth:`acquire` created, where nothing else was written)."""
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
-        self._remove_made_dir()
+        self._remove_made_dirs()
 
-    def _remove_made_dir(self) -> None:
-        if self._made_dir and self.out.is_dir() and not any(self.out.iterdir()):
-            self.out.rmdir()
-        self._made_dir = False
+    def _remove_made_dirs(self) -> None:
+        for p in self._made:
+            if not p.is_dir() or any(p.iterdir()):
+                break
+            p.rmdir()
+        self._made = []
 
     def __enter__(self) -> RunLock:
         return self.acquire()
