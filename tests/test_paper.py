@@ -45,7 +45,7 @@ def _scripted(monkeypatch, script, trainers):
         infom, psnr = script[tr.step]
         return {"infomec.infom": infom, "recon.psnr_tripod": psnr, "recon.psnr": psnr - 10}
 
-    def final(model, ds, cfg, out, step, log):  # as finish_run: the final eval line and metrics.json (no figures)
+    def final(model, ds, cfg, out, step, log, progress=None):  # as finish_run: eval line, metrics.json, no figures
         res = {"step": step, **scripted(model, ds, cfg)}
         log({"type": "eval", **res})
         (out / "metrics.json").write_text(json.dumps(res))
