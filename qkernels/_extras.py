@@ -61,6 +61,30 @@ def needs(feature: str, extra: str) -> Iterator[None]:
         ) from None
 
 
+@contextlib.contextmanager
+def optional() -> Iterator[None]:
+    """Imports inside this block of an optional dependency (:data:`DISTRIBUTIONS`) that is not installed are
+    skipped (the rest of the block too), leaving their names undefined: for a module whose functions call
+    :func:`require` before they use those names, so that the module itself imports without the extra. Any other
+    ImportError passes unchanged.
+
+    Examples:
+        >>> import sys
+        >>> saved = sys.modules.get("h5py")
+        >>> sys.modules["h5py"] = None  # as if h5py were not installed
+        >>> with optional():
+        ...     import h5py
+        >>> "h5py" in dir()
+        False
+        >>> _ = sys.modules.pop("h5py") if saved is None else sys.modules.update(h5py=saved)
+    """
+    try:
+        yield
+    except ModuleNotFoundError as err:
+        if (err.name or "").partition(".")[0] not in DISTRIBUTIONS:
+            raise
+
+
 def require(feature: str, extra: str, *modules: str) -> None:
     """Raise :class:`MissingExtraError` (as :func:`needs` words it) for the first of ``modules`` (import names of
     :data:`DISTRIBUTIONS`) that is not installed, without importing any: a command checks before minutes of work

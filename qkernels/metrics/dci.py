@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qkernels._extras import require
+from qkernels._extras import optional, require
 from qkernels.metrics._common import (
     check_latents,
     check_seed,
@@ -27,7 +27,9 @@ from qkernels.metrics._common import (
     split_test_fraction,
 )
 
-NEEDS = ("sklearn",)  # the metrics extra: checked when dci runs (qkernels.metrics imports without it)
+NEEDS = ("sklearn",)  # the metrics extra: checked when dci runs, so that this module imports without it
+with optional():
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
 
 #: the ``preset`` names of ``dci``
 PRESETS = ("tripod", "qlae", "qlae_validation", "dlib", "depth_search")
@@ -119,8 +121,6 @@ def dci(
         True
     """
     require("qkernels.metrics.dci", "metrics", *NEEDS)
-    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
-
     s = check_sources(sources)
     n, n_s = s.shape
     z = check_latents(latents, n).astype(np.float64)
@@ -233,8 +233,6 @@ def _depth_scores(x_fit, y_fit, x_eval, y_eval, depths, seed, n_jobs):
     """One forest of the deepest limit in ``depths`` (ascending; None = unlimited) fitted on ``(x_fit, y_fit)``
     and cut at every limit (:func:`truncated_forest`), scored on ``(x_eval, y_eval)``: per limit, the accuracy,
     the log loss and the normalized importances."""
-    from sklearn.ensemble import RandomForestClassifier
-
     forest = RandomForestClassifier(
         n_estimators=100, criterion="entropy", max_depth=depths[-1], random_state=seed, n_jobs=n_jobs
     ).fit(x_fit, y_fit)

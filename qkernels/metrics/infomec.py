@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 
-from qkernels._extras import require
+from qkernels._extras import optional, require
 from qkernels.metrics._common import (
     check_latents,
     check_seed,
@@ -28,7 +28,13 @@ from qkernels.metrics._common import (
     label_encode,
 )
 
-NEEDS = ("scipy", "sklearn")  # the metrics extra: checked when infomec runs (qkernels.metrics imports without it)
+NEEDS = ("scipy", "sklearn")  # the metrics extra: checked when infomec runs, so that this module imports without it
+with optional():
+    import scipy.sparse as sp
+    from scipy.optimize import minimize
+    from sklearn.feature_selection import mutual_info_classif
+
+    from qkernels.metrics._authors_infoe import authors_infoe
 
 CLASS_WEIGHTS = ("balanced", None)
 PRUNE_RULES = ("range", "iqr")
@@ -176,8 +182,6 @@ def infomec(
     fit = dict(class_weight=class_weight, max_iter=max_iter, tol=tol)
     infoe = 0.0  # no active latent: 0, as Tripod's compute_infomec returns (the range rule: no latent varies)
     if active.any() and infoe_fit == "sklearn":
-        from qkernels.metrics._authors_infoe import authors_infoe
-
         infoe = authors_infoe(z, s_codes, discrete, **fit)
     elif active.any():
         infoe = float(np.mean([predictive_nmi(design, s_codes[:, i], s_sizes[i], **fit) for i in range(n_s)]))
@@ -204,10 +208,8 @@ def _standardize(z: np.ndarray) -> np.ndarray:
     return (z - z.mean(0)) / z.std(0)
 
 
-def _one_hot(codes: np.ndarray, sizes: np.ndarray):
-    """Sparse ``(N, sum sizes)`` one-hot of every non-constant code column (a scipy ``csr_matrix``)."""
-    import scipy.sparse as sp
-
+def _one_hot(codes: np.ndarray, sizes: np.ndarray) -> sp.csr_matrix:
+    """Sparse ``(N, sum sizes)`` one-hot of every non-constant code column."""
     keep = sizes > 1
     codes, sizes = codes[:, keep], sizes[keep]
     n, d = codes.shape
@@ -219,8 +221,6 @@ def _one_hot(codes: np.ndarray, sizes: np.ndarray):
 
 def _knn_mutual_info(s_codes: np.ndarray, zs: np.ndarray, k: int, seed: int) -> np.ndarray:
     """``(n_s, n_z)`` Ross kNN MI between each discrete source and each continuous latent."""
-    from sklearn.feature_selection import mutual_info_classif
-
     states = np.random.default_rng(seed).integers(0, 2**31 - 1, size=s_codes.shape[1])
     return np.stack(
         [
@@ -294,9 +294,6 @@ def multinomial_log_proba(
     Absent classes get log-probability ~ -690.
     """
     require("qkernels.metrics.infomec", "metrics", *NEEDS)
-    import scipy.sparse as sp
-    from scipy.optimize import minimize
-
     _check_fit_options(class_weight, max_iter, tol)
     n, d = x.shape
     rms = np.sqrt(np.asarray(x.multiply(x).mean(0) if sp.issparse(x) else (x * x).mean(0)))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from qkernels._extras import require
+from qkernels._extras import optional, require
 from qkernels.metrics._common import to_numpy
 
-NEEDS = ("scipy",)  # the metrics extra: checked when mcc runs (qkernels.metrics imports without it)
+NEEDS = ("scipy",)  # the metrics extra: checked when mcc runs, so that this module imports without it
+with optional():
+    from scipy.optimize import linear_sum_assignment
+    from scipy.stats import rankdata
 
 
 def mcc(z_true, z_pred, *, method: str = "pearson") -> dict:
@@ -31,9 +34,6 @@ def mcc(z_true, z_pred, *, method: str = "pearson") -> dict:
         (1.0, array([1, 0]))
     """
     require("qkernels.metrics.mcc", "metrics", *NEEDS)
-    from scipy.optimize import linear_sum_assignment
-    from scipy.stats import rankdata
-
     a = _check("z_true", z_true)
     b = _check("z_pred", z_pred)
     if a.shape[0] != b.shape[0]:

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from qkernels._extras import require
+from qkernels._extras import optional, require
 from qkernels.metrics._common import (
     check_latents,
     check_seed,
@@ -15,7 +15,10 @@ from qkernels.metrics._common import (
     split_indices,
 )
 
-NEEDS = ("sklearn",)  # the metrics extra: checked when sap runs (qkernels.metrics imports without it)
+NEEDS = ("sklearn",)  # the metrics extra: checked when sap runs, so that this module imports without it
+with optional():
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.svm import LinearSVC
 
 
 def sap(
@@ -78,9 +81,6 @@ def _squared_correlation(s: np.ndarray, z: np.ndarray) -> np.ndarray:
 
 
 def _svc_accuracy(x_tr, y_tr, x_te, y_te, seed) -> float:
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.svm import LinearSVC
-
     if np.unique(y_tr).size < 2:
         return float(np.mean(y_te == y_tr[0]))
     clf = LinearSVC(C=0.01, class_weight="balanced", random_state=seed)
