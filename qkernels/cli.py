@@ -143,7 +143,7 @@ def _train_config(args: argparse.Namespace):
 
     from qkernels.data import FILE_DATASETS
     from qkernels.train import TrainConfig
-    from qkernels.train.run import CONFIG
+    from qkernels.train.files import CONFIG
 
     out = _out_dir(args)
     if args.resume and args.force:

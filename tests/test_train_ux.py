@@ -27,7 +27,7 @@ from qkernels.nn import FSQ, CategoricalLatent, LatentQuantizer
 from qkernels.train import TrainConfig, Trainer, compare_runs, loop, train
 from qkernels.train import figures as F
 from qkernels.train import threads as T
-from qkernels.train.run import RunExistsError, clear_run, run_files
+from qkernels.train.files import RunExistsError, clear_run, run_files
 
 _REAL_BUSY_CORES = T.busy_cores  # the autouse fixture stubs the module's (it sleeps half a second)
 TINY = ["train", "--model", "qlae", "--dataset", "sprites", "--image-size", "16", "--batch-size", "8",

@@ -202,11 +202,11 @@ def formula_source(op: decl.Op) -> str:
     scalars = [k for kind, k in w.plan if kind == "scalar"]
     # the data tensor whose dtype and device zeros take: the first saved data input
     data = next(k for k, i in enumerate(w.saved_inputs)
-                if isinstance(op.args[i], decl.Tensor) and op.args[i].role == "data")
+                if isinstance(a := op.args[i], decl.Tensor) and a.role == "data")
     grads = [k for kind, k in w.plan if kind == "grad"]
     zeros = [k for k, opt in zip(grads, w.grad_optional, strict=True) if not opt]
     optional_inputs = [i for i, r in enumerate(w.returns)
-                       if r is not None and isinstance(op.args[i], decl.Tensor) and op.args[i].optional]
+                       if r is not None and isinstance(a := op.args[i], decl.Tensor) and a.optional]
     nondiff = [j for j in w.non_differentiable if op.outputs[j].dtype != "index"]  # int outputs are never
     setup = [f"    ctx.save_for_backward({', '.join(saved)})"]
     if scalars:

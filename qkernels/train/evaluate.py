@@ -25,7 +25,8 @@ import torch
 from qkernels.data.balls import Balls
 from qkernels.train.data import generator, is_ground_truth
 from qkernels.train.eval_progress import EvalProgress
-from qkernels.train.run import CHECKPOINT, CONFIG, METRICS_FILE, build, current_keys, scalars
+from qkernels.train.files import CHECKPOINT, CONFIG, METRICS_FILE, current_keys
+from qkernels.train.run import build, scalars
 
 RECON_SAMPLES = 256
 
@@ -241,7 +242,7 @@ def compare_runs(run_dirs, *, columns=None, width: int = 120) -> str:
     with, and the metric columns present), and a warning under it when the runs were scored with different
     protocols or sample counts (their numbers are then not comparable: ``qkernels eval --protocol P
     --eval-samples N`` re-scores a run). Metrics.json files written before a metric was renamed
-    (:data:`~qkernels.train.run.RENAMED_KEYS`) show under the current name.
+    (:data:`~qkernels.train.files.RENAMED_KEYS`) show under the current name.
 
     ``columns``: the metric keys to show (default: the known ones present). A table wider than ``width``
     characters is wrapped: the metric columns that do not fit go to further tables below, each starting with

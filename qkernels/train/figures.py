@@ -14,7 +14,7 @@ import torch
 
 from qkernels._extras import needs
 from qkernels.train.data import generator, is_ground_truth
-from qkernels.train.run import FIGURES, LOG, METRICS_FILE
+from qkernels.train.files import FIGURES, LOG, METRICS_FILE
 
 with needs("qkernels.train.figures", "train"):
     from PIL import Image, ImageDraw, ImageFont

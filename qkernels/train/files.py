@@ -24,6 +24,14 @@ FIGURE_FILES = ("reconstructions.png", "interventions.png", "nmi.png", "latents.
 LOCK = "run.lock"
 FRESH_S = 10.0  # an empty lock file younger than this is being written by its holder, not abandoned
 
+#: metric keys renamed since a run could have written them (old -> new): such runs are still read (selection, compare)
+RENAMED_KEYS = {"recon.psnr_uint8": "recon.psnr_tripod"}
+
+
+def current_keys(record: dict) -> dict:
+    """``record`` (a line of log.jsonl, a metrics.json) with the keys of :data:`RENAMED_KEYS` renamed."""
+    return {RENAMED_KEYS.get(k, k): v for k, v in record.items()}
+
 
 class RunExistsError(FileExistsError):
     """A fresh run asked to write into a directory that holds another run; ``files``: that run's files there."""

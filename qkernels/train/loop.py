@@ -4,7 +4,7 @@ Run directory: ``config.json``, ``log.jsonl`` (one JSON object per line: ``{"typ
 ``{"type": "eval", "step", metrics...}``), ``checkpoint.pt`` (atomic), ``metrics.json`` (final evaluation, incl.
 matrices) and ``figures/*.png`` (:data:`~qkernels.train.run.FIGURE_FILES`). A fresh run never shares its directory
 with another: it refuses a directory that holds one (``overwrite=False``; ``qkernels train`` without ``--force``)
-or deletes that run's files first (:func:`~qkernels.train.run.clear_run`: only the files above; anything else in
+or deletes that run's files first (:func:`~qkernels.train.files.clear_run`: only the files above; anything else in
 the directory stays).
 
 Determinism: the global torch RNG is re-seeded from (seed, step) before every step and batches are a function of
@@ -43,9 +43,10 @@ from qkernels.train.config import TrainConfig
 from qkernels.train.data import derive_seed, get_batch
 from qkernels.train.eval_progress import EvalProgress, hms
 from qkernels.train.evaluate import evaluate_model, finish_run
+from qkernels.train.files import CHECKPOINT, CONFIG, LOG, RunExistsError, clear_run, run_files
 from qkernels.train.interrupt import DeferredSignals, TrainingInterrupted
 from qkernels.train.paper import describe_settings
-from qkernels.train.run import CHECKPOINT, CONFIG, LOG, RunExistsError, build, clear_run, run_files, scalars
+from qkernels.train.run import build, scalars
 from qkernels.train.selection import CheckpointSelector, describe_cadence, eval_records, eval_steps
 from qkernels.train.throughput import CollapseWatch, fewer_threads
 
@@ -83,8 +84,8 @@ class Trainer:
     """Holds model, optimizers and data of one run; ``run()`` trains to ``cfg.steps``.
 
     resume: continue from ``cfg.out/checkpoint.pt`` when there is one (else start afresh). overwrite: what a fresh
-    run does when ``cfg.out`` holds another run (:func:`~qkernels.train.run.run_files`): delete that run's files
-    first (True) or raise :class:`~qkernels.train.run.RunExistsError` before anything is built or written (False;
+    run does when ``cfg.out`` holds another run (:func:`~qkernels.train.files.run_files`): delete that run's files
+    first (True) or raise :class:`~qkernels.train.files.RunExistsError` before anything is built or written (False;
     ``qkernels train`` refuses such a directory itself unless ``--force``). ``cfg.threads`` (when not None) is set
     with ``torch.set_num_threads`` for the process; ``threads_why`` is shown after the count in the first line.
 

@@ -1,5 +1,5 @@
 """Building a run's (model, dataset) from its config, shared by the training loop (:mod:`qkernels.train.loop`) and
-evaluation (:mod:`qkernels.train.evaluate`); the run directory's file names (:mod:`qkernels.train.files`)."""
+evaluation (:mod:`qkernels.train.evaluate`)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,6 @@ from qkernels.data import load_dataset
 from qkernels.models.registry import METHODS, build_model, default_num_latents, method_defaults
 from qkernels.train.config import TrainConfig
 from qkernels.train.data import derive_seed, num_sources, observation_shape
-from qkernels.train.files import (  # noqa: F401 - the run directory's names, re-exported here
-    CHECKPOINT,
-    CONFIG,
-    FIGURE_FILES,
-    FIGURES,
-    LOG,
-    METRICS_FILE,
-    RUN_FILES,
-    SELECTED,
-    RunExistsError,
-    clear_run,
-    run_files,
-)
 
 PROCEDURAL_IMAGES = ("sprites", "shapes3d_procedural", "balls")
 
@@ -58,15 +45,6 @@ def build(cfg: TrainConfig, ds=None):
     model = build_model(cfg.model, observation_shape(ds), d, **kw).to(cfg.device)
     model.set_total_steps(cfg.steps)
     return model, ds
-
-
-#: metric keys renamed since a run could have written them (old -> new): such runs are still read (selection, compare)
-RENAMED_KEYS = {"recon.psnr_uint8": "recon.psnr_tripod"}
-
-
-def current_keys(record: dict) -> dict:
-    """``record`` (a line of log.jsonl, a metrics.json) with the keys of :data:`RENAMED_KEYS` renamed."""
-    return {RENAMED_KEYS.get(k, k): v for k, v in record.items()}
 
 
 def scalars(res: dict) -> dict:

@@ -33,7 +33,7 @@ import math
 from pathlib import Path
 
 from qkernels.train import checkpoint as ckpt
-from qkernels.train.run import CHECKPOINT, LOG, METRICS_FILE, SELECTED, current_keys
+from qkernels.train.files import CHECKPOINT, LOG, METRICS_FILE, SELECTED, current_keys
 
 SELECTIONS = ("final", "tripod")
 #: Tripod paper App. B.1, Table 2: "PSNR threshold (dB) for 64x64"; another dataset takes Shapes3D's, a
