@@ -24,12 +24,21 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    # `pytest -n N` (the README's command): the workers share the cores instead of each starting one torch thread per
+    # core (N x oversubscribed), and a training run's automatic thread count (qkernels.train.threads) no longer
+    # depends on what the other workers are doing at its start (a run and its resumed twin could differ in bits)
+    _per_worker = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_per_worker)  # child processes: torch reads it at import
+    torch.set_num_threads(_per_worker)
+
 import global_state  # noqa: E402 - a helper module beside this file
 
 import qkernels  # noqa: E402
 import qkernels.ops  # noqa: E402,F401 - registers every op (qkernels._backend's registry imports none of its clients)
 from qkernels import _ext  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # every backend that can run on this machine's test device, reference included
 BACKENDS = qkernels.available_backends(DEVICE)
@@ -148,6 +157,19 @@ def all_value_checks(monkeypatch):
 def tol(dtype: torch.dtype) -> dict:
     """assert_close tolerances per dtype."""
     return {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+
+
+@pytest.fixture
+def source_tree_build():
+    """Held by a test that builds in the source tree (build/temp.*: scripts/bootstrap.sh, python -m build): one at
+    a time across `pytest -n` workers, so that two ninja runs never share the object directory."""
+    import fcntl
+
+    os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
+    with open(os.path.join(ROOT, "build", ".tests.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+        fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 _BASELINE: dict = {}  # the state every test starts from: read at the first test's set-up, after collection

@@ -96,7 +96,7 @@ def test_extension_uses_the_shared_cpp_runtime():
     assert not embedded, embedded[:5]
 
 
-def test_bootstrap_second_run_is_a_no_op():
+def test_bootstrap_second_run_is_a_no_op(source_tree_build):
     """After a bootstrap (the README's set-up, as CI runs it first), running it again installs and builds
     nothing: it reports the venv up to date and leaves the extension file untouched."""
     if not os.path.exists(os.path.join(ROOT, ".venv", ".qkernels-build-stamp")):

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,12 @@ def test_every_page_with_code_has_blocks():
     assert {p.name for p in PAGES} >= {"index.md", "kde.md", "quantization.md", "hessian.md", "training-code.md"}
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_docs_code_blocks_run(page, monkeypatch, tmp_path):
     real_compile = torch.compile
@@ -135,8 +142,10 @@ def test_docs_code_blocks_run(page, monkeypatch, tmp_path):
 
     monkeypatch.setattr(torch, "compile", eager_compile)
     monkeypatch.chdir(tmp_path)
-    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.delenv(var, raising=False)
+    # a port free now (a page's fixed default, training-code.md's 29531, may be held by another process or test)
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     namespace = {"__name__": f"docs_{page.stem}"}
     # the environment put back whole afterwards: a page's example sets variables (training-code.md: MASTER_ADDR and
     # MASTER_PORT), which delenv of an unset variable does not undo

@@ -167,6 +167,7 @@ print("SEEN", rc, seen)
 
 
 def test_auto_threads_rule(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # set under `pytest -n` (tests/conftest.py)
     monkeypatch.setattr(T, "_affinity", lambda: [0, 1, 2, 3])
     monkeypatch.setattr(T, "cpu_quota", lambda: None)
     # issue 57: decided at the start from what the machine shows: the usable cores less those other work keeps busy

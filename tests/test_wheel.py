@@ -60,7 +60,7 @@ def _run(cmd, *, env=None, cwd=None, timeout=900):
     return r
 
 
-def test_wheel_installs_and_runs_without_a_compiler(tmp_path):
+def test_wheel_installs_and_runs_without_a_compiler(tmp_path, source_tree_build):
     if subprocess.run([sys.executable, "-m", "build", "--version"], capture_output=True, cwd=ROOT).returncode:
         missing("build", "the `build` package (the dev extra) is not installed")
     dist = tmp_path / "dist"
