@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -40,7 +41,9 @@ def test_a_run_streams_its_rows_and_saves_them_as_it_goes(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "benchmarks/test_overhead.py", "--benchmark-only", "-q", "--quick",
            "-k", "cliff_loss and add", "--bench-save", str(tmp_path), "-p", "no:cacheprovider",
            "-p", "no:hypothesispytest"]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}  # pytest-benchmark reads them:
+    # a child of an xdist worker would disable benchmarks
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     lines = res.stdout.splitlines()
     row = next(i for i, ln in enumerate(lines) if ln.startswith("  add ") and "1.00x" in ln)

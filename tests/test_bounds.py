@@ -136,10 +136,10 @@ def test_auto_threads_hint_from_half_a_busy_core(four_cores, monkeypatch):
         return T.auto_threads()
 
     assert auto(math.nextafter(0.5, 0.0)) == (4, "auto: 4 usable cores; --threads N to choose")
-    # at 0.5 the hint, with the free cores: busy rounded half up (0.5 -> 1, 1.5 -> 2, 2.5 -> 3)
+    # from 0.5 on, the free cores: busy rounded half up (0.5 -> 1, 1.5 -> 2, 2.5 -> 3), said with the reason
     for busy, free in ((0.5, 3), (1.49, 3), (1.5, 2), (2.5, 1), (3.5, 1)):
         n, why = auto(busy)
-        assert n == 4 and f"--threads {free} may run faster" in why, (busy, why)
+        assert n == free and f"so {free} instead of 4; --threads N to choose" in why, (busy, why)
 
 
 def test_auto_threads_environment_at_its_bounds(four_cores, monkeypatch):

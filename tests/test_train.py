@@ -200,7 +200,7 @@ def test_discriminator_steps_after_model(tmp_path, model):
     assert any(not torch.allclose(p, wrong[n]) for n, p in got.items() if n.startswith("encoder."))
 
 
-def test_cli_train_eval_compare(tmp_path, capsys):
+def test_cli_train_eval_compare(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     rc = main(["train", "--model", "qlae", "--dataset", "sprites", "--image-size", "16", "--steps", "4",
                "--batch-size", "8", "--eval-samples", "300", "--out", str(out)])
@@ -221,7 +221,8 @@ def test_cli_train_eval_compare(tmp_path, capsys):
     m2 = json.loads((out / "metrics.json").read_text())
     assert m2["step"] == 4 and m2["infomec.infom"] == pytest.approx(m["infomec.infom"])
     capsys.readouterr()
-    assert main(["compare", str(out), str(out)]) == 0
+    monkeypatch.chdir(tmp_path)  # short run names: the width below is the table's, not that of pytest's tmp path
+    assert main(["compare", "run", "run"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:4] == ["run", "model", "dataset", "step"] and max(map(len, table)) <= 120
     assert "qlae" in table[2] and len(table) == 5 * (table.count("") + 1) - 1  # 4 lines per (wrapped) table

@@ -69,7 +69,7 @@ def dci(
             ``"qlae_validation"``: the same forest with the depth chosen on a validation split of the 90%
             (``VALIDATION_FRACTION``: 80/10/10 of the N rows), then a forest of that depth refitted on the
             whole 90% gives D, C and the test accuracy I, scored once (0.002-0.004 below ``"qlae"`` on I in
-            docs/design/fidelity.md's reproduction table, issue 38).
+            docs/design/fidelity.md's reproduction table).
             ``"dlib"`` (disentanglement_lib; FactorQVAE's ``metrics/dci.py``): scikit-learn's
             ``GradientBoostingClassifier()``
             defaults on 10000 train / 5000 test rows; with N < 15000, all N rows split 2:1 (see
