@@ -80,6 +80,27 @@ def test_op_matches_reference(backend, dtype, case):
         assert torch.equal(g[:n], torch.zeros_like(g[:n]))
 
 
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("k", [2, 3])
+def test_float32_activations_with_a_large_common_part(backend, k):
+    """Activations around 100 whose curvature is 1e-5 of that (a decoder's activations at z +- h): in float32 the
+    kernels' values keep their float64 ones (from the same float32 inputs) to 1e-4, and each element's gradients sum
+    to zero over its 2k rows (1e-6 of their size), as the gradient of a variance over directions does. A kernel that
+    means f(z + h) + f(z - h) in float32 rounds at 200's last bit: 1e-2 errors, and its gradients no longer sum to
+    zero (the decoder's Jacobian at z then leaks into the parameters' gradient). (The reference, the paper's
+    formula, sums f(z + h) + f(z - h) - 2 f(z) before it shifts: it rounds at that sum's last bit, 3e-3 here.)"""
+    n, m = 3, 40
+    g = torch.Generator().manual_seed(5)
+    x = (100 + 1e-3 * torch.randn(n * 2 * k * 2, m, generator=g, dtype=torch.float64)).float().to(DEVICE)
+    x.requires_grad_()
+    v, _ = _impl(backend)(x, n, k, 0.1, 2, False, "mean")
+    v64, _ = ref.finite_difference_curvature(x.detach().double(), n, k, 0.1, 2, False, "mean")
+    torch.testing.assert_close(v.double(), v64, rtol=1e-4, atol=0)
+    (grad,) = torch.autograd.grad(v.sum(), x)
+    per_element = grad.double().reshape(2, k, 2, n, m).sum(dim=(1, 2))  # over the 2k rows of each element
+    assert per_element.abs().max() <= 1e-6 * grad.abs().max(), (per_element.abs().max(), grad.abs().max())
+
+
 def test_center_cancels_exactly_in_the_reference():
     """var_l(P_l - 2C + M_l) == var_l(P_l + M_l): the center rows carry no information."""
     n, k, m = 4, 3, 9

@@ -472,3 +472,72 @@ def test_float32_by_default():
         _close(qj.klm_loss(jnp.asarray(z)), qkernels.klm_loss(_t(z)), TOL["float32"])
         half = qj.latent_quantize(jnp.asarray(z, jnp.bfloat16), jnp.linspace(-1.0, 1.0, 4))
         assert half.z_q.dtype == jnp.bfloat16 and half.loss_commit.dtype == jnp.float32
+
+
+# ----------------------------------------------------------------------------- issue 56: NHP's float32 gradient
+
+
+def test_nhp_float32_gradient_at_tripods_decoder():
+    """Tripod's penalty on a 12-64-64-64 GELU MLP at n = 64 (float32 activations around 0.1-1 whose curvature is far
+    smaller): the float32 gradient (parameters and z) is within 3e-4 of the float64 one along the same directions, in
+    both front-ends (the authors' float32 code: 4e-5; the kernels that mean f(z + h) + f(z - h) over the directions
+    in float32: 4e-3, the decoder's Jacobian at z leaking into the gradient)."""
+    n, d, k, sizes = 64, 12, 2, (12, 64, 64, 64)
+    rng = np.random.default_rng(22)
+    params64 = [
+        (rng.standard_normal((a, b)) / math.sqrt(a), 0.1 * rng.standard_normal(b))
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+    ]
+    z64 = rng.standard_normal((n, d))
+    std64 = z64.std(0) + 1e-6
+    draws = rng.standard_normal((2 * k, n, d)).astype("float32")  # float32 directions, as the authors' code draws
+    draws[:k] = np.sign(draws[:k])
+
+    def rel(got, want):
+        return np.linalg.norm(
+            np.concatenate([np.ravel(g) - np.ravel(w) for g, w in zip(got, want, strict=True)])
+        ) / np.linalg.norm(np.concatenate([np.ravel(w) for w in want]))
+
+    @jax.jit
+    def jax_grads(params, z, std, draws):
+        def penalty(params, z):
+            def mlp(x):
+                out = {}
+                for i, (w, b) in enumerate(params):
+                    x = jax.nn.gelu(x @ w + b)
+                    out[i] = x
+                return out
+
+            num, den = qj.hessian_penalty_terms(mlp, z, std, draws=draws)
+            return sum(jnp.mean(num[i] / (den[i] + 1e-10)) for i in num)
+
+        return jax.grad(penalty, (0, 1))(params, z)
+
+    def torch_grads(dtype, backend):
+        params = [(_t(w.astype(dtype), True), _t(b.astype(dtype), True)) for w, b in params64]
+        z = _t(z64.astype(dtype), True)
+        stacked = torch_hessian.perturbed_batch(z, _t(draws.astype(dtype)), _t(std64.astype(dtype)), 0.1, signs=k)
+        total, x = 0.0, stacked
+        with qkernels.use_backend(backend):
+            for w, b in params:
+                x = torch.nn.functional.gelu(x @ w + b, approximate="tanh")  # jax.nn.gelu's default
+                values = qkernels.finite_difference_curvature(x, n, k, 0.1)
+                total = total + (values[0] / (values[1] + 1e-10)).mean()
+        total.backward()
+        return [p.grad.numpy() for pair in params for p in pair], z.grad.numpy()
+
+    def as_dtype(dtype):
+        return (
+            [(jnp.asarray(w, dtype), jnp.asarray(b, dtype)) for w, b in params64],
+            jnp.asarray(z64, dtype),
+            jnp.asarray(std64, dtype),
+            jnp.asarray(draws, dtype),
+        )
+
+    (gp64, gz64), (gp32, gz32) = jax_grads(*as_dtype("float64")), jax_grads(*as_dtype("float32"))
+    errors = {"jax": (rel(jax.tree_util.tree_leaves(gp32), jax.tree_util.tree_leaves(gp64)), rel([gz32], [gz64]))}
+    for backend in ("cpu", "reference"):
+        (tp64, tz64), (tp32, tz32) = torch_grads("float64", backend), torch_grads("float32", backend)
+        errors[backend] = (rel(tp32, tp64), rel([tz32], [tz64]))
+        np.testing.assert_allclose(tz64, gz64, rtol=1e-8, atol=1e-12)  # the same penalty in both front-ends
+    assert all(max(e) < 3e-4 for e in errors.values()), errors

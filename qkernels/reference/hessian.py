@@ -39,7 +39,10 @@ def finite_difference_curvature(
     fd = x[:, :, 0] + x[:, :, 1]  # (groups, k, n, M)
     if stacked.shape[0] > p:
         fd = fd - 2 * stacked[:n]
-    fd = fd / (eps * eps)
+    # minus direction 0's: a shift common to every fd_l of an element leaves the variance as it is, and keeps the
+    # sums' 2 f(z) out of the float32 mean, whose rounding at that size would leave the gradients' sum over the
+    # directions nonzero (the decoder's Jacobian at z then leaks into them: csrc/include/qkernels/hessian.h)
+    fd = (fd - fd[:, :1]) / (eps * eps)
     var = fd.var(dim=1, correction=1 if unbiased else 0)  # (groups, n, M)
     best, argmax = var.max(dim=-1)
     values = best if reduce == "max" else var.mean(dim=-1)

@@ -27,12 +27,22 @@ FWD_BLOCK_C = 512  # ... up to this many for wide activations: 4x the bytes in f
 
 
 @triton.jit
-def _fd_mean(x_ptr, offs, stride, mask, K, inv_eps2):
+def _fd_shift(x_ptr, offs, stride, mask):
+    """Direction 0's plus and minus activations: the shift subtracted from every direction's (see _fd_mean)."""
+    p0 = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    q0 = tl.load(x_ptr + offs + stride, mask=mask, other=0.0)
+    return p0, q0
+
+
+@triton.jit
+def _fd_mean(x_ptr, offs, stride, mask, K, p0, q0):
+    """Mean over the K directions of y_l = (f(z + h_l) - f(z + h_0)) + (f(z - h_l) - f(z - h_0)), eps^2 times the
+    second difference minus direction 0's (csrc/include/qkernels/hessian.h: why not f(z + h) + f(z - h))."""
     s = tl.zeros(offs.shape, tl.float32 if x_ptr.dtype.element_ty == tl.float32 else tl.float64)
-    for l in range(0, K):
+    for l in range(1, K):
         p = tl.load(x_ptr + offs + (2 * l) * stride, mask=mask, other=0.0)
         q = tl.load(x_ptr + offs + (2 * l + 1) * stride, mask=mask, other=0.0)
-        s += (p + q) * inv_eps2
+        s += (p - p0) + (q - q0)
     return s / K
 
 
@@ -63,12 +73,13 @@ def _fdc_fwd(
         cols = c0 + lanes
         mask = cols < M
         offs = base + cols
-        mean = _fd_mean(x_ptr, offs, stride, mask, K, inv_eps2)
+        p0, q0 = _fd_shift(x_ptr, offs, stride, mask)
+        mean = _fd_mean(x_ptr, offs, stride, mask, K, p0, q0)
         m2 = tl.zeros(mean.shape, mean.dtype)
         for l in range(0, K):
             p = tl.load(x_ptr + offs + (2 * l) * stride, mask=mask, other=0.0)
             q = tl.load(x_ptr + offs + (2 * l + 1) * stride, mask=mask, other=0.0)
-            dev = (p + q) * inv_eps2 - mean
+            dev = ((p - p0) + (q - q0) - mean) * inv_eps2
             m2 += dev * dev
         var = m2 / divisor
         total += tl.where(mask, var, 0.0)
@@ -112,7 +123,8 @@ def _fdc_bwd(
     mask = cols < M
     stride = tl.cast(N, tl.int64) * M  # (N == 1 arrives as a constexpr int: no .to)
     offs = (row_offset + g * 2 * K * N + i).to(tl.int64) * M + cols
-    mean = _fd_mean(x_ptr, offs, stride, mask, K, inv_eps2)
+    p0, q0 = _fd_shift(x_ptr, offs, stride, mask)
+    mean = _fd_mean(x_ptr, offs, stride, mask, K, p0, q0)
     gout = tl.load(grad_ptr + g * N + i)
     coef = gout * scale  # scale = 2 / divisor / eps^2 (/ M for the mean)
     if USE_MAX:
@@ -121,7 +133,7 @@ def _fdc_bwd(
     for l in range(0, K):
         p = tl.load(x_ptr + offs + (2 * l) * stride, mask=mask, other=0.0)
         q = tl.load(x_ptr + offs + (2 * l + 1) * stride, mask=mask, other=0.0)
-        v = (coef * ((p + q) * inv_eps2 - mean)).to(x_ptr.dtype.element_ty)
+        v = (coef * (((p - p0) + (q - q0) - mean) * inv_eps2)).to(x_ptr.dtype.element_ty)
         tl.store(gx_ptr + offs + (2 * l) * stride, v, mask=mask)
         tl.store(gx_ptr + offs + (2 * l + 1) * stride, v, mask=mask)
 

@@ -5,10 +5,17 @@
 // order [g0: +h_1, -h_1, ..., +h_k, -h_k; g1: ...]. For one activation element (sample i, column c)
 // the second central difference along h_l is
 //     fd_l = (f(z + h_l) - 2 f(z) + f(z - h_l)) / eps^2,
-// and the curvature statistic is var_l(fd_l) (population or unbiased). The center f(z) is common
-// to every fd_l of the element, so it cancels exactly from the variance: the kernels compute
-//     x_l = (f(z + h_l) + f(z - h_l)) / eps^2,   var_l(fd_l) = var_l(x_l)
-// with a two-pass (mean, then squared deviations) variance, accumulated in acc_type<T>.
+// and the curvature statistic is var_l(fd_l) (population or unbiased). A variance over l is invariant
+// to a shift common to every fd_l of the element, so the kernels never need f(z): they compute
+//     y_l = (f(z + h_l) - f(z + h_0)) + (f(z - h_l) - f(z - h_0)) = eps^2 (fd_l - fd_0),
+//     var_l(fd_l) = var_l(y_l) / eps^4
+// with a two-pass (mean, then squared deviations) variance, accumulated in acc_type<T>. Shifting by
+// direction 0 keeps the sums at the size of the differences: the sums f(z + h_l) + f(z - h_l) carry
+// 2 f(z), and in float32 a mean over them rounds at 2 f(z)'s last bit, far above the curvature's;
+// the backward's gradients of an element then no longer sum to zero over the directions, and the
+// decoder's Jacobian at z (the large common part of its Jacobians at z +- h_l) leaks into the
+// gradient: 4e-3 relative error in float32 on a Tripod-sized GELU decoder, against 4e-5 with the
+// shift, as the authors' float32 code (tests/test_jax.py::test_nhp_float32_gradient_at_tripods_decoder).
 //
 // Pointers: x points at the element in the plus block of direction 0 of a group; the plus and
 // minus blocks of direction l are at x + (2 l) * stride and x + (2 l + 1) * stride, stride = n * M.
@@ -27,17 +34,17 @@ struct FdShape {
   bool use_max;
 };
 
-// x_l of one element: (plus + minus) / eps^2.
+// y_l of one element (the difference to direction 0, times eps^2).
 template <typename T, typename A = typename acc_type<T>::type>
-QK_HOST_DEVICE A fd_point(const T* x, int64_t stride, int64_t l, A inv_eps2) {
-  return (A(x[(2 * l) * stride]) + A(x[(2 * l + 1) * stride])) * inv_eps2;
+QK_HOST_DEVICE A fd_point(const T* x, int64_t stride, int64_t l) {
+  return (A(x[(2 * l) * stride]) - A(x[0])) + (A(x[(2 * l + 1) * stride]) - A(x[stride]));
 }
 
-// Mean over the k directions of x_l.
+// Mean over the k directions of y_l.
 template <typename T, typename A = typename acc_type<T>::type>
-QK_HOST_DEVICE A fd_column_mean(const T* x, int64_t stride, int64_t k, A inv_eps2) {
+QK_HOST_DEVICE A fd_column_mean(const T* x, int64_t stride, int64_t k) {
   A s = 0;
-  for (int64_t l = 0; l < k; ++l) s += fd_point<T, A>(x, stride, l, inv_eps2);
+  for (int64_t l = 1; l < k; ++l) s += fd_point<T, A>(x, stride, l);  // y_0 = 0
   return s / A(k);
 }
 
@@ -50,25 +57,26 @@ QK_HOST_DEVICE A fd_var_divisor(int64_t k, bool unbiased) {
 // Variance over the k directions of the second differences of one element (two-pass).
 template <typename T, typename A = typename acc_type<T>::type>
 QK_HOST_DEVICE A fd_column_var(const T* x, int64_t stride, int64_t k, A inv_eps2, bool unbiased) {
-  const A mean = fd_column_mean<T, A>(x, stride, k, inv_eps2);
+  const A mean = fd_column_mean<T, A>(x, stride, k);
   A m2 = 0;
   for (int64_t l = 0; l < k; ++l) {
-    const A dev = fd_point<T, A>(x, stride, l, inv_eps2) - mean;
+    const A dev = (fd_point<T, A>(x, stride, l) - mean) * inv_eps2;
     m2 += dev * dev;
   }
   return m2 / fd_var_divisor<A>(k, unbiased);
 }
 
-// Backward of one element: d var / d plus_l = d var / d minus_l = 2 (x_l - mean) / divisor / eps^2.
+// Backward of one element: d var / d plus_l = d var / d minus_l = 2 (y_l - mean) / eps^4 / divisor.
 // `coef` is the upstream gradient of the element's variance; writes the 2k entries of g (same
-// layout as x). The center's gradient is exactly zero (it cancels from the variance).
+// layout as x). The center's gradient is exactly zero (it cancels from the variance); so is the sum
+// of the 2k entries (to rounding; exactly for k = 2, where the two deviations are negatives).
 template <typename T, typename A = typename acc_type<T>::type>
 QK_HOST_DEVICE void fd_column_backward(const T* x, int64_t stride, int64_t k, A inv_eps2, bool unbiased,
                                        A coef, T* g) {
-  const A mean = fd_column_mean<T, A>(x, stride, k, inv_eps2);
+  const A mean = fd_column_mean<T, A>(x, stride, k);
   const A scale = coef * A(2) * inv_eps2 / fd_var_divisor<A>(k, unbiased);
   for (int64_t l = 0; l < k; ++l) {
-    const T v = T(scale * (fd_point<T, A>(x, stride, l, inv_eps2) - mean));
+    const T v = T(scale * ((fd_point<T, A>(x, stride, l) - mean) * inv_eps2));
     g[(2 * l) * stride] = v;
     g[(2 * l + 1) * stride] = v;
   }
