@@ -474,6 +474,33 @@ def test_float32_by_default():
         assert half.z_q.dtype == jnp.bfloat16 and half.loss_commit.dtype == jnp.float32
 
 
+# ----------------------------------------------------------------------------- issue 56: values closed over in jit
+
+
+def test_concrete_std_closed_over_in_jit():
+    """A concrete std that a jitted function closes over is checked while tracing (its values are known then: a
+    bad one is a ValueError), a traced one at run time (the penalty's std by the check target, KLM's by its kernel);
+    neither converts a traced value to bool (TracerBoolConversionError)."""
+    (z,) = _arrays("float64", (12, 3), seed=20)
+    z, key = jnp.asarray(z), jax.random.key(6)
+    s = jnp.std(z, 0) + 1e-6
+    bad = s.at[1].set(0.0)
+
+    def nhp(z, s):
+        return qj.normalized_hessian_penalty(lambda x: jnp.tanh(x @ jnp.ones((3, 2))), z, key, s)
+
+    klm_given, nhp_given = jax.jit(lambda z, s: qj.klm_loss(z, std=s)), jax.jit(nhp)  # std traced
+    np.testing.assert_array_equal(jax.jit(lambda z: qj.klm_loss(z, std=s))(z), klm_given(z, s))
+    np.testing.assert_array_equal(jax.jit(lambda z: nhp(z, s))(z), nhp_given(z, s))
+    for closed_over_bad in (lambda z: qj.klm_loss(z, std=bad), lambda z: nhp(z, bad)):
+        with pytest.raises(ValueError, match="std must be finite and > 0"):
+            jax.jit(closed_over_bad)(z)
+    with pytest.raises(RUN_TIME_ERRORS, match="klm: std must be > 0 everywhere"):
+        jax.block_until_ready(klm_given(z, bad))
+    with pytest.raises(RUN_TIME_ERRORS, match="normalized_hessian_penalty: std must be > 0 everywhere"):
+        jax.block_until_ready(nhp_given(z, bad))
+
+
 # ----------------------------------------------------------------------------- issue 56: NHP's float32 gradient
 
 

@@ -108,12 +108,16 @@ ffi::Error run(ffi::ThreadPool pool, F&& body) {
   }
 }
 
-// The library's registration table: every handler, named as the op it runs (qkernels/decl), added beside its
-// definition by QK_FFI_TARGET. qkernels/jax/_ffi.py reads it through qk_ffi_targets (targets.cpp) and registers each
-// entry with jax.ffi.register_ffi_target as qkernels_<name>.
+// The library's registration table: every handler with the platform it runs on ("cpu"; "CUDA" in a build with
+// CUDA) and whether it runs an op (named as the op, qkernels/decl) or is a helper of the front-end (the run-time
+// value check, checks_ffi.cpp), added beside its definition by QK_FFI_TARGET / QK_FFI_HELPER. qkernels/jax/_ffi.py
+// reads it through qk_ffi_targets (targets.cpp) and registers each entry with jax.ffi.register_ffi_target as
+// qkernels_<name> for its platform.
 struct Target {
   const char* name;
   XLA_FFI_Handler* handler;
+  const char* platform;
+  bool op;
 };
 
 inline std::vector<Target>& targets() {
@@ -122,13 +126,19 @@ inline std::vector<Target>& targets() {
 }
 
 struct AddTarget {
-  AddTarget(const char* name, XLA_FFI_Handler* handler) { targets().push_back({name, handler}); }
+  AddTarget(const char* name, XLA_FFI_Handler* handler, const char* platform, bool op) {
+    targets().push_back({name, handler, platform, op});
+  }
 };
 
 }  // namespace jaxffi
 }  // namespace qkernels
 
-// Defines the XLA FFI handler `handler` of `impl` with `binding` and adds it to the table as the op `name`.
+// Defines the XLA FFI handler `handler` of `impl` with `binding` and adds it to the table as the op `name` on the CPU.
 #define QK_FFI_TARGET(name, handler, impl, binding) \
   XLA_FFI_DEFINE_HANDLER(handler, impl, binding);   \
-  static const ::qkernels::jaxffi::AddTarget handler##_target(name, handler)
+  static const ::qkernels::jaxffi::AddTarget handler##_target(name, handler, "cpu", true)
+// The same for a helper target `name` (not an op) on `platform`.
+#define QK_FFI_HELPER(name, platform, handler, impl, binding) \
+  XLA_FFI_DEFINE_HANDLER(handler, impl, binding);             \
+  static const ::qkernels::jaxffi::AddTarget handler##_target(name, handler, platform, false)

@@ -10,8 +10,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from qkernels._args import check_std_number, check_std_shape
+from qkernels.jax._ffi import check_values
 
 HALF = (jnp.float16, jnp.bfloat16)
 
@@ -20,7 +22,8 @@ def array(name: str, x: Any, *, ndim: int | tuple[int, ...] | None = None, min_n
     """``x`` as a JAX array (a jax.Array, a tracer or a NumPy array) of float dtype with the given rank."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name} must be a jax.Array, got {type(x).__name__}")
-    x = jnp.asarray(x)
+    if not isinstance(x, jax.Array):  # (a jax.Array or tracer as it is: a concrete one stays concrete in jit)
+        x = jnp.asarray(x)
     on_cpu(name, x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
@@ -67,17 +70,27 @@ def is_traced(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def std_array(std: Any, d: int, dtype: Any) -> jax.Array:
-    """Per-latent scales (d,) from a number, a 0-d or a (d,) array (0-d: broadcast, gradient summed); values
-    checked > 0 where they are concrete (a traced std's values exist only at run time)."""
+def concrete(x: Any) -> np.ndarray | None:
+    """x's values on the host when it has them now (a NumPy array, or a jax.Array that is no tracer: also one that a
+    jitted function closes over), else None (a traced value: its values exist at run time only)."""
+    return None if is_traced(x) else np.asarray(x)
+
+
+def std_array(std: Any, d: int, dtype: Any, op: str, *, kernel_checks: bool) -> jax.Array:
+    """Per-latent scales (d,) in ``dtype`` from a number, a 0-d or a (d,) array (0-d: broadcast, gradient summed).
+    Values must be finite and > 0: checked now where they are concrete; a traced std is checked at run time, by the
+    op's kernel where it reads std (``kernel_checks``), else by :func:`qkernels.jax._ffi.check_values`."""
     if isinstance(std, bool) or not (isinstance(std, (int, float)) or hasattr(std, "shape")):
         raise TypeError(f"std must be a number or an array of shape (d,), got {type(std).__name__}")
     if isinstance(std, (int, float)):
         return jnp.full((d,), check_std_number(std), dtype)
-    s = jnp.asarray(std)
-    if not jnp.issubdtype(s.dtype, jnp.floating):
-        raise TypeError(f"std must be a floating-point array, got dtype {s.dtype}")
-    check_std_shape(s.shape, d)
-    if not is_traced(s) and not bool(jnp.all(jnp.isfinite(s) & (s > 0))):
+    if not jnp.issubdtype(std.dtype, jnp.floating):
+        raise TypeError(f"std must be a floating-point array, got dtype {std.dtype}")
+    check_std_shape(std.shape, d)
+    values = concrete(std)
+    if values is not None and not bool(np.all(np.isfinite(values) & (values > 0))):
         raise ValueError("std must be finite and > 0 everywhere")
-    return jnp.broadcast_to(s.astype(dtype), (d,))
+    s = jnp.asarray(std).astype(dtype)
+    if values is None and not kernel_checks:
+        s = check_values(s, op, "std", positive=True)
+    return jnp.broadcast_to(s, (d,))

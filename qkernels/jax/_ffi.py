@@ -13,6 +13,7 @@ import ctypes
 import glob
 import os
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import jax
@@ -38,21 +39,50 @@ def _library_path() -> str:
     return found[0]
 
 
-def _targets(lib: ctypes.CDLL) -> dict[str, int]:
-    """The library's registration table: op name -> handler address."""
+def _table(lib: ctypes.CDLL) -> list[tuple[str, str, bool, int]]:
+    """The library's registration table: (name, platform, whether it runs an op, handler address) per entry."""
     read = lib.qk_ffi_targets
     read.restype = ctypes.c_int64
-    read.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64]
-    count = read(None, None, 0)
+    read.argtypes = [
+        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.c_int64,
+    ]
+    count = read(None, None, None, None, 0)
     names, handlers = (ctypes.c_char_p * count)(), (ctypes.c_void_p * count)()
-    read(names, handlers, count)
-    return {name.decode(): handler for name, handler in zip(names, handlers, strict=True)}
+    platforms, ops = (ctypes.c_char_p * count)(), (ctypes.c_int32 * count)()
+    read(names, handlers, platforms, ops, count)
+    return [(names[i].decode(), platforms[i].decode(), bool(ops[i]), handlers[i]) for i in range(count)]
 
 
 PATH = _library_path()
-TARGETS = _targets(ctypes.cdll.LoadLibrary(PATH))
-for _name, _handler in TARGETS.items():
-    jax.ffi.register_ffi_target(f"qkernels_{_name}", jax.ffi.pycapsule(_handler), platform="cpu")
+TABLE = _table(ctypes.cdll.LoadLibrary(PATH))
+for _name, _platform, _, _handler in TABLE:
+    jax.ffi.register_ffi_target(f"qkernels_{_name}", jax.ffi.pycapsule(_handler), platform=_platform)
+# the ops with a CPU handler (named as their declarations), and every target's platforms
+TARGETS = {name: handler for name, platform, op, handler in TABLE if op and platform == "cpu"}
+PLATFORMS = {name: {p for n, p, _, _ in TABLE if n == name} for name, _, _, _ in TABLE}
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+def check_values(x: jax.Array, op: str, name: str, positive: bool = False) -> jax.Array:
+    """``x`` (float32 / float64), checked at run time: a NaN or inf value (with ``positive``, a value <= 0) raises
+    ``jax.errors.JaxRuntimeError`` with the message "<op>: <name> contains NaN or inf" (or "must be > 0
+    everywhere"), as the torch op's check would (the handler runs qkernels/checks.h's check; QKERNELS_CHECK_FINITE=0
+    turns it off). For values that reach no kernel's own checks; the identity for the derivatives."""
+    return jax.ffi.ffi_call(
+        "qkernels_check_values",
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        vmap_method="expand_dims",
+        input_output_aliases={0: 0},
+    )(x, op=op, name=name, positive=bool(positive))
+
+
+@check_values.defjvp
+def _check_values_jvp(op, name, positive, primals, tangents):
+    return check_values(primals[0], op, name, positive), tangents[0]
 
 
 def call(op: decl.Op, tensors: Mapping[str, jax.Array | None], **scalars: Any) -> Any:

@@ -36,16 +36,22 @@ def _attrs(n, k, eps, groups, unbiased, reduce):
 
 
 def _curvature_fwd(stacked, n, k, eps, groups, unbiased, reduce):
-    values, argmax = call(decl.FINITE_DIFFERENCE_CURVATURE, {"stacked": stacked},
-                          **_attrs(n, k, eps, groups, unbiased, reduce))
+    values, argmax = call(
+        decl.FINITE_DIFFERENCE_CURVATURE,
+        {"stacked": stacked},
+        **_attrs(n, k, eps, groups, unbiased, reduce),
+    )
     return values, (stacked, argmax)
 
 
 def _curvature_bwd(n, k, eps, groups, unbiased, reduce, res, grad):
     stacked, argmax = res
     return (
-        call(decl.FINITE_DIFFERENCE_CURVATURE.backward, {"grad": grad, "stacked": stacked, "argmax": argmax},
-             **_attrs(n, k, eps, groups, unbiased, reduce)),
+        call(
+            decl.FINITE_DIFFERENCE_CURVATURE.backward,
+            {"grad": grad, "stacked": stacked, "argmax": argmax},
+            **_attrs(n, k, eps, groups, unbiased, reduce),
+        ),
     )
 
 
@@ -97,7 +103,13 @@ def _population_std(z: jax.Array) -> jax.Array:
 
 
 def _curvatures(
-    fn: Callable[[jax.Array], Any], z: jax.Array, std: Any, draws: jax.Array, eps: float, chunk_size: int | None
+    op: str,
+    fn: Callable[[jax.Array], Any],
+    z: jax.Array,
+    std: Any,
+    draws: jax.Array,
+    eps: float,
+    chunk_size: int | None,
 ) -> tuple[list[jax.Array], Any]:
     """Per activation of fn (its pytree leaves), the (2, n) curvature values [Rademacher group; Gaussian group] of
     the stacked batch built from ``draws`` (2k, n, d): the signs of the first k, the other k as they are."""
@@ -107,7 +119,7 @@ def _curvatures(
         check_positive("chunk_size", chunk_size, integer=True)
     n, d = z.shape
     k = draws.shape[0] // 2
-    s = _population_std(z) + STD_EPS if std is None else _checks.std_array(std, d, z.dtype)
+    s = _population_std(z) + STD_EPS if std is None else _checks.std_array(std, d, z.dtype, op, kernel_checks=False)
     u = jnp.concatenate([jnp.where(draws[:k] >= 0, 1.0, -1.0).astype(z.dtype), draws[k:]])
     h = u * (eps * s)
     stacked = jnp.stack([z + h, z - h], axis=1).reshape(-1, d)  # [z + h_1; z - h_1; ...] in blocks of n rows
@@ -163,7 +175,7 @@ def hessian_penalty_terms(
         raise ValueError(f"draws must be (2k, n, d) with (n, d) = {tuple(z.shape)}, got shape {tuple(draws.shape)}")
     _, eps = check_perturbations(draws.shape[0] // 2, eps)
     dt = _checks.compute_dtype(z, draws)
-    values, tree = _curvatures(fn, z.astype(dt), std, draws.astype(dt), eps, chunk_size)
+    values, tree = _curvatures("hessian_penalty_terms", fn, z.astype(dt), std, draws.astype(dt), eps, chunk_size)
     return jax.tree_util.tree_unflatten(tree, [v[0] for v in values]), jax.tree_util.tree_unflatten(
         tree, [v[1] for v in values]
     )
@@ -212,7 +224,7 @@ def normalized_hessian_penalty(
     check_choice("reduction", reduction, ("mean", "none"))
     dt = _checks.compute_dtype(z)
     draws = jax.random.normal(key, (2 * k, *z.shape), dt)
-    values, tree = _curvatures(fn, z.astype(dt), std, draws, eps, chunk_size)
+    values, tree = _curvatures("normalized_hessian_penalty", fn, z.astype(dt), std, draws, eps, chunk_size)
     per = [v[0] / (v[1] + NHP_DENOM_EPS) for v in values]
     if reduction == "none":
         return jax.tree_util.tree_unflatten(tree, per)

@@ -43,7 +43,12 @@ class CliffTerms(NamedTuple):
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _kde_grid(points: jax.Array, samples: jax.Array, sigma: float, derivative: bool) -> jax.Array:
-    return call(decl.KDE_GRID, {"points": points, "samples": samples}, sigma=sigma, derivative=derivative)
+    return call(
+        decl.KDE_GRID,
+        {"points": points, "samples": samples},
+        sigma=sigma,
+        derivative=derivative,
+    )
 
 
 def _kde_grid_fwd(points, samples, sigma, derivative):
@@ -52,8 +57,12 @@ def _kde_grid_fwd(points, samples, sigma, derivative):
 
 def _kde_grid_bwd(sigma, derivative, res, grad):
     points, samples = res
-    return call(decl.KDE_GRID.backward, {"grad": grad, "points": points, "samples": samples}, sigma=sigma,
-                derivative=derivative)
+    return call(
+        decl.KDE_GRID.backward,
+        {"grad": grad, "points": points, "samples": samples},
+        sigma=sigma,
+        derivative=derivative,
+    )
 
 
 _kde_grid.defvjp(_kde_grid_fwd, _kde_grid_bwd)
@@ -235,4 +244,4 @@ def klm_loss(z: jax.Array, *, std: jax.Array | float | None = None) -> jax.Array
         return _klm_default(z.astype(_checks.compute_dtype(z)))
     s = std if isinstance(std, (int, float)) else _checks.array("std", std, ndim=(0, 1))
     dt = _checks.compute_dtype(z) if isinstance(s, (int, float)) else _checks.compute_dtype(z, s)
-    return _klm_std(z.astype(dt), _checks.std_array(s, z.shape[1], dt))
+    return _klm_std(z.astype(dt), _checks.std_array(s, z.shape[1], dt, "klm", kernel_checks=True))
