@@ -9,7 +9,7 @@ what was expected. Tensor-specific checks (devices, NaN / inf values) are each f
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 HALF_DTYPES = ("float16", "bfloat16")
 
@@ -186,6 +186,25 @@ def check_codebook(name: str, values: Sequence[int], d: int, z: Sequence[int] | 
         )
     raise ValueError(f"{name} must be (n_v,) or (d, n_v) with d = {d} (the last dimension of the latents), "
                      f"got shape {tuple(values)}")
+
+
+def compute_dtype(dtypes: Mapping[str, str], convert: str) -> str:
+    """The dtype an op computes in, "float32" or "float64", for its floating arguments ``dtypes`` (name -> dtype as
+    the front-end prints it, e.g. "torch.float64" or "float64"): float64 when all of them are float64, else float32
+    (float16 / bfloat16 are computed in float32 and mix with float32). float64 mixed with any other dtype is a
+    ``TypeError`` naming both, with the conversion ``convert`` spells (e.g. "{name}.to({dtype})"): a silent
+    promotion would run float32 data in float64 (or the reverse) behind the caller's back."""
+    wide = [name for name, dt in dtypes.items() if dt.removeprefix("torch.") == "float64"]
+    if not wide:
+        return "float32"
+    if len(wide) < len(dtypes):
+        a, b = wide[0], next(name for name in dtypes if name not in wide)
+        raise TypeError(
+            f"{a} has dtype {dtypes[a]} but {b} has dtype {dtypes[b]}: convert one to the other's dtype, e.g. "
+            f"{convert.format(name=a, dtype=dtypes[b])} or {convert.format(name=b, dtype=dtypes[a])} (float64 mixes "
+            f"with no other dtype; half precision mixes with float32)"
+        )
+    return "float64"
 
 
 def check_fd_dtype(name: str, dtype: str) -> None:

@@ -27,23 +27,16 @@ import contextlib
 
 import torch
 
+from qkernels import _args
+
 HALF = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(**tensors: torch.Tensor | None) -> torch.dtype:
-    """The dtype an op computes in for these floating inputs (None entries are ignored)."""
-    dtypes = {name: t.dtype for name, t in tensors.items() if t is not None}
-    wide = [n for n, dt in dtypes.items() if dt == torch.float64]
-    if not wide:
-        return torch.float32
-    if len(wide) < len(dtypes):
-        other = next(n for n in dtypes if n not in wide)
-        raise TypeError(
-            f"{wide[0]} has dtype torch.float64 but {other} has dtype {dtypes[other]}: convert one to the "
-            f"other's dtype, e.g. {wide[0]}.to({dtypes[other]}) or {other}.to(torch.float64) (float64 mixes "
-            f"with no other dtype; half precision mixes with float32)"
-        )
-    return torch.float64
+    """The dtype an op computes in for these floating inputs (None entries are ignored): the rule both front-ends
+    share, :func:`qkernels._args.compute_dtype`."""
+    dtypes = {name: str(t.dtype) for name, t in tensors.items() if t is not None}
+    return torch.float64 if _args.compute_dtype(dtypes, "{name}.to({dtype})") == "float64" else torch.float32
 
 
 def upcast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -501,6 +501,80 @@ def test_concrete_std_closed_over_in_jit():
         jax.block_until_ready(nhp_given(z, bad))
 
 
+# ----------------------------------------------------------------------------- issue 56: the torch front-end's checks
+
+
+def test_nan_in_penalty_and_fsq_raises_as_in_torch():
+    """NaN / inf in the penalty's latents or in fn's output, or in FSQ's latents, raise in both front-ends (JAX: at run
+    time, also under jit) with the same message, never a NaN penalty or a NaN passed through."""
+    (z,) = _arrays("float32", (6, 2), seed=21)
+    nan_z = z.copy()
+    nan_z[2, 1] = np.nan
+    key = jax.random.key(7)
+
+    def fn(x):  # NaN where a latent is negative, in the first of two activations
+        return {"a": x.sqrt() if isinstance(x, torch.Tensor) else jnp.sqrt(x), "b": 2 * x}
+
+    penalty = jax.jit(lambda z: qj.normalized_hessian_penalty(lambda x: jnp.tanh(x), z, key))
+    with pytest.raises(RUN_TIME_ERRORS, match="normalized_hessian_penalty: z contains NaN or inf"):
+        jax.block_until_ready(penalty(jnp.asarray(nan_z)))
+    with pytest.raises(ValueError, match="z contains NaN or inf"):
+        qkernels.normalized_hessian_penalty(torch.tanh, _t(nan_z))
+    with pytest.raises(RUN_TIME_ERRORS, match=r"normalized_hessian_penalty: fn output \['a'\] contains NaN or inf"):
+        jax.block_until_ready(jax.jit(lambda z: qj.normalized_hessian_penalty(fn, z, key))(jnp.asarray(z)))
+    with pytest.raises(ValueError, match="fn output 'a' contains NaN or inf"):
+        qkernels.normalized_hessian_penalty(fn, _t(z))
+    with pytest.raises(RUN_TIME_ERRORS, match="fsq: z contains NaN or inf"):
+        jax.block_until_ready(jax.jit(lambda z: qj.fsq(z, 5).z_q)(jnp.asarray(nan_z)))
+    with pytest.raises(ValueError, match="z contains NaN or inf"):
+        qkernels.fsq(_t(nan_z), 5)
+    np.testing.assert_array_equal(penalty(jnp.asarray(z)), penalty(jnp.asarray(z)))  # finite input: runs
+
+
+def test_float32_and_float64_never_mix_in_either_front_end():
+    """One dtype rule (qkernels._args.compute_dtype) for every op of both front-ends: float64 mixed with another
+    dtype is a TypeError naming both arguments; half precision mixes with float32."""
+    f32 = np.ones((8, 3), "float32")
+    s64, v64, h64 = np.ones(3), np.linspace(-1.0, 1.0, 4), np.ones((3, 5))
+    key, draws = jax.random.key(8), np.ones((4, 8, 3), "float64")
+    cases = [  # (jax call, torch call, the first argument named: the float64 one)
+        (
+            lambda: qj.klm_loss(jnp.asarray(f32), std=jnp.asarray(s64)),
+            lambda: qkernels.klm_loss(_t(f32), std=_t(s64)),
+            "std",
+        ),
+        (
+            lambda: qj.normalized_hessian_penalty(jnp.tanh, jnp.asarray(f32), key, jnp.asarray(s64)),
+            lambda: qkernels.normalized_hessian_penalty(torch.tanh, _t(f32), _t(s64)),
+            "std",
+        ),
+        (
+            lambda: qj.latent_quantize(jnp.asarray(f32, jnp.bfloat16), jnp.asarray(v64)),
+            lambda: qkernels.latent_quantize(_t(f32).bfloat16(), _t(v64)),
+            "values",
+        ),
+        (
+            lambda: qj.kde_grid(jnp.asarray(h64), jnp.asarray(f32), 0.3),
+            lambda: qkernels.kde_grid(_t(h64), _t(f32), 0.3),
+            "points",
+        ),
+        (
+            lambda: qj.hessian_penalty_terms(jnp.tanh, jnp.asarray(f32), draws=jnp.asarray(draws)),
+            lambda: torch_hessian.perturbed_batch(_t(f32), _t(draws), None, 0.1, signs=2),
+            "draws",
+        ),
+    ]
+    for jax_call, torch_call, wide in cases:
+        with pytest.raises(TypeError, match=f"{wide} has dtype float64 but .* has dtype (float32|bfloat16)"):
+            jax_call()
+        with pytest.raises(
+            TypeError, match=f"{wide} has dtype torch.float64 but .* has dtype torch.(float32|bfloat16)"
+        ):
+            torch_call()
+    half = qj.latent_quantize(jnp.asarray(f32, jnp.bfloat16), jnp.asarray(v64, jnp.float32))
+    assert half.z_q.dtype == jnp.bfloat16 and half.loss_commit.dtype == jnp.float32
+
+
 # ----------------------------------------------------------------------------- issue 56: NHP's float32 gradient
 
 

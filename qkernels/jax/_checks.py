@@ -13,9 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from qkernels._args import check_std_number, check_std_shape
+from qkernels._args import compute_dtype as shared_compute_dtype
 from qkernels.jax._ffi import check_values
-
-HALF = (jnp.float16, jnp.bfloat16)
 
 
 def array(name: str, x: Any, *, ndim: int | tuple[int, ...] | None = None, min_ndim: int = 0) -> jax.Array:
@@ -50,19 +49,12 @@ def on_cpu(name: str, x: Any) -> None:
             )
 
 
-def compute_dtype(*arrays: jax.Array) -> Any:
-    """The kernels' dtype for these arrays: float64 if any is, else float32 (float16 / bfloat16 computed in
-    float32, as the torch ops do: :mod:`qkernels._precision`)."""
-    return jnp.float64 if any(a.dtype == jnp.float64 for a in arrays) else jnp.float32
-
-
-def same_dtype(name_a: str, a: jax.Array, name_b: str, b: jax.Array) -> None:
-    """Two float32 / float64 arguments of one dtype (halves are upcast, never mixed silently with float64)."""
-    if a.dtype != b.dtype and not (a.dtype in HALF or b.dtype in HALF):
-        raise TypeError(
-            f"{name_a} has dtype {a.dtype} but {name_b} has dtype {b.dtype}: convert one "
-            f"({name_a}.astype({b.dtype}) or {name_b}.astype({a.dtype}))"
-        )
+def compute_dtype(**arrays: Any) -> Any:
+    """The kernels' dtype for these arrays (None entries ignored): float64 if all are float64, else float32
+    (float16 / bfloat16 computed in float32); float64 mixed with another dtype is a TypeError naming both. The rule of
+    both front-ends: :func:`qkernels._args.compute_dtype`."""
+    dtypes = {name: jnp.dtype(a.dtype).name for name, a in arrays.items() if a is not None}
+    return jnp.float64 if shared_compute_dtype(dtypes, "{name}.astype(jnp.{dtype})") == "float64" else jnp.float32
 
 
 def is_traced(x: Any) -> bool:

@@ -97,8 +97,9 @@ def call(op: decl.Op, tensors: Mapping[str, jax.Array | None], **scalars: Any) -
     declared = {a.name for a in op.args}
     missing = {a.name for a in op.args if isinstance(a, decl.Scalar)} - set(scalars)
     if (set(tensors) | set(scalars)) - declared or missing:
-        raise TypeError(f"{op.name}: call with the declared arguments {sorted(declared)}, got "
-                        f"{sorted({*tensors, *scalars})}")
+        raise TypeError(
+            f"{op.name}: call with the declared arguments {sorted(declared)}, got {sorted({*tensors, *scalars})}"
+        )
     required = [tensors[t.name] for t in op.tensors if not t.optional]
     optional = [tensors[t.name] for t in op.tensors if t.optional and tensors.get(t.name) is not None]
     env = op.bind([tensors.get(a.name) if isinstance(a, decl.Tensor) else scalars[a.name] for a in op.args])
@@ -108,7 +109,10 @@ def call(op: decl.Op, tensors: Mapping[str, jax.Array | None], **scalars: Any) -
         for o, shape in zip(op.outputs, op.output_shapes(env), strict=True)
     )
     attrs = {
-        k: np.float64(v) if isinstance(v, float) else np.int64(v) if isinstance(v, int) and not isinstance(v, bool)
+        k: np.float64(v)
+        if isinstance(v, float)
+        else np.int64(v)
+        if isinstance(v, int) and not isinstance(v, bool)
         else v
         for k, v in scalars.items()
     }

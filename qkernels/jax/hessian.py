@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from qkernels._args import check_choice, check_curvature, check_fd_dtype, check_perturbations, check_positive
 from qkernels.decl import hessian as decl
 from qkernels.jax import _checks
-from qkernels.jax._ffi import call
+from qkernels.jax._ffi import call, check_values
 
 NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
 STD_EPS = 1e-6  # the default scale: population std of z + 1e-6
@@ -102,6 +102,15 @@ def _population_std(z: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.where(pos, var, 1.0)) * pos
 
 
+def _std(std: Any) -> Any:
+    """std as given: None, a number or an array (validated as one, for the dtype rule)."""
+    return std if std is None or isinstance(std, (int, float)) else _checks.array("std", std, ndim=(0, 1))
+
+
+def _array_or_none(x: Any) -> Any:
+    return None if x is None or isinstance(x, (int, float)) else x
+
+
 def _curvatures(
     op: str,
     fn: Callable[[jax.Array], Any],
@@ -112,13 +121,16 @@ def _curvatures(
     chunk_size: int | None,
 ) -> tuple[list[jax.Array], Any]:
     """Per activation of fn (its pytree leaves), the (2, n) curvature values [Rademacher group; Gaussian group] of
-    the stacked batch built from ``draws`` (2k, n, d): the signs of the first k, the other k as they are."""
+    the stacked batch built from ``draws`` (2k, n, d): the signs of the first k, the other k as they are. z, a
+    traced std and fn's outputs are checked for NaN / inf at run time (:func:`qkernels.jax._ffi.check_values`: the
+    torch op checks them when called), each before what is computed from it."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if chunk_size is not None:
         check_positive("chunk_size", chunk_size, integer=True)
     n, d = z.shape
     k = draws.shape[0] // 2
+    z = check_values(z, op, "z")
     s = _population_std(z) + STD_EPS if std is None else _checks.std_array(std, d, z.dtype, op, kernel_checks=False)
     u = jnp.concatenate([jnp.where(draws[:k] >= 0, 1.0, -1.0).astype(z.dtype), draws[k:]])
     h = u * (eps * s)
@@ -131,19 +143,21 @@ def _curvatures(
         if any(jax.tree_util.tree_structure(p) != jax.tree_util.tree_structure(parts[0]) for p in parts):
             raise ValueError("fn must return the same structure (array / list / dict) for every chunk")
         out = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *parts)
-    leaves, tree = jax.tree_util.tree_flatten(out)
+    leaves, tree = jax.tree_util.tree_flatten_with_path(out)
     if not leaves:
         raise ValueError("fn returned no arrays")
     values = []
-    for i, a in enumerate(leaves):
-        a = _activation("fn output" if len(leaves) == 1 else f"fn output [{i}]", a)
+    for path, a in leaves:
+        name = f"fn output {jax.tree_util.keystr(path)}" if path else "fn output"
+        a = _activation(name, a)
         if a.shape[0] != rows:
             raise ValueError(
-                f"fn output must have the stacked batch ({rows} rows) as its first dimension, got "
+                f"{name} must have the stacked batch ({rows} rows) as its first dimension, got "
                 f"shape {tuple(a.shape)}; fn must map latents (N, d) to activations (N, ...)"
             )
-        values.append(_curvature(a.reshape(rows, -1), n, k, eps, 2, False, "mean"))
-    return values, tree
+        a = check_values(a.reshape(rows, -1), op, name)
+        values.append(_curvature(a, n, k, eps, 2, False, "mean"))
+    return values, jax.tree_util.tree_structure(out)
 
 
 def hessian_penalty_terms(
@@ -174,7 +188,8 @@ def hessian_penalty_terms(
     if draws.shape[1:] != z.shape or draws.shape[0] % 2:
         raise ValueError(f"draws must be (2k, n, d) with (n, d) = {tuple(z.shape)}, got shape {tuple(draws.shape)}")
     _, eps = check_perturbations(draws.shape[0] // 2, eps)
-    dt = _checks.compute_dtype(z, draws)
+    std = _std(std)
+    dt = _checks.compute_dtype(z=z, draws=draws, std=_array_or_none(std))
     values, tree = _curvatures("hessian_penalty_terms", fn, z.astype(dt), std, draws.astype(dt), eps, chunk_size)
     return jax.tree_util.tree_unflatten(tree, [v[0] for v in values]), jax.tree_util.tree_unflatten(
         tree, [v[1] for v in values]
@@ -222,7 +237,8 @@ def normalized_hessian_penalty(
     z = _checks.array("z", z, ndim=2)
     k, eps = check_perturbations(num_perturbations, eps)
     check_choice("reduction", reduction, ("mean", "none"))
-    dt = _checks.compute_dtype(z)
+    std = _std(std)
+    dt = _checks.compute_dtype(z=z, std=_array_or_none(std))
     draws = jax.random.normal(key, (2 * k, *z.shape), dt)
     values, tree = _curvatures("normalized_hessian_penalty", fn, z.astype(dt), std, draws, eps, chunk_size)
     per = [v[0] / (v[1] + NHP_DENOM_EPS) for v in values]

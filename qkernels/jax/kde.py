@@ -87,10 +87,9 @@ def kde_grid(points: jax.Array, samples: jax.Array, sigma: float, *, derivative:
     """
     points = _checks.array("points", points, ndim=2)
     samples = _checks.array("samples", samples, ndim=2)
-    _checks.same_dtype("points", points, "samples", samples)
+    dt = _checks.compute_dtype(points=points, samples=samples)
     check_points_and_samples(points.shape, samples.shape)
     sigma = check_sigma(sigma)
-    dt = _checks.compute_dtype(points, samples)
     return _kde_grid(points.astype(dt), samples.astype(dt), sigma, bool(derivative))
 
 
@@ -176,7 +175,7 @@ def cliff_loss(
     check_numbers(lambda_uni=lambda_uni, lambda_biv=lambda_biv, lambda_kl=lambda_kl)
     idx = _cond_index(cond_index, key, num_cond, n, d)
     cfg = (sigma, a, b, k, float(lambda_uni), float(lambda_biv), float(lambda_kl))
-    terms = CliffTerms(*_cliff(z.astype(_checks.compute_dtype(z)), idx, cfg))
+    terms = CliffTerms(*_cliff(z.astype(_checks.compute_dtype(z=z)), idx, cfg))
     return terms if return_terms else terms.total
 
 
@@ -241,7 +240,7 @@ def klm_loss(z: jax.Array, *, std: jax.Array | float | None = None) -> jax.Array
     z = _checks.array("z", z, ndim=2)
     check_latents(z.shape)
     if std is None:
-        return _klm_default(z.astype(_checks.compute_dtype(z)))
+        return _klm_default(z.astype(_checks.compute_dtype(z=z)))
     s = std if isinstance(std, (int, float)) else _checks.array("std", std, ndim=(0, 1))
-    dt = _checks.compute_dtype(z) if isinstance(s, (int, float)) else _checks.compute_dtype(z, s)
+    dt = _checks.compute_dtype(z=z, std=None if isinstance(s, (int, float)) else s)
     return _klm_std(z.astype(dt), _checks.std_array(s, z.shape[1], dt, "klm", kernel_checks=True))

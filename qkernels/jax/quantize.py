@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from qkernels._args import check_codebook, check_levels
 from qkernels.decl import quantize as decl
 from qkernels.jax import _checks
-from qkernels.jax._ffi import call, index_dtype
+from qkernels.jax._ffi import call, check_values, index_dtype
 
 
 class Quantized(NamedTuple):
@@ -49,8 +49,17 @@ def _latent_quantize_fwd(z, values):
 def _latent_quantize_bwd(res, grads):
     z, values, idx = res
     g_zq, _g_idx, g_lq, g_lc = grads
-    return call(decl.LATENT_QUANTIZE.backward, {"grad_z_q": g_zq, "grad_loss_quantize": g_lq, "grad_loss_commit": g_lc,
-                                                "z": z, "values": values, "indices": idx})
+    return call(
+        decl.LATENT_QUANTIZE.backward,
+        {
+            "grad_z_q": g_zq,
+            "grad_loss_quantize": g_lq,
+            "grad_loss_commit": g_lc,
+            "z": z,
+            "values": values,
+            "indices": idx,
+        },
+    )
 
 
 _latent_quantize.defvjp(_latent_quantize_fwd, _latent_quantize_bwd)
@@ -76,10 +85,9 @@ def latent_quantize(z: jax.Array, values: jax.Array) -> Quantized:
     """
     z = _checks.array("z", z, min_ndim=1)
     values = _checks.array("values", values, ndim=(1, 2))
-    _checks.same_dtype("z", z, "values", values)
+    dt = _checks.compute_dtype(z=z, values=values)
     d = z.shape[-1]
     check_codebook("values", values.shape, d, z.shape)
-    dt = _checks.compute_dtype(z, values)
     vals = (values[None] if values.ndim == 1 else values).astype(dt)
     z_q, idx, loss_q, loss_c = _latent_quantize(z.reshape(-1, d).astype(dt), vals)
     return Quantized(z_q.reshape(z.shape).astype(z.dtype), idx.reshape(z.shape), loss_q, loss_c)
@@ -98,10 +106,13 @@ def fsq(z: jax.Array, levels: int | Sequence[int]) -> Quantized:
         :class:`Quantized`: z_q (..., d) in z's dtype, indices (..., d) in [0, L - 1], zero auxiliary losses.
 
     Raises:
-        TypeError: levels not integers. ValueError: a level < 2, or neither 1 nor d levels.
+        TypeError: levels not integers. ValueError: a level < 2, or neither 1 nor d levels. NaN / inf values raise
+            ``jax.errors.JaxRuntimeError`` at run time.
     """
     z = _checks.array("z", z, min_ndim=1)
     top = jnp.asarray([v - 1 for v in check_levels(levels, z.shape[-1])], z.dtype)
+    # NaN / inf raise at run time, as the torch op's check (half precision checked in float32: an exact round trip)
+    z = check_values(z.astype(_checks.compute_dtype(z=z)), "fsq", "z").astype(z.dtype)
     q = (jnp.tanh(z) + 1) / 2 * top
     rounded = jnp.round(q)  # half to even, as torch.round
     z_q = 2 * (rounded + (q - jax.lax.stop_gradient(q))) / top - 1

@@ -39,7 +39,7 @@ from qkernels._args import (
 )
 from qkernels._backend import Kernel, implementations, select
 from qkernels._precision import compute_dtype, no_autocast, upcast
-from qkernels._validation import check_same, check_std, check_tensor
+from qkernels._validation import check_finite, check_same, check_std, check_tensor
 from qkernels.decl import hessian as decl
 from qkernels.distributed import rank_and_size, rank_rows
 from qkernels.ops import _library as lib
@@ -263,6 +263,7 @@ def _check_outputs(
             raise ValueError(f"{name} must not be empty, got shape {tuple(a.shape)}")
         if a.device != z.device:
             raise ValueError(f"{name} is on {a.device} but z is on {z.device}")
+        check_finite(name, a)  # a NaN / inf activation would make the penalty NaN (qkernels.jax checks it too)
         out.append(a.reshape(rows, -1))
     return out
 
