@@ -5,7 +5,8 @@ Per op, at the papers' shapes and at 4x and 16x their batch (hot path "jax"):
 - ``klm`` (Tripod, n = 64 x {1, 4, 16}, d = 12; and n = 4096, slow, with the peak RSS of each side);
 - ``nhp`` (Tripod, k = 2, eps = 0.1, n = 64 x {1, 4, 16}, d = 12; fn a 3-layer GELU MLP, 256 wide, all 3 layers
   regularized);
-- ``latent_quantize`` (QLAE, n = 128 x {1, 4, 16}, d = 12, n_v = 10) and ``fsq`` (Tripod, n = 64 x ..., L = 12);
+- ``latent_quantize`` (QLAE, n = 128 x {1, 4, 16}, d = 12, n_v = 10), also per sample under ``jax.vmap`` (the op's
+  batching rule: one kernel call for the batch), and ``fsq`` (Tripod, n = 64 x ..., L = 12);
 - ``cliff`` (n = 64 x ..., d = 10, M = 10, K = 100) and ``kde_grid`` (its univariate derivative grid, K = 100).
 
 The baseline ("authors") is the authors' own function when a checkout of their repository is named by
@@ -146,6 +147,35 @@ def quantize_case(n: int) -> Case:
     return Case("jax", f"latent_quantize n={n} d={D_QLAE} n_v={NV}", make, variants, baseline=baseline_name("qlae"))
 
 
+def quantize_vmap_case(n: int) -> Case:
+    """latent_quantize per sample under ``jax.vmap`` (as the authors' model calls its quantizer, and the QLAE drop-in
+    ours) against the same op's batched call and the authors' per-sample quantizer, vmapped as their model does."""
+    make = quantize_case(n).make
+    qlae = authors("qlae")
+    quantize = qlae["latent_quantize"] if qlae else jb.latent_quantize
+
+    def loss(fn):
+        def f(z, values, upstream):
+            z_q, _, loss_q, loss_c = fn(z, values)
+            return jnp.sum(z_q * upstream) + 0.01 * (jnp.mean(loss_q) + jnp.mean(loss_c))
+
+        return run(jax.jit(jax.value_and_grad(f, argnums=(0, 1))))
+
+    per_sample = jax.vmap(qj.latent_quantize, in_axes=(0, None))  # z (d,) per sample: one kernel call for the batch
+    variants = {
+        baseline_name("qlae"): loss(quantize),
+        "qkernels": loss(qj.latent_quantize),
+        "qkernels vmap": loss(per_sample),
+    }
+    return Case(
+        "jax",
+        f"latent_quantize per sample (vmap) n={n} d={D_QLAE} n_v={NV}",
+        make,
+        variants,
+        baseline=baseline_name("qlae"),
+    )
+
+
 def fsq_case(n: int) -> Case:
     def make(scale):
         shape = (n, D_TRIPOD) if scale else (4, 3)
@@ -205,6 +235,7 @@ def op_cases() -> list[Case]:
             klm_case(64 * s),
             nhp_case(64 * s),
             quantize_case(128 * s),
+            quantize_vmap_case(128 * s),
             fsq_case(64 * s),
             cliff_case(64 * s),
             kde_grid_case(64 * s),
@@ -307,6 +338,7 @@ LEGEND = {
     "authors": "the authors' own function (QKERNELS_TRIPOD_REPO / QKERNELS_QLAE_REPO checkout), jitted",
     "plain jax": "the op's formulation in jax.numpy (benchmarks/jax_baselines.py), jitted",
     "qkernels": "qkernels.jax: the C++ CPU kernels as XLA FFI custom calls, jitted",
+    "qkernels vmap": "qkernels.jax's op on one sample (d,), jax.vmap over the batch (its batching rule), jitted",
     "original": "the authors' train_step as published (their loss, jitted)",
 }
 

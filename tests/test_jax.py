@@ -10,6 +10,7 @@ values).
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 
@@ -642,3 +643,88 @@ def test_nhp_float32_gradient_at_tripods_decoder():
         errors[backend] = (rel(tp32, tp64), rel([tz32], [tz64]))
         np.testing.assert_allclose(tz64, gz64, rtol=1e-8, atol=1e-12)  # the same penalty in both front-ends
     assert all(max(e) < 3e-4 for e in errors.values()), errors
+
+
+# ----------------------------------------------------------------------------- issue 56: vmap
+
+
+def _custom_calls(fn, *args) -> dict[str, int]:
+    """qkernels FFI targets in fn's compiled HLO and how often each appears; "while": XLA loops (a sequential vmap)."""
+    text = jax.jit(fn).lower(*args).as_text()
+    calls = re.findall(r"stablehlo.custom_call @(qkernels_\w+)\(", text)
+    return {**{t: calls.count(t) for t in set(calls)}, "while": text.count("stablehlo.while")}
+
+
+def _batched_and_looped(fn, args, in_axes):
+    """jax.vmap(fn) and a Python loop of fn over the batch, stacked (both jitted: one compilation each)."""
+    size = next(a.shape[0] for a, ax in zip(args, in_axes, strict=True) if ax == 0)
+    one = jax.jit(fn)
+    loop = [one(*(a[i] if ax == 0 else a for a, ax in zip(args, in_axes, strict=True))) for i in range(size)]
+    return jax.jit(jax.vmap(fn, in_axes=in_axes))(*args), jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *loop)
+
+
+@pytest.mark.parametrize("codebooks", ["shared", "per problem", "global per problem"])
+def test_vmap_latent_quantize_is_one_call_and_a_loop(codebooks):
+    """vmap of latent_quantize: ONE kernel call each way on the stacked batch (its rows, or its latents when every
+    problem has its own codebook), values and gradients equal to a loop over the batch."""
+    z, v, w = _arrays("float64", (3, 5, 4), (3, 4, 6), (3, 5, 4), seed=23)
+    v = np.sort(v, -1)[:, 0] if codebooks == "global per problem" else np.sort(v, -1)  # (n_v,) or (d, n_v) each
+    args, axes = (z, v, w), (0, None if codebooks == "shared" else 0, 0)
+    args = tuple(jnp.asarray(a[0] if ax is None else a) for a, ax in zip(args, axes, strict=True))
+
+    def loss(z, v, w):
+        q = qj.latent_quantize(z, v)
+        return (q.z_q * w).sum() + 3.0 * q.loss_quantize + 5.0 * q.loss_commit, q
+
+    fn = jax.value_and_grad(loss, (0, 1), has_aux=True)
+    got, want = _batched_and_looped(fn, args, axes)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-15)
+    calls = _custom_calls(jax.vmap(fn, in_axes=axes), *args)
+    assert calls == {"qkernels_latent_quantize": 1, "qkernels_latent_quantize_backward": 1, "while": 0}, calls
+
+
+def test_vmap_kde_grid_curvature_and_penalty_are_one_call_and_a_loop():
+    """kde_grid (the batch as more latents), finite_difference_curvature (as more samples) and the penalty built on it:
+    one kernel call each way under vmap, equal to a loop; KLM and Cliff (their kernels couple every sample and
+    latent of a problem) loop over the batch inside the compiled function, equal to a Python loop too."""
+    p, s, a = _arrays("float64", (2, 3, 6), (2, 9, 3), (2, 2 * 3 * 2 * 4 + 4, 5), seed=24)
+    weight, draws = _arrays("float64", (3, 2), (2, 4, 9, 3), seed=25)
+    rows = jnp.asarray(np.random.default_rng(26).integers(0, 9, (3, 3)))
+    cases = {
+        "kde_grid": (
+            lambda p, s: jax.value_and_grad(lambda p, s: (qj.kde_grid(p, s, 0.4, derivative=True) ** 2).sum(), (0, 1))(
+                p, s
+            ),
+            (p, s),
+            (0, 0),
+        ),
+        "finite_difference_curvature": (
+            lambda a: jax.value_and_grad(
+                lambda a: (qj.finite_difference_curvature(a, 4, 3, 0.2, unbiased=True, reduce="max") ** 2).sum()
+            )(a),
+            (a,),
+            (0,),
+        ),
+        "penalty": (
+            jax.value_and_grad(
+                lambda z, w, u: jnp.sum(qj.hessian_penalty_terms(lambda x: jnp.tanh(x @ w), z, draws=u)[0])
+            ),
+            (s, weight, draws),
+            (0, None, 0),
+        ),
+        "klm": (jax.value_and_grad(qj.klm_loss), (s,), (0,)),
+        "cliff": (jax.value_and_grad(lambda z: qj.cliff_loss(z, cond_index=rows, grid=(-3.0, 3.0, 8))), (s,), (0,)),
+    }
+    for name, (fn, args, axes) in cases.items():
+        args = tuple(jnp.asarray(x) for x in args)
+        got, want = _batched_and_looped(fn, args, axes)
+        for x, y in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+            # (the penalty: XLA fuses fn jitted and eager apart, rounding 1 / eps^2 amplifies)
+            np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12 * float(np.abs(y).max()), err_msg=name)
+        calls = _custom_calls(jax.vmap(fn, in_axes=axes), *args)
+        single = _custom_calls(fn, *(x[0] if ax == 0 else x for x, ax in zip(args, axes, strict=True)))
+        op = {"penalty": "finite_difference_curvature", "cliff": "cliff_loss"}.get(name, name)
+        assert calls[f"qkernels_{op}"] == calls[f"qkernels_{op}_backward"] == 1, (name, calls)
+        # the loops vmap adds (the random draws loop already: threefry)
+        assert (calls["while"] > single["while"]) == (name in ("klm", "cliff")), (name, calls, single)

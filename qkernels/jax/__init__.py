@@ -3,7 +3,10 @@
 Install with ``pip install "qkernels[jax]"`` (JAX and jaxlib; the FFI library ``qkernels/jax/_kernels.abi3.so`` is built
 when jax is importable at build time). ``import qkernels`` never imports JAX; ``import qkernels.jax`` does, and
 registers the FFI targets (CPU). Every op runs under ``jax.jit``, ``jax.grad``, ``jax.value_and_grad`` and
-``jax.vmap`` (a batch of inputs is a batch of separate kernel calls), in float32 and float64 (``jax_enable_x64``).
+``jax.vmap``, in float32 and float64 (``jax_enable_x64``). Under ``jax.vmap`` an op is one kernel call on the stacked
+batch (folded into the op's own rows or latents: latent_quantize, kde_grid, the curvature reduction and the penalties
+built on it), except klm_loss and cliff_loss, whose kernels couple every sample and latent of a problem: XLA loops
+over the batch, one kernel call per element.
 
 - :func:`klm_loss` (Tripod's KLM), :func:`normalized_hessian_penalty` (Tripod's NHP; its per-sample terms from
   the caller's directions :func:`hessian_penalty_terms`; its fused reduction :func:`finite_difference_curvature`),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -85,14 +85,21 @@ def _check_values_jvp(op, name, positive, primals, tangents):
     return check_values(primals[0], op, name, positive), tangents[0]
 
 
-def call(op: decl.Op, tensors: Mapping[str, jax.Array | None], **scalars: Any) -> Any:
+# a batching rule of an op's FFI call: (batch size, which tensors are batched, the tensors by declared name; a batched
+# one has the batch as its leading axis) -> (the call's outputs, which of them are batched)
+VmapRule = Callable[[int, dict[str, bool], dict[str, jax.Array]], tuple[Sequence[jax.Array], Sequence[bool]]]
+
+
+def call(op: decl.Op, tensors: Mapping[str, jax.Array | None], *, vmap: VmapRule | None = None, **scalars: Any) -> Any:
     """ffi_call of ``qkernels_<op>`` on the tensor arguments ``tensors`` (by declared name; an optional one may be
     None or left out) and the scalar arguments ``scalars`` (by declared name, every one).
 
     Operands: the required tensors in declared order, then the optional ones given. Results: the declared outputs'
     shapes, in the data's dtype (indices: :func:`index_dtype`); one output is returned as it is, several as a tuple.
-    Under ``jax.vmap`` the call runs once per batch element (``vmap_method="sequential"``). Scalars: Python floats and
-    ints are passed as float64 / int64 attributes (numpy scalars), bools and strings as they are.
+    Scalars: Python floats and ints are passed as float64 / int64 attributes (numpy scalars), bools and strings as
+    they are. Under ``jax.vmap``: ``vmap(batch size, batched, tensors)`` computes the batch (typically one call of
+    the op with the batch folded into its own rows or latents, :func:`batched`), else the call runs once per batch
+    element (``vmap_method="sequential"``).
     """
     declared = {a.name for a in op.args}
     missing = {a.name for a in op.args if isinstance(a, decl.Scalar)} - set(scalars)
@@ -100,8 +107,8 @@ def call(op: decl.Op, tensors: Mapping[str, jax.Array | None], **scalars: Any) -
         raise TypeError(
             f"{op.name}: call with the declared arguments {sorted(declared)}, got {sorted({*tensors, *scalars})}"
         )
-    required = [tensors[t.name] for t in op.tensors if not t.optional]
-    optional = [tensors[t.name] for t in op.tensors if t.optional and tensors.get(t.name) is not None]
+    names = [t.name for t in op.tensors if not t.optional]
+    names += [t.name for t in op.tensors if t.optional and tensors.get(t.name) is not None]
     env = op.bind([tensors.get(a.name) if isinstance(a, decl.Tensor) else scalars[a.name] for a in op.args])
     data = next(tensors[t.name] for t in op.tensors if t.role == "data")
     results = tuple(
@@ -116,8 +123,30 @@ def call(op: decl.Op, tensors: Mapping[str, jax.Array | None], **scalars: Any) -
         else v
         for k, v in scalars.items()
     }
-    out = jax.ffi.ffi_call(f"qkernels_{op.name}", results, vmap_method="sequential")(*required, *optional, **attrs)
-    return out[0] if len(results) == 1 else tuple(out)
+
+    def run(*operands: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(jax.ffi.ffi_call(f"qkernels_{op.name}", results, vmap_method="sequential")(*operands, **attrs))
+
+    if vmap is None:
+        out = run(*(tensors[name] for name in names))
+    else:
+        rule = vmap
+        custom = jax.custom_batching.custom_vmap(run)
+
+        @custom.def_vmap
+        def _rule(size: int, in_batched: Sequence[bool], *operands: jax.Array) -> tuple[tuple, tuple]:
+            outs, out_batched = rule(
+                size, dict(zip(names, in_batched, strict=True)), dict(zip(names, operands, strict=True))
+            )
+            return tuple(outs), tuple(out_batched)
+
+        out = custom(*(tensors[name] for name in names))
+    return out[0] if len(results) == 1 else out
+
+
+def batched(size: int, in_batched: Mapping[str, bool], tensors: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """The tensors of a batching rule, each with the batch as its leading axis (an unbatched one broadcast)."""
+    return {name: x if in_batched[name] else jnp.broadcast_to(x, (size, *x.shape)) for name, x in tensors.items()}
 
 
 def index_dtype() -> Any:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from qkernels._args import check_choice, check_curvature, check_fd_dtype, check_perturbations, check_positive
 from qkernels.decl import hessian as decl
 from qkernels.jax import _checks
-from qkernels.jax._ffi import call, check_values
+from qkernels.jax._ffi import batched, call, check_values
 
 NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
 STD_EPS = 1e-6  # the default scale: population std of z + 1e-6
@@ -39,6 +39,7 @@ def _curvature_fwd(stacked, n, k, eps, groups, unbiased, reduce):
     values, argmax = call(
         decl.FINITE_DIFFERENCE_CURVATURE,
         {"stacked": stacked},
+        vmap=partial(_forward_vmap, n, k, eps, groups, unbiased, reduce),
         **_attrs(n, k, eps, groups, unbiased, reduce),
     )
     return values, (stacked, argmax)
@@ -50,9 +51,53 @@ def _curvature_bwd(n, k, eps, groups, unbiased, reduce, res, grad):
         call(
             decl.FINITE_DIFFERENCE_CURVATURE.backward,
             {"grad": grad, "stacked": stacked, "argmax": argmax},
+            vmap=partial(_backward_vmap, n, k, eps, groups, unbiased, reduce),
             **_attrs(n, k, eps, groups, unbiased, reduce),
         ),
     )
+
+
+# Under jax.vmap (B stacked batches (R, M) of n samples) each direction is ONE kernel call on a stacked batch of B n
+# samples: each block of n rows (a group's direction, plus or minus) becomes a block of B n rows; the center rows, which
+# the kernel does not read, are left out (their gradient is zero).
+
+
+def _samples(stacked: jax.Array, n: int, k: int, groups: int) -> jax.Array:
+    """(B, R, M) -> (2 k groups B n, M), without the center rows."""
+    b, rows, m = stacked.shape
+    blocks = stacked[:, rows - 2 * k * groups * n :].reshape(b, 2 * k * groups, n, m)
+    return jnp.moveaxis(blocks, 0, 1).reshape(-1, m)
+
+
+def _per_problem(x: jax.Array, b: int) -> jax.Array:
+    """(groups, B n) -> (B, groups, n)."""
+    return jnp.moveaxis(x.reshape(x.shape[0], b, -1), 1, 0)
+
+
+def _forward_vmap(n, k, eps, groups, unbiased, reduce, size, in_batched, t):
+    stacked = batched(size, in_batched, t)["stacked"]
+    values, argmax = call(
+        decl.FINITE_DIFFERENCE_CURVATURE,
+        {"stacked": _samples(stacked, n, k, groups)},
+        vmap=partial(_forward_vmap, size * n, k, eps, groups, unbiased, reduce),
+        **_attrs(size * n, k, eps, groups, unbiased, reduce),
+    )
+    return (_per_problem(values, size), _per_problem(argmax, size)), (True, True)
+
+
+def _backward_vmap(n, k, eps, groups, unbiased, reduce, size, in_batched, t):
+    t = batched(size, in_batched, t)
+    stacked = t["stacked"]
+    flat = {name: jnp.moveaxis(t[name], 0, 1).reshape(groups, -1) for name in ("grad", "argmax")}
+    g = call(
+        decl.FINITE_DIFFERENCE_CURVATURE.backward,
+        {**flat, "stacked": _samples(stacked, n, k, groups)},
+        vmap=partial(_backward_vmap, size * n, k, eps, groups, unbiased, reduce),
+        **_attrs(size * n, k, eps, groups, unbiased, reduce),
+    )
+    g = jnp.moveaxis(g.reshape(2 * k * groups, size, n, -1), 1, 0).reshape(size, -1, stacked.shape[-1])
+    center = stacked.shape[1] - g.shape[1]
+    return (jnp.pad(g, ((0, 0), (center, 0), (0, 0))),), (True,)
 
 
 _curvature.defvjp(_curvature_fwd, _curvature_bwd)

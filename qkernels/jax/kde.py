@@ -25,7 +25,7 @@ from qkernels._args import (
 )
 from qkernels.decl import kde as decl
 from qkernels.jax import _checks
-from qkernels.jax._ffi import call
+from qkernels.jax._ffi import batched, call
 
 
 class CliffTerms(NamedTuple):
@@ -48,6 +48,7 @@ def _kde_grid(points: jax.Array, samples: jax.Array, sigma: float, derivative: b
         {"points": points, "samples": samples},
         sigma=sigma,
         derivative=derivative,
+        vmap=partial(_kde_grid_vmap, sigma, derivative),
     )
 
 
@@ -62,7 +63,47 @@ def _kde_grid_bwd(sigma, derivative, res, grad):
         {"grad": grad, "points": points, "samples": samples},
         sigma=sigma,
         derivative=derivative,
+        vmap=partial(_kde_grid_backward_vmap, sigma, derivative),
     )
+
+
+# Under jax.vmap (B problems points (d, K), samples (n, d)) each direction is ONE kernel call: the KDEs are per latent,
+# so the batch is B d latents: points (B d, K), samples (n, B d).
+
+
+def _latents(samples: jax.Array) -> jax.Array:
+    """(B, n, d) -> (n, B d)."""
+    return jnp.moveaxis(samples, 0, 1).reshape(samples.shape[1], -1)
+
+
+def _kde_grid_vmap(sigma, derivative, size, in_batched, t):
+    t = batched(size, in_batched, t)
+    points = t["points"]
+    out = call(
+        decl.KDE_GRID,
+        {"points": points.reshape(-1, points.shape[-1]), "samples": _latents(t["samples"])},
+        sigma=sigma,
+        derivative=derivative,
+        vmap=partial(_kde_grid_vmap, sigma, derivative),
+    )
+    return (out.reshape(points.shape),), (True,)
+
+
+def _kde_grid_backward_vmap(sigma, derivative, size, in_batched, t):
+    t = batched(size, in_batched, t)
+    points, samples = t["points"], t["samples"]
+    gp, gs = call(
+        decl.KDE_GRID.backward,
+        {
+            "grad": t["grad"].reshape(-1, points.shape[-1]),
+            "points": points.reshape(-1, points.shape[-1]),
+            "samples": _latents(samples),
+        },
+        sigma=sigma,
+        derivative=derivative,
+        vmap=partial(_kde_grid_backward_vmap, sigma, derivative),
+    )
+    return (gp.reshape(points.shape), jnp.moveaxis(gs.reshape(samples.shape[1], size, -1), 1, 0)), (True, True)
 
 
 _kde_grid.defvjp(_kde_grid_fwd, _kde_grid_bwd)
