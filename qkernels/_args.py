@@ -23,12 +23,23 @@ def is_finite_number(x: float) -> bool:
     return -math.inf < x < math.inf
 
 
+def not_a_number(name: str, value: object, kind: str = "a number") -> TypeError:
+    """The error for an option ``name`` that is not a Python number (``kind``: "a number", "an int"): an array or
+    tensor is told why (options are fixed when an op is traced or compiled) and how to pass one."""
+    why = ""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        why = (
+            f": options such as {name} are Python numbers (int or float), fixed when the op is traced or compiled, "
+            f"not arrays or tensors; pass float({name}) (outside jax.jit / torch.compile: a traced value has none)"
+        )
+    return TypeError(f"{name} must be {kind}, got {type(value).__name__}{why}")
+
+
 def check_positive(name: str, value: object, *, integer: bool = False, minimum: float | None = None) -> None:
     """A positive number (``> 0``), or ``>= minimum`` when given."""
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
-        kind = "an int" if integer else "a number"
-        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+        raise not_a_number(name, value, "an int" if integer else "a number")
     if minimum is not None:
         if value < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
@@ -40,7 +51,7 @@ def check_numbers(**values: object) -> None:
     """Each keyword a (Python) number, e.g. the loss weights ``lambda_uni=...``."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            raise not_a_number(name, value)
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:

@@ -728,3 +728,19 @@ def test_vmap_kde_grid_curvature_and_penalty_are_one_call_and_a_loop():
         assert calls[f"qkernels_{op}"] == calls[f"qkernels_{op}_backward"] == 1, (name, calls)
         # the loops vmap adds (the random draws loop already: threefry)
         assert (calls["while"] > single["while"]) == (name in ("klm", "cliff")), (name, calls, single)
+
+
+# ----------------------------------------------------------------------------- issue 56: what is not supported
+
+
+def test_options_are_python_numbers_and_autodiff_is_first_order_reverse():
+    """docs/jax.md's limits, with the errors a user sees: an option given as an array says it must be a Python
+    number; forward mode is jax's custom_vjp TypeError; a second derivative is jax's FFI ValueError."""
+    (z,) = _arrays("float64", (8, 3), seed=27)
+    z = jnp.asarray(z)
+    with pytest.raises(TypeError, match="sigma must be a number, got .*Tracer: options such as sigma are Python num"):
+        jax.jit(lambda z, s: qj.kde_grid(jnp.ones((3, 4)), z, s))(z, 0.3)
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jvp(qj.klm_loss, (z,), (z,))
+    with pytest.raises(ValueError, match="The FFI call to `qkernels_klm` cannot be differentiated"):
+        jax.grad(lambda z: jnp.sum(jax.grad(qj.klm_loss)(z)))(z)
