@@ -16,6 +16,7 @@ what scripts/build_wheels.sh builds). Without the extension any torch >= 2.5.
 The JAX front-end's XLA FFI handlers (csrc/jax, the same CPU kernels; issue 45) are a plain shared library of their
 own, ``qkernels/jax/_kernels.abi3.so`` (no torch, no Python API: ``qkernels.jax`` loads it with ctypes), built when
 jax is importable here (its headers: ``jax.ffi.include_dir()``); the build says which. ``QKERNELS_NO_JAX=1`` skips it.
+With the CUDA kernels, the JAX CUDA handlers (csrc/jax/cuda) are a second one, ``qkernels/jax/_kernels_cuda.abi3.so``.
 """
 
 import glob
@@ -133,6 +134,21 @@ else:
             include_dirs=[os.path.join(here, "csrc", "include"), jax_include],
             extra_compile_args=[*cxx_flags, "-std=c++17"], extra_link_args=link_flags, language="c++",
             py_limited_api=True))  # named _kernels.abi3.so: it uses no Python API at all
+    if jax_include is not None and with_cuda:
+        # The CUDA handlers (csrc/jax/cuda) with the CUDA kernels they launch (csrc/cuda/*.cu: the torch ops' kernels,
+        # which hold no torch): qkernels/jax/_kernels_cuda.abi3.so, which qkernels.jax loads beside _kernels and
+        # registers for JAX's CUDA platform. No torch library; the CUDA runtime linked statically, so it needs only the
+        # driver (JAX's CUDA plugin has loaded it). BuildExtension compiles the .cu files with nvcc.
+        cuda_libs = [p for p in (os.path.join(CUDA_HOME, "lib64"), os.path.join(CUDA_HOME, "lib")) if os.path.isdir(p)]
+        kernels = [os.path.join("csrc", "cuda", f"{name}.cu") for name in ("kde", "quantize", "hessian")]
+        ext_modules.append(Extension(
+            "qkernels.jax._kernels_cuda",
+            sorted([*glob.glob("csrc/jax/cuda/*.cpp"), *glob.glob("csrc/jax/cuda/*.cu"), *kernels,
+                    "csrc/jax/targets.cpp"]),
+            include_dirs=[os.path.join(here, "csrc", "include"), jax_include, os.path.join(CUDA_HOME, "include")],
+            library_dirs=cuda_libs, libraries=["cudart_static", "dl", "rt", "pthread"],
+            extra_compile_args={"cxx": [*cxx_flags, "-std=c++17"], "nvcc": [*nvcc_flags, "-std=c++17"]},
+            extra_link_args=link_flags, language="c++", py_limited_api=True))
 
     class BuildExt(BuildExtension):
         """Objects go to build/temp.* of the source tree also in an editable install (setuptools would use a fresh
@@ -150,6 +166,8 @@ else:
                 stale = glob.glob(os.path.join(here, "qkernels", "_C*.cpython-*.so"))  # of an earlier build: gone
                 stale += [] if with_cuda else glob.glob(os.path.join(here, "qkernels", "_C_cuda*.so"))
                 stale += [] if jax_include else glob.glob(os.path.join(here, "qkernels", "jax", "_kernels*.so"))
+                stale += [] if jax_include and with_cuda else glob.glob(
+                    os.path.join(here, "qkernels", "jax", "_kernels_cuda*.so"))
                 for path in stale:
                     os.remove(path)
 

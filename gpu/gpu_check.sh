@@ -20,12 +20,14 @@
 # Works offline with the torch already installed (no pip install): set PYTHON to its interpreter
 # (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
 # the suite runs in one process), triton. STEPS picks the steps, run in this order (default "build probe tests warm
-# speed correct profile keops ab split3"; also "roofline" and "bench", the `qkernels bench` tables, before keops): "warm"
+# speed correct profile jax keops ab split3"; also "roofline" and "bench", the `qkernels bench` tables, before keops): "jax"
+# is gpu/gpu_check_jax.py (qkernels.jax's CUDA handlers against its CPU ones and plain JAX; needs jax with its CUDA
+# plugin, else its row says so); "warm"
 # runs one call of every speed variant beside the tests (gpu_check_ops.py warm: the compiles land in the on-disk
 # caches, so speed times compiled code from its start on a quiet GPU); "ab" is gpu/cliff_ab.sh (main's Cliff
 # against each gpu/experiments/*.patch); "split3" is gpu/cliff_split3.py (the reference's product as three
 # TF32 GEMMs). Time limits per step (seconds): SUITE_TIMEOUT (170, warm included), SPEED_TIMEOUT (150),
-# CORRECT_TIMEOUT (75), PROFILE_TIMEOUT (45), KEOPS_TIMEOUT (40), AB_TIMEOUT (180), SPLIT3_TIMEOUT (120),
+# CORRECT_TIMEOUT (75), PROFILE_TIMEOUT (45), JAX_TIMEOUT (90), KEOPS_TIMEOUT (40), AB_TIMEOUT (180), SPLIT3_TIMEOUT (120),
 # BENCH_TIMEOUT (150 per hot path); DEADLINE (seconds from the start, default 0 = none) cuts each step's limit to
 # what is left before it, less 20 s for the report, and skips a step with under 10 s left: set it below the
 # device call's limit so that the command ends, and its files are packed, in time. A step that runs over is
@@ -44,7 +46,7 @@ fi
 export PYTHONUNBUFFERED=1  # a step cut by its timeout still leaves its partial output
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 REPORT="$OUT/gpu_check.md"
-STEPS=${STEPS:-build probe tests warm speed correct profile keops ab split3}
+STEPS=${STEPS:-build probe tests warm speed correct profile jax keops ab split3}
 DEADLINE=${DEADLINE:-0}
 DRY_RUN=${DRY_RUN:-0}
 DRY=""
@@ -83,13 +85,14 @@ skipped() { step "$1: skipped (DEADLINE)"; printf '\n## %s: skipped, under 10 s 
 BUILT=""
 if want build && [ -n "${WHEEL:-}" ]; then
     step "libraries of $WHEEL"
-    rm -f qkernels/_C*.so
+    rm -f qkernels/_C*.so qkernels/jax/_kernels*.so
     W0=$(date +%s)
     "$PYTHON" - "$WHEEL" > "$OUT/wheel.log" 2>&1 <<'EOF'
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as zf:
     for name in zf.namelist():
-        if name.startswith("qkernels/_C") and name.endswith(".so") or name == "qkernels/_build_info.py":
+        if (name.startswith(("qkernels/_C", "qkernels/jax/_kernels")) and name.endswith(".so")
+                or name == "qkernels/_build_info.py"):
             zf.extract(name, ".")
             print("unpacked", name)
 EOF
@@ -230,6 +233,28 @@ want warm && ! want tests && ops_step warm warm.jsonl "${SUITE_TIMEOUT:-170}"
 want speed && ops_step speed speed.jsonl "${SPEED_TIMEOUT:-150}"
 want correct && ops_step correct correct.jsonl "${CORRECT_TIMEOUT:-75}"
 want profile && ops_step profile profiles.txt "${PROFILE_TIMEOUT:-45}"
+
+# ---------------------------------------------------------------- issue 56: qkernels.jax's CUDA handlers
+if want jax; then
+    JAX_LIMIT=$(limit "${JAX_TIMEOUT:-90}")
+    if [ "$JAX_LIMIT" = 0 ]; then skipped jax; else
+        step "jax"
+        J0=$(date +%s)
+        # shellcheck disable=SC2086  # DRY is one optional word
+        timeout -k 10 "$JAX_LIMIT" "$PYTHON" -X faulthandler gpu/gpu_check_jax.py "$OUT/jax.jsonl" $DRY \
+            > "$OUT/jax.log" 2>&1
+        JAX_RC=$?
+        {
+            echo
+            echo "## \`gpu/gpu_check_jax.py\` ($OUT/jax.jsonl): exit $JAX_RC in $(($(date +%s) - J0)) s$([ $JAX_RC -eq 124 ] && echo ' (TIMED OUT: partial)')"
+            echo
+            echo '```'
+            cat "$OUT/jax.jsonl" 2>/dev/null
+            tail -3 "$OUT/jax.log"
+            echo '```'
+        } >> "$REPORT"
+    fi
+fi
 
 # ---------------------------------------------------------------- quantize against the HBM floor
 if want roofline; then

@@ -730,6 +730,78 @@ def test_vmap_kde_grid_curvature_and_penalty_are_one_call_and_a_loop():
         assert (calls["while"] > single["while"]) == (name in ("klm", "cliff")), (name, calls, single)
 
 
+# ----------------------------------------------------------------------------- issue 56: the CUDA handlers
+
+
+def test_ffi_tables_say_each_targets_platform():
+    """The CPU library registers CPU handlers only (the declared ops and the run-time check); the CUDA one, where
+    built (setup.py, with the CUDA kernels), CUDA handlers of the ops with torch CUDA kernels. Where it is not built,
+    an array on a GPU is a ValueError saying why, never a wrong result."""
+    from qkernels.jax import _checks, _ffi
+
+    cpu = [(name, op) for name, platform, op, _ in _ffi.TABLE if platform == "cpu"]
+    assert {name for name, op in cpu if not op} == {"check_values"}
+    assert {name for name, op in cpu if op} == set(_ffi.TARGETS)
+    cuda = {name for name, platform, _, _ in _ffi.TABLE if platform == "CUDA"}
+    with_cuda_kernels = {"klm", "kde_grid", "latent_quantize", "finite_difference_curvature"}
+    if _ffi.CUDA_PATH is None:
+        assert not cuda and "without its CUDA kernels" in _ffi.CUDA_MISSING
+    else:
+        assert cuda == with_cuda_kernels | {f"{op}_backward" for op in with_cuda_kernels} | {"check_values"}, cuda
+    assert {platform for name, platform, _, _ in _ffi.TABLE} <= {"cpu", "CUDA"}
+
+    class OnGpu:  # what the checks read of a concrete array on a GPU
+        def devices(self):
+            return {type("Device", (), {"platform": "gpu"})()}
+
+    with pytest.raises(ValueError, match="z is on gpu: qkernels.jax runs cliff_loss on the CPU only"):
+        _checks.on_device("z", OnGpu(), "cliff_loss")
+    if _ffi.CUDA_PATH is None:
+        with pytest.raises(ValueError, match="built without its CUDA kernels"):
+            _checks.on_device("z", OnGpu(), "klm")
+
+
+def test_cuda_handlers_compile():
+    """csrc/jax/cuda's handlers (built by setup.py into qkernels/jax/_kernels_cuda.abi3.so with the CUDA kernels)
+    compile against the jax FFI headers and the CUDA kernels' launchers (csrc/cuda/*.cuh): syntax-checked as one
+    translation unit, one parse of the XLA headers (the FFI bindings are checked against the handlers' signatures
+    there). Not run: no GPU here."""
+    import glob
+    import os
+    import shutil
+
+    cuda_include = "/usr/local/cuda/include"
+    if not os.path.exists(os.path.join(cuda_include, "cuda_runtime.h")) or shutil.which("g++") is None:
+        pytest.skip("CUDA headers or g++ not installed")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    handlers = sorted(glob.glob(os.path.join(root, "csrc", "jax", "cuda", "*.cpp")))
+    assert handlers
+    unit = "".join(f'#include "{path}"\n' for path in handlers)
+    res = subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            "-fsyntax-only",
+            "-Wall",
+            "-Werror",
+            "-I",
+            os.path.join(root, "csrc", "include"),
+            "-isystem",
+            jax.ffi.include_dir(),
+            "-isystem",
+            cuda_include,
+            "-x",
+            "c++",
+            "-",
+        ],
+        input=unit,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
 # ----------------------------------------------------------------------------- issue 56: what is not supported
 
 

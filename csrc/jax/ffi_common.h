@@ -20,12 +20,14 @@ namespace jaxffi {
 
 namespace ffi = xla::ffi;
 
-// A dense row-major host buffer (XLA's default layout, which jax.ffi.ffi_call asks for).
+// A dense row-major buffer (XLA's default layout, which jax.ffi.ffi_call asks for) in host memory, or on a GPU for
+// the CUDA handlers (csrc/jax/cuda/common.h): the checks read its shape there, never its values.
 struct Buffer {
   DType dtype;
   const int64_t* dims;
   int64_t rank;
   void* data;
+  DeviceName device = {DeviceName::Cpu, 0, -1};
 
   int64_t dim() const { return rank; }
   int64_t size(int64_t i) const { return dims[i]; }
@@ -55,16 +57,17 @@ inline DType to_dtype(ffi::DataType t) {
 
 inline Buffer view(const ffi::AnyBuffer& b) {
   const auto dims = b.dimensions();
-  return {to_dtype(b.element_type()), dims.begin(), static_cast<int64_t>(dims.size()), b.untyped_data()};
+  return {to_dtype(b.element_type()), dims.begin(), static_cast<int64_t>(dims.size()), b.untyped_data(),
+          {DeviceName::Cpu, 0, -1}};
 }
 inline Buffer view(ffi::Result<ffi::AnyBuffer>& b) { return view(*b); }
 inline std::optional<Buffer> view(const std::optional<ffi::AnyBuffer>& b) {
   return b.has_value() ? std::optional<Buffer>(view(*b)) : std::nullopt;
 }
 
-// What the checks ask of a tensor (qkernels/check_core.h): host memory, contiguous.
+// What the checks ask of a tensor (qkernels/check_core.h): its device, contiguous.
 inline DType dtype_of(const Buffer& b) { return b.dtype; }
-inline DeviceName device_of(const Buffer&) { return {DeviceName::Cpu, 0, -1}; }
+inline DeviceName device_of(const Buffer& b) { return b.device; }
 inline Buffer as_contiguous(const Buffer& b) { return b; }
 
 // The value of a one-element float32 / float64 buffer.
@@ -134,10 +137,14 @@ struct AddTarget {
 }  // namespace jaxffi
 }  // namespace qkernels
 
-// Defines the XLA FFI handler `handler` of `impl` with `binding` and adds it to the table as the op `name` on the CPU.
+// Defines the XLA FFI handler `handler` of `impl` with `binding` and adds it to the table as the op `name` on the CPU
+// (QK_FFI_CUDA_TARGET: on a GPU, csrc/jax/cuda/).
 #define QK_FFI_TARGET(name, handler, impl, binding) \
   XLA_FFI_DEFINE_HANDLER(handler, impl, binding);   \
   static const ::qkernels::jaxffi::AddTarget handler##_target(name, handler, "cpu", true)
+#define QK_FFI_CUDA_TARGET(name, handler, impl, binding) \
+  XLA_FFI_DEFINE_HANDLER(handler, impl, binding);        \
+  static const ::qkernels::jaxffi::AddTarget handler##_target(name, handler, "CUDA", true)
 // The same for a helper target `name` (not an op) on `platform`.
 #define QK_FFI_HELPER(name, platform, handler, impl, binding) \
   XLA_FFI_DEFINE_HANDLER(handler, impl, binding);             \

@@ -14,16 +14,19 @@ import numpy as np
 
 from qkernels._args import check_std_number, check_std_shape
 from qkernels._args import compute_dtype as shared_compute_dtype
-from qkernels.jax._ffi import check_values
+from qkernels.jax._ffi import CUDA_MISSING, PLATFORMS, check_values
 
 
-def array(name: str, x: Any, *, ndim: int | tuple[int, ...] | None = None, min_ndim: int = 0) -> jax.Array:
-    """``x`` as a JAX array (a jax.Array, a tracer or a NumPy array) of float dtype with the given rank."""
+def array(
+    name: str, x: Any, *, ndim: int | tuple[int, ...] | None = None, min_ndim: int = 0, op: str | None = None
+) -> jax.Array:
+    """``x`` as a JAX array (a jax.Array, a tracer or a NumPy array) of float dtype with the given rank, on a device
+    where the FFI target ``op`` runs (:func:`on_device`)."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name} must be a jax.Array, got {type(x).__name__}")
     if not isinstance(x, jax.Array):  # (a jax.Array or tracer as it is: a concrete one stays concrete in jit)
         x = jnp.asarray(x)
-    on_cpu(name, x)
+    on_device(name, x, op)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
     ranks = (ndim,) if isinstance(ndim, int) else ndim
@@ -37,16 +40,21 @@ def array(name: str, x: Any, *, ndim: int | tuple[int, ...] | None = None, min_n
     return x
 
 
-def on_cpu(name: str, x: Any) -> None:
-    """The FFI targets are CPU ones: a concrete array on another device is an error naming it (a traced one
-    placed elsewhere fails in XLA's lowering: no qkernels_* target for that platform)."""
-    if not is_traced(x) and hasattr(x, "devices"):
-        other = sorted({d.platform for d in x.devices()} - {"cpu"})
-        if other:
-            raise ValueError(
-                f"{name} is on {other[0]}: qkernels.jax runs on the CPU only; move it with "
-                f"jax.device_put({name}, jax.devices('cpu')[0])"
-            )
+def on_device(name: str, x: Any, op: str | None) -> None:
+    """A concrete array on a device where the FFI target ``op`` has a handler (the CPU; a GPU where the CUDA handlers
+    are built and ``op`` has one), else a ValueError naming it (a traced one placed elsewhere fails in XLA's lowering:
+    no qkernels_<op> target for that platform)."""
+    if is_traced(x) or not hasattr(x, "devices"):
+        return
+    cuda = op is not None and "CUDA" in PLATFORMS.get(op, set())
+    other = sorted({d.platform for d in x.devices()} - {"cpu", *(("gpu", "cuda") if cuda else ())})
+    if other:
+        why = CUDA_MISSING or f"{op} has no CUDA handler (no CUDA kernel)" if other[0] in ("gpu", "cuda") else None
+        raise ValueError(
+            f"{name} is on {other[0]}: qkernels.jax runs {op or 'this op'} on the CPU only"
+            + (f" ({why})" if why else "")
+            + f"; move it with jax.device_put({name}, jax.devices('cpu')[0])"
+        )
 
 
 def compute_dtype(**arrays: Any) -> Any:

@@ -1,10 +1,13 @@
-"""The XLA FFI library of qkernels.jax: loaded with ctypes, its handlers registered as JAX FFI targets.
+"""The XLA FFI libraries of qkernels.jax: loaded with ctypes, their handlers registered as JAX FFI targets.
 
 ``qkernels/jax/_kernels.abi3.so`` (built by setup.py from csrc/jax when jax is importable at build time) exports one
 C symbol, ``qk_ffi_targets``: its registration table, one handler per op, named as the op's declaration
-(:mod:`qkernels.decl`); each becomes the CPU FFI target ``qkernels_<op>``. The handlers run the same C++ CPU kernels as
-the torch ops (csrc/cpu/*_impl.h) on XLA's intra-op thread pool. :func:`call` derives an FFI call's results from the
-op's declaration.
+(:mod:`qkernels.decl`), each with its platform; each becomes the FFI target ``qkernels_<op>`` of that platform. The CPU
+handlers run the same C++ CPU kernels as the torch ops (csrc/cpu/*_impl.h) on XLA's intra-op thread pool. A build with
+the CUDA kernels adds ``qkernels/jax/_kernels_cuda.abi3.so`` (csrc/jax/cuda): CUDA handlers of the ops whose torch
+CUDA kernels exist (csrc/cuda/*.cu), on the stream XLA gives them, registered for JAX's "CUDA" platform. A table
+entry that is no op is a helper of the front-end (:func:`check_values`). :func:`call` derives an FFI call's results
+from the op's declaration.
 """
 
 from __future__ import annotations
@@ -28,15 +31,11 @@ REBUILD = (
 )
 
 
-def _library_path() -> str:
+def _library_path(name: str) -> str | None:
+    """qkernels/jax/<name>.<abi tag>.so, or None."""
     here = os.path.dirname(os.path.abspath(__file__))
-    found = sorted(glob.glob(os.path.join(here, "_kernels*.so")))
-    if not found:
-        raise ImportError(
-            f"qkernels.jax needs its XLA FFI library qkernels/jax/_kernels.abi3.so, which this install of "
-            f"qkernels lacks: {REBUILD}"
-        )
-    return found[0]
+    found = sorted(glob.glob(os.path.join(here, f"{name}.*so")))
+    return found[0] if found else None
 
 
 def _table(lib: ctypes.CDLL) -> list[tuple[str, str, bool, int]]:
@@ -57,8 +56,21 @@ def _table(lib: ctypes.CDLL) -> list[tuple[str, str, bool, int]]:
     return [(names[i].decode(), platforms[i].decode(), bool(ops[i]), handlers[i]) for i in range(count)]
 
 
-PATH = _library_path()
+PATH = _library_path("_kernels")
+if PATH is None:
+    raise ImportError(
+        f"qkernels.jax needs its XLA FFI library qkernels/jax/_kernels.abi3.so, which this install of qkernels lacks: "
+        f"{REBUILD}"
+    )
 TABLE = _table(ctypes.cdll.LoadLibrary(PATH))
+# the CUDA handlers, where built (CUDA_MISSING says why not when they are absent)
+CUDA_PATH = _library_path("_kernels_cuda")
+CUDA_MISSING = "this install of qkernels was built without its CUDA kernels" if CUDA_PATH is None else None
+if CUDA_PATH is not None:
+    try:
+        TABLE += _table(ctypes.cdll.LoadLibrary(CUDA_PATH))
+    except OSError as err:  # a broken CUDA install must not take the CPU ops with it
+        CUDA_MISSING = f"{CUDA_PATH} did not load: {err}"
 for _name, _platform, _, _handler in TABLE:
     jax.ffi.register_ffi_target(f"qkernels_{_name}", jax.ffi.pycapsule(_handler), platform=_platform)
 # the ops with a CPU handler (named as their declarations), and every target's platforms

@@ -24,6 +24,7 @@ from qkernels.jax._ffi import batched, call, check_values
 
 NHP_DENOM_EPS = 1e-10  # Tripod: mean(numerator) / (mean(denominator) + 1e-10)
 STD_EPS = 1e-6  # the default scale: population std of z + 1e-6
+OP = decl.FINITE_DIFFERENCE_CURVATURE.name  # the FFI target of every function here: where it runs, they do
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
@@ -105,7 +106,7 @@ _curvature.defvjp(_curvature_fwd, _curvature_bwd)
 
 def _activation(name: str, a: Any) -> jax.Array:
     """A float32 / float64 activation (finite differences of half-precision ones lose the curvature)."""
-    a = _checks.array(name, a, min_ndim=1)
+    a = _checks.array(name, a, min_ndim=1, op=OP)
     check_fd_dtype(name, a.dtype.name)
     return a
 
@@ -149,7 +150,7 @@ def _population_std(z: jax.Array) -> jax.Array:
 
 def _std(std: Any) -> Any:
     """std as given: None, a number or an array (validated as one, for the dtype rule)."""
-    return std if std is None or isinstance(std, (int, float)) else _checks.array("std", std, ndim=(0, 1))
+    return std if std is None or isinstance(std, (int, float)) else _checks.array("std", std, ndim=(0, 1), op=OP)
 
 
 def _array_or_none(x: Any) -> Any:
@@ -228,8 +229,8 @@ def hessian_penalty_terms(
         elements of the variance over the k second differences of the Rademacher (numerator) and the Gaussian
         (denominator) directions. The penalty per sample is numerator / (denominator + 1e-10).
     """
-    z = _checks.array("z", z, ndim=2)
-    draws = _checks.array("draws", draws, ndim=3)
+    z = _checks.array("z", z, ndim=2, op=OP)
+    draws = _checks.array("draws", draws, ndim=3, op=OP)
     if draws.shape[1:] != z.shape or draws.shape[0] % 2:
         raise ValueError(f"draws must be (2k, n, d) with (n, d) = {tuple(z.shape)}, got shape {tuple(draws.shape)}")
     _, eps = check_perturbations(draws.shape[0] // 2, eps)
@@ -279,7 +280,7 @@ def normalized_hessian_penalty(
         TypeError: fn not callable or half-precision activations. ValueError: k < 2, eps <= 0, a misshaped std,
             another reduction, or activations without the stacked batch as their first dimension.
     """
-    z = _checks.array("z", z, ndim=2)
+    z = _checks.array("z", z, ndim=2, op=OP)
     k, eps = check_perturbations(num_perturbations, eps)
     check_choice("reduction", reduction, ("mean", "none"))
     std = _std(std)

@@ -126,8 +126,8 @@ def kde_grid(points: jax.Array, samples: jax.Array, sigma: float, *, derivative:
         ValueError: samples' d not points' d, sigma <= 0 (at trace time); NaN / inf values raise
             ``jax.errors.JaxRuntimeError`` at run time.
     """
-    points = _checks.array("points", points, ndim=2)
-    samples = _checks.array("samples", samples, ndim=2)
+    points = _checks.array("points", points, ndim=2, op="kde_grid")
+    samples = _checks.array("samples", samples, ndim=2, op="kde_grid")
     dt = _checks.compute_dtype(points=points, samples=samples)
     check_points_and_samples(points.shape, samples.shape)
     sigma = check_sigma(sigma)
@@ -209,7 +209,7 @@ def cliff_loss(
         ValueError / TypeError: as the torch op, at trace time; NaN / inf z (and, when traced, a cond_index
             outside [0, n)) raise ``jax.errors.JaxRuntimeError`` at run time.
     """
-    z = _checks.array("z", z, ndim=2)
+    z = _checks.array("z", z, ndim=2, op="cliff_loss")
     n, d = check_latents(z.shape)
     sigma = check_sigma(sigma)
     a, b, k = check_grid(grid)
@@ -278,10 +278,10 @@ def klm_loss(z: jax.Array, *, std: jax.Array | float | None = None) -> jax.Array
         ValueError / TypeError: z not (n, d) with n >= 2, a misshaped or (when concrete) non-positive std, at
             trace time; NaN / inf values raise ``jax.errors.JaxRuntimeError`` at run time.
     """
-    z = _checks.array("z", z, ndim=2)
+    z = _checks.array("z", z, ndim=2, op="klm")
     check_latents(z.shape)
     if std is None:
         return _klm_default(z.astype(_checks.compute_dtype(z=z)))
-    s = std if isinstance(std, (int, float)) else _checks.array("std", std, ndim=(0, 1))
+    s = std if isinstance(std, (int, float)) else _checks.array("std", std, ndim=(0, 1), op="klm")
     dt = _checks.compute_dtype(z=z, std=None if isinstance(s, (int, float)) else s)
     return _klm_std(z.astype(dt), _checks.std_array(s, z.shape[1], dt, "klm", kernel_checks=True))

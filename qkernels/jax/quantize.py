@@ -149,8 +149,8 @@ def latent_quantize(z: jax.Array, values: jax.Array) -> Quantized:
         ValueError / TypeError: a misshaped codebook or mixed float32 / float64, at trace time; NaN / inf values
             raise ``jax.errors.JaxRuntimeError`` at run time.
     """
-    z = _checks.array("z", z, min_ndim=1)
-    values = _checks.array("values", values, ndim=(1, 2))
+    z = _checks.array("z", z, min_ndim=1, op="latent_quantize")
+    values = _checks.array("values", values, ndim=(1, 2), op="latent_quantize")
     dt = _checks.compute_dtype(z=z, values=values)
     d = z.shape[-1]
     check_codebook("values", values.shape, d, z.shape)
@@ -175,7 +175,7 @@ def fsq(z: jax.Array, levels: int | Sequence[int]) -> Quantized:
         TypeError: levels not integers. ValueError: a level < 2, or neither 1 nor d levels. NaN / inf values raise
             ``jax.errors.JaxRuntimeError`` at run time.
     """
-    z = _checks.array("z", z, min_ndim=1)
+    z = _checks.array("z", z, min_ndim=1, op="check_values")  # (FSQ is jax.numpy and this check)
     top = jnp.asarray([v - 1 for v in check_levels(levels, z.shape[-1])], z.dtype)
     # NaN / inf raise at run time, as the torch op's check (half precision checked in float32: an exact round trip)
     z = check_values(z.astype(_checks.compute_dtype(z=z)), "fsq", "z").astype(z.dtype)
