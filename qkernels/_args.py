@@ -127,8 +127,9 @@ def check_perturbations(num_perturbations: int, eps: float) -> tuple[int, float]
 # ----------------------------------------------------------------------------- shapes and dtypes
 
 
-def check_curvature(rows: int, n: int, num_perturbations: int, eps: float, groups: int, reduce: str
-                    ) -> tuple[int, float]:
+def check_curvature(
+    rows: int, n: int, num_perturbations: int, eps: float, groups: int, reduce: str
+) -> tuple[int, float]:
     """finite_difference_curvature's arguments for a stacked batch of ``rows`` rows: n 2k groups perturbed rows (or
     n more, the center rows first); returns (k, eps)."""
     check_positive("n", n, integer=True)
@@ -138,8 +139,10 @@ def check_curvature(rows: int, n: int, num_perturbations: int, eps: float, group
     check_choice("reduce", reduce, ("mean", "max"))
     p = n * 2 * k * groups
     if rows not in (p, p + n):
-        raise ValueError(f"stacked must have n * 2 * num_perturbations * groups = {p} rows (or {p + n} with the "
-                         f"center rows), got {rows}")
+        raise ValueError(
+            f"stacked must have n * 2 * num_perturbations * groups = {p} rows (or {p + n} with the "
+            f"center rows), got {rows}"
+        )
     return k, eps
 
 
@@ -158,8 +161,9 @@ def check_latents(shape: Sequence[int]) -> tuple[int, int]:
 def check_points_and_samples(points: Sequence[int], samples: Sequence[int]) -> None:
     """kde_grid's points (d, K) and samples (n, d) (both 2-D) share d."""
     if samples[1] != points[0]:
-        raise ValueError(f"samples must be (n, d) with d = {points[0]} (points' first dimension), "
-                         f"got shape {tuple(samples)}")
+        raise ValueError(
+            f"samples must be (n, d) with d = {points[0]} (points' first dimension), got shape {tuple(samples)}"
+        )
 
 
 def check_num_cond(num_cond: int, n: int) -> None:
@@ -195,8 +199,9 @@ def check_codebook(name: str, values: Sequence[int], d: int, z: Sequence[int] | 
             f"got a 1-D z of shape {tuple(z)}, which reads as one sample of {d} latents (n samples of {g} "
             f"latents: shape (n, {g}); one latent per sample: z[:, None] with a (1, n_v) or (n_v,) {name})"
         )
-    raise ValueError(f"{name} must be (n_v,) or (d, n_v) with d = {d} (the last dimension of the latents), "
-                     f"got shape {tuple(values)}")
+    raise ValueError(
+        f"{name} must be (n_v,) or (d, n_v) with d = {d} (the last dimension of the latents), got shape {tuple(values)}"
+    )
 
 
 def compute_dtype(dtypes: Mapping[str, str], convert: str) -> str:
