@@ -10,9 +10,9 @@
   requires of the params given to ``update`` (their step gives the whole model): the params are filtered first.
 - :func:`swapped`: patch attributes for the length of a ``with`` block (the drop-in, applied at run time: the
   checkout's files are never edited).
-- :func:`compiled`, :func:`run_pair`, :func:`report`: the authors' training step compiled twice (the original,
-  and traced with the drop-in's patches), trained for a number of steps from one seed, the losses side by side;
-  :func:`cli`: the command line of both examples around them.
+- :func:`compiled`, :func:`run_pair`, :func:`printer`, :func:`report`: the authors' training step compiled twice (the
+  original, and traced with the drop-in's patches), trained for a number of steps from one seed, each step's losses
+  side by side as it is done; :func:`cli`: the command line of both examples around them.
 - :func:`procedural_images`: a small synthetic data set (their data sets come through TensorFlow Datasets).
 
 Nothing of the authors' code is copied here: it is imported from the checkout named on the command line.
@@ -27,7 +27,9 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import io
+import math
 import sys
+import time
 import types
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -217,14 +219,21 @@ def procedural_images(key: jax.Array, n: int, size: int, *, low: float = 0.0) ->
     return low + (1 - low) * jnp.moveaxis(img, -1, 1)
 
 
-def compiled(step, *args, patches: Sequence[tuple[object, str, object]] = (), **kwargs):
+def compiled(step, *args, patches: Sequence[tuple[object, str, object]] = (), label: str | None = None, **kwargs):
     """``step`` (an ``equinox.filter_jit`` function) traced with ``patches`` applied and compiled ahead of time
-    for these arguments. JAX's caches are cleared first: the authors' loss is itself jitted, and its trace for one
-    variant would otherwise be reused by the other (JAX keys its caches on the function, not on the module globals
-    a patch replaces)."""
+    for these arguments; with a ``label``, says what it compiles and how long that took (XLA compiles the authors'
+    models for minutes on a 2-core CPU). JAX's caches are cleared first: the authors' loss is itself jitted, and its
+    trace for one variant would otherwise be reused by the other (JAX keys its caches on the function, not on the
+    module globals a patch replaces)."""
+    if label:
+        print(f"compiling {label} ...", end=" ", flush=True)
+    start = time.perf_counter()
     jax.clear_caches()
     with swapped(patches):
-        return step.lower(*args, **kwargs).compile()
+        out = step.lower(*args, **kwargs).compile()
+    if label:
+        print(f"{time.perf_counter() - start:.0f} s", flush=True)
+    return out
 
 
 def gradient_difference(original, dropin) -> float:
@@ -240,31 +249,36 @@ def gradient_difference(original, dropin) -> float:
 
 
 def run_pair(
-    original: tuple[Callable, Callable],
-    dropin: tuple[Callable, Callable],
+    original: tuple[Callable, Callable | None],
+    dropin: tuple[Callable, Callable | None],
     state,
     batches: Sequence,
     keys: Sequence,
     loss_of: Callable,
+    show: Callable[[int, dict], None] | None = None,
 ) -> dict[str, list]:
     """Train with the original ``(step, grad)`` pair (``step(state, batch, key) -> (state, logs)``,
-    ``grad(state, batch, key) -> gradients of the loss``) over ``batches`` / ``keys``; at every step also evaluate
-    the drop-in's step and gradient at the same state (lockstep: the two losses and gradients of one state), then
-    train with the drop-in alone from the start (the independent trajectory). Returns the per-step loss dicts
-    (``loss_of(logs)``) "original", "lockstep", "independent" and the "gradient" differences."""
+    ``grad(state, batch, key) -> gradients of the loss``, or None) over ``batches`` / ``keys``; at every step also
+    evaluate the drop-in's step (and gradient) at the same state (lockstep: the two losses and gradients of one
+    state), and step the drop-in trained on its own from the same start (the independent trajectory). Returns the
+    per-step loss dicts (``loss_of(logs)``) "original", "lockstep", "independent" and the "gradient" differences
+    (NaN without grad functions); ``show(step, runs)`` is called after each step."""
     out: dict[str, list] = {"original": [], "lockstep": [], "independent": [], "gradient": []}
-    current = state
-    for batch, key in zip(batches, keys, strict=True):
+    current = own = state
+    for i, (batch, key) in enumerate(zip(batches, keys, strict=True)):
         after, logs = original[0](current, batch, key)
         _, logs_d = dropin[0](current, batch, key)
+        own, logs_i = dropin[0](own, batch, key)
         out["original"].append({k: float(v) for k, v in loss_of(logs).items()})
         out["lockstep"].append({k: float(v) for k, v in loss_of(logs_d).items()})
-        out["gradient"].append(gradient_difference(original[1](current, batch, key), dropin[1](current, batch, key)))
+        out["independent"].append({k: float(v) for k, v in loss_of(logs_i).items()})
+        grads = original[1] is not None and dropin[1] is not None
+        out["gradient"].append(
+            gradient_difference(original[1](current, batch, key), dropin[1](current, batch, key)) if grads else math.nan
+        )
         current = after
-    current = state
-    for batch, key in zip(batches, keys, strict=True):
-        current, logs = dropin[0](current, batch, key)
-        out["independent"].append({k: float(v) for k, v in loss_of(logs).items()})
+        if show is not None:
+            show(i, out)
     return out
 
 
@@ -272,62 +286,132 @@ def relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), np.finfo(np.float32).tiny)
 
 
-def report(runs: dict[str, list], *, every: int = 1) -> dict[str, float]:
-    """Print the steps of :func:`run_pair` (every ``every``-th and the last): the original total loss, the
-    drop-in's relative differences in lockstep (same state): each loss and the gradient, and the independent
-    trajectory's total-loss difference. Returns the largest of each over all steps."""
-    original, lockstep, independent = runs["original"], runs["lockstep"], runs["independent"]
-    names = list(original[0])
-    cols = [f"{n} (orig.)" for n in names[:1]] + [f"d {n}" for n in names] + ["d gradient", f"d {names[0]} indep."]
-    print(
-        "relative differences (d) of the drop-in: in lockstep (each loss and the gradient at the original's state"
-        " and batch), and of the independent trajectory's loss"
+def _columns(names: Sequence[str], gradients: bool) -> list[str]:
+    return (
+        [f"{names[0]} (orig.)", f"{names[0]} (drop-in)"]
+        + [f"d {n}" for n in names]
+        + (["d gradient"] if gradients else [])
+        + [f"{names[0]} indep.", f"d {names[0]} indep."]
     )
-    print(f"{'step':>4} " + " ".join(f"{c:>14}" for c in cols))
-    worst: dict[str, float] = {}
-    for i, (o, s, t) in enumerate(zip(original, lockstep, independent, strict=True)):
-        row = {f"d {n}": relative(o[n], s[n]) for n in names}
+
+
+def _row(runs: dict[str, list], i: int, gradients: bool) -> dict[str, float]:
+    """Step i of :func:`run_pair`: the two total losses at one state, the relative differences of every loss (and
+    of the gradient), the independent trajectory's total loss and its difference."""
+    o, s, t = runs["original"][i], runs["lockstep"][i], runs["independent"][i]
+    names = list(o)
+    row = {f"{names[0]} (orig.)": o[names[0]], f"{names[0]} (drop-in)": s[names[0]]}
+    row.update({f"d {n}": relative(o[n], s[n]) for n in names})
+    if gradients:
         row["d gradient"] = runs["gradient"][i]
-        row[f"d {names[0]} indep."] = relative(o[names[0]], t[names[0]])
-        worst = {k: max(worst.get(k, 0.0), v) for k, v in row.items()}
-        if i % every == 0 or i == len(original) - 1:
-            print(f"{i:>4} {o[names[0]]:>14.8g} " + " ".join(f"{v:>14.3e}" for v in row.values()))
-    return worst
+    row[f"{names[0]} indep."] = t[names[0]]
+    row[f"d {names[0]} indep."] = relative(o[names[0]], t[names[0]])
+    return row
+
+
+def header(names: Sequence[str], gradients: bool) -> str:
+    """The table of :func:`report` / :func:`printer`: what it shows, and its column names."""
+    return (
+        "per step: the total loss of the original and of the drop-in at the original's state and batch (lockstep), "
+        "the relative differences (d) of each loss" + (" and of the gradient" if gradients else "") + ", and the "
+        "total loss of the drop-in trained on its own (indep.) with its difference\n"
+        + f"{'step':>4} "
+        + " ".join(f"{c:>15}" for c in _columns(names, gradients))
+    )
+
+
+def _line(i: int, row: dict[str, float]) -> str:
+    return f"{i:>4} " + " ".join(f"{v:>15.8g}" if not k.startswith("d ") else f"{v:>15.3e}" for k, v in row.items())
+
+
+def printer(every: int = 1, last: int | None = None) -> Callable[[int, dict], None]:
+    """A ``show`` for :func:`run_pair`: the header before step 0, then every ``every``-th step's row (and the
+    ``last``), printed as it is computed."""
+
+    def show(i: int, runs: dict[str, list]) -> None:
+        gradients = not math.isnan(runs["gradient"][i])
+        if i == 0:
+            print(header(list(runs["original"][0]), gradients), flush=True)
+        if i % every == 0 or i == last:
+            print(_line(i, _row(runs, i, gradients)), flush=True)
+
+    return show
+
+
+def worst(runs: dict[str, list]) -> dict[str, float]:
+    """The largest relative difference of each kind over the steps of :func:`run_pair`."""
+    gradients = not math.isnan(runs["gradient"][0])
+    out: dict[str, float] = {}
+    for i in range(len(runs["original"])):
+        for k, v in _row(runs, i, gradients).items():
+            if k.startswith("d "):
+                out[k] = max(out.get(k, 0.0), v)
+    return out
+
+
+def report(runs: dict[str, list], *, every: int = 1) -> dict[str, float]:
+    """Print the steps of :func:`run_pair` (every ``every``-th and the last) after the run; returns :func:`worst`."""
+    show = printer(every, last=len(runs["original"]) - 1)
+    for i in range(len(runs["original"])):
+        show(i, runs)
+    return worst(runs)
 
 
 def cli(doc: str, *, repo: str, batch: int, seed: int, setup: Callable, argv=None) -> int:
     """The command line of a drop-in example: parse the arguments, ``setup(checkout, size=, batch=, steps=, seed=,
-    x64=)`` (a namespace with ``authors``, ``compat``, ``swapped`` (a callable giving the text of what was
-    swapped), ``original``, ``dropin``, ``state``, ``batches``, ``keys``, ``losses``, ``traced``, ``image_size``),
-    train, print. Exit status 1 when the drop-in was never traced or a lockstep difference exceeds ``--rtol``."""
+    x64=, gradients=)`` (a namespace with ``authors``, ``compat``, ``swapped`` (a callable giving the text of what
+    was swapped), ``original``, ``dropin``, ``state``, ``batches``, ``keys``, ``losses``, ``traced``,
+    ``image_size``), train, printing each step as it is done. Exit status 1 when the drop-in was never traced or a
+    lockstep difference exceeds ``--rtol``."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkout", help=f"a checkout of {repo}")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        help="training steps (default 10: a few minutes on 2 cores, much of them XLA compiling the authors' step "
+        "twice; docs/jax.md records the agreement over 100)",
+    )
     p.add_argument("--batch", type=int, default=batch, help=f"batch size (the paper's: {batch})")
     p.add_argument("--size", choices=("small", "paper"), default="small")
     p.add_argument("--seed", type=int, default=seed, help="their configs' experiment.seed")
     p.add_argument("--every", type=int, default=1, help="print every N-th step")
     p.add_argument(
-        "--rtol", type=float, default=1e-4, help="exit 1 when a lockstep loss or gradient differs by more (relative)"
+        "--gradients",
+        action="store_true",
+        help="also compare the two gradients at every step (compiles the "
+        "authors' loss gradient twice more: about twice the start-up time)",
+    )
+    p.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="exit 1 when a lockstep loss or gradient differs by more (relative; default 1e-9 with --x64, else 1e-3: "
+        "float32 finite differences, such as Tripod's penalty, round apart by up to 1e-3)",
     )
     p.add_argument("--x64", action="store_true", help="train in float64 (jax_enable_x64)")
     a = p.parse_args(argv)
     if a.x64:
         jax.config.update("jax_enable_x64", True)
-    run = setup(a.checkout, size=a.size, batch=a.batch, steps=a.steps, seed=a.seed, x64=a.x64)
+    print(
+        f"{a.steps} steps of the authors' train_step, batch {a.batch}, {a.size} model, "
+        f"{'float64' if a.x64 else 'float32'}: the original and with qkernels.jax dropped in",
+        flush=True,
+    )
+    run = setup(a.checkout, size=a.size, batch=a.batch, steps=a.steps, seed=a.seed, x64=a.x64, gradients=a.gradients)
     print(
         f"authors' code: {run.authors.root} (placeholders for the uninstalled import-only modules: "
         f"{', '.join(run.authors.placeholders) or 'none'}; {'; '.join(run.compat) or 'no JAX aliases needed'})"
     )
     print(f"swapped: {run.swapped()}")
-    print(
-        f"training {a.steps} steps of their train_step, batch {a.batch}, {a.size} model, {run.image_size} x "
-        f"{run.image_size} images, {'float64' if a.x64 else 'float32'}"
+    print(f"images {run.image_size} x {run.image_size}; training", flush=True)
+    runs = run_pair(
+        run.original, run.dropin, run.state, run.batches, run.keys, run.losses, show=printer(a.every, last=a.steps - 1)
     )
-    runs = run_pair(run.original, run.dropin, run.state, run.batches, run.keys, run.losses)
-    worst = report(runs, every=a.every)
-    print("max over the steps: " + ", ".join(f"{k} {v:.3e}" for k, v in worst.items()))
+    most = worst(runs)
+    print("max over the steps: " + ", ".join(f"{k} {v:.3e}" for k, v in most.items()))
     if not all(run.traced.values()):
         print("the drop-in was not traced: the runs compared the original with itself")
         return 1
-    return 0 if max(v for k, v in worst.items() if "indep." not in k) <= a.rtol else 1
+    rtol = a.rtol if a.rtol is not None else 1e-9 if a.x64 else 1e-3
+    return 0 if max(v for k, v in most.items() if "indep." not in k) <= rtol else 1

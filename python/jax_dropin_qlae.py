@@ -2,11 +2,15 @@
 
 Imports the authors' model, loss and training step from a checkout of their repository
 (github.com/kylehkhsu/latent_quantization; nothing of it is copied here), trains from one seed twice, the original
-and with the drop-in, and prints the losses of every step side by side with their relative difference:
+and with the drop-in, and prints the losses of every step side by side with their relative difference as it goes:
 
     git clone https://github.com/kylehkhsu/latent_quantization /tmp/latent_quantization
-    python python/jax_dropin_qlae.py /tmp/latent_quantization                 # 100 steps, batch 128, small model
+    python python/jax_dropin_qlae.py /tmp/latent_quantization                 # 10 steps, batch 128: ~2 min, 2 cores
+    python python/jax_dropin_qlae.py /tmp/latent_quantization --steps 100 --gradients   # the 100-step agreement
     python python/jax_dropin_qlae.py /tmp/latent_quantization --size paper    # their image encoder / decoder, 64 x 64
+
+Most of a short run is XLA compiling their train_step twice (it says which as it goes); ``--gradients`` compiles their
+loss gradient twice more to compare the gradients at every step.
 
 What it swaps, at run time (the checkout's files are not edited): ``QuantizedLatent.__call__`` (per latent, the
 distance to every codebook value, argmin, straight-through) -> ``qkernels.jax.latent_quantize(x, codebook)`` for
@@ -155,9 +159,23 @@ def setup(checkout, *, size="small", batch=128, steps=1, seed=100, x64=False, gr
         lambda m, b, step, key: eqx.filter_grad(m.batched_loss, has_aux=True)(m, b, step, key=key)[0]
     )
     variants = []
-    for patches in ([], dropin_patches(pkg.latents.quantized, qj, traced)):
-        step_fn = compiled(train_step, model, optimizer, opt_state, batches[0], *step_keys[0], patches=patches)
-        grad_fn = compiled(gradient, model, batches[0], *step_keys[0], patches=patches) if gradients else None
+    variants_patches = ((" (original)", []), (" with qkernels.jax", dropin_patches(pkg.latents.quantized, qj, traced)))
+    for which, patches in variants_patches:
+        step_fn = compiled(
+            train_step,
+            model,
+            optimizer,
+            opt_state,
+            batches[0],
+            *step_keys[0],
+            patches=patches,
+            label=f"their train_step{which}",
+        )
+        grad_fn = (
+            compiled(gradient, model, batches[0], *step_keys[0], patches=patches, label=f"their loss gradient{which}")
+            if gradients
+            else None
+        )
         variants.append(stepper(step_fn, grad_fn, optimizer))
 
     def losses(aux):

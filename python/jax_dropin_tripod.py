@@ -2,11 +2,15 @@
 
 Imports the authors' model, loss and training step from a checkout of their repository (github.com/kylehkhsu/tripod;
 nothing of it is copied here), trains from one seed twice, the original and with the drop-in, and prints the
-losses of every step side by side with their relative difference:
+losses of every step side by side with their relative difference as it goes:
 
     git clone https://github.com/kylehkhsu/tripod /tmp/tripod
-    python python/jax_dropin_tripod.py /tmp/tripod                 # 100 steps, batch 64, small model: minutes on a CPU
+    python python/jax_dropin_tripod.py /tmp/tripod                 # 10 steps, batch 64, small model: ~5 min, 2 cores
+    python python/jax_dropin_tripod.py /tmp/tripod --steps 100 --gradients   # the 100-step agreement (docs/jax.md)
     python python/jax_dropin_tripod.py /tmp/tripod --size paper    # the paper's encoder and decoder, 64 x 64 images
+
+Most of a short run is XLA compiling their train_step twice (the original and the drop-in: minutes on 2 cores; it says
+which as it goes); ``--gradients`` compiles their loss gradient twice more to compare the gradients at every step.
 
 What it swaps, at run time (the checkout's files are not edited):
 
@@ -206,9 +210,25 @@ def setup(checkout, *, size="small", batch=64, steps=1, seed=1000, x64=False, gr
     traced = {"klm_loss": 0, "normalized_hessian_penalty": 0}
     gradient = eqx.filter_jit(lambda m, b, *, key: eqx.filter_grad(m.batched_loss, has_aux=True)(m, b, key=key)[0])
     variants = []
-    for patches in ([], dropin_patches(pkg.models.autoencoder, qj, traced)):
-        step_fn = compiled(train_step, model, opt_state, optimizer, batches[0], key=step_keys[0], patches=patches)
-        grad_fn = compiled(gradient, model, batches[0], key=step_keys[0], patches=patches) if gradients else None
+    variants_patches = ((" (original)", []), (" with qkernels.jax", dropin_patches(pkg.models.autoencoder, qj, traced)))
+    for which, patches in variants_patches:
+        step_fn = compiled(
+            train_step,
+            model,
+            opt_state,
+            optimizer,
+            batches[0],
+            key=step_keys[0],
+            patches=patches,
+            label=f"their train_step{which}",
+        )
+        grad_fn = (
+            compiled(
+                gradient, model, batches[0], key=step_keys[0], patches=patches, label=f"their loss gradient{which}"
+            )
+            if gradients
+            else None
+        )
         variants.append(stepper(step_fn, grad_fn, optimizer))
 
     def losses(log):
