@@ -17,7 +17,7 @@ NOT_HERE = {
     "scripts/train_autoencoder.py": "the Tripod authors' training script (kylehkhsu/tripod)",
     "scripts/prepare_shapes3d.py": "the FactorQVAE authors' data preparation (ituvisionlab/FactorQVAE)",
 }
-BUILT = re.compile(r"qkernels/[\w/]*_C[\w.]*\.so")  # the native extension, built in place (git-ignored)
+BUILT = re.compile(r"qkernels/[\w/]*(_C|_kernels)[\w.]*\.so")  # native libraries, built in place (git-ignored)
 
 SOURCES = ("docs/**/*.md", "README.md", "benchmarks/*.md", "qkernels/**/*.py", "python/*.py")
 SOURCES += tuple(f"{folder}/**/*.{ext}" for folder in ("scripts", "gpu") for ext in ("md", "py", "sh"))
@@ -65,6 +65,7 @@ def test_the_scan_finds_paths_and_misses_others():
     ]
     assert not _exists("scripts/gpu_check_jax.py") and not _exists("gpu/experiments/cliff_standardize_once.patch")
     assert _exists("gpu/experiments/*.patch") and _exists("qkernels/_C_cuda.abi3.so")
+    assert _exists("qkernels/jax/_kernels_cuda.abi3.so") and not _exists("qkernels/jax/kernels.py")
 
 
 def test_every_path_named_exists():

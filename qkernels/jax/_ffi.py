@@ -82,8 +82,9 @@ PLATFORMS = {name: {p for n, p, _, _ in TABLE if n == name} for name, _, _, _ in
 def check_values(x: jax.Array, op: str, name: str, positive: bool = False) -> jax.Array:
     """``x`` (float32 / float64), checked at run time: a NaN or inf value (with ``positive``, a value <= 0) raises
     ``jax.errors.JaxRuntimeError`` with the message "<op>: <name> contains NaN or inf" (or "must be > 0
-    everywhere"), as the torch op's check would (the handler runs qkernels/checks.h's check; QKERNELS_CHECK_FINITE=0
-    turns it off). For values that reach no kernel's own checks; the identity for the derivatives."""
+    everywhere"), as the torch op's check would (the handler runs csrc/include/qkernels/checks.h's check;
+    QKERNELS_CHECK_FINITE=0 turns it off). For values that reach no kernel's own checks; the identity for the
+    derivatives."""
     return jax.ffi.ffi_call(
         "qkernels_check_values",
         jax.ShapeDtypeStruct(x.shape, x.dtype),
