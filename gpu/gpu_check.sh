@@ -250,7 +250,7 @@ if want jax; then
             echo
             echo '```'
             cat "$OUT/jax.jsonl" 2>/dev/null
-            tail -3 "$OUT/jax.log"
+            [ $JAX_RC -ne 0 ] && tail -5 "$OUT/jax.log"  # the error, where it failed
             echo '```'
         } >> "$REPORT"
     fi
