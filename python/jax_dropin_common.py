@@ -386,8 +386,8 @@ def cli(doc: str, *, repo: str, batch: int, seed: int, setup: Callable, argv=Non
         "--rtol",
         type=float,
         default=None,
-        help="exit 1 when a lockstep loss or gradient differs by more (relative; default 1e-9 with --x64, else 1e-3: "
-        "float32 finite differences, such as Tripod's penalty, round apart by up to 1e-3)",
+        help="exit 1 when a lockstep loss or gradient differs by more (relative; default 1e-9 with --x64, else 1e-2: "
+        "in float32 Tripod's penalty rounds apart by up to 2e-3 over 100 steps, its gradient by up to 9e-3)",
     )
     p.add_argument("--x64", action="store_true", help="train in float64 (jax_enable_x64)")
     a = p.parse_args(argv)
@@ -413,5 +413,5 @@ def cli(doc: str, *, repo: str, batch: int, seed: int, setup: Callable, argv=Non
     if not all(run.traced.values()):
         print("the drop-in was not traced: the runs compared the original with itself")
         return 1
-    rtol = a.rtol if a.rtol is not None else 1e-9 if a.x64 else 1e-3
+    rtol = a.rtol if a.rtol is not None else 1e-9 if a.x64 else 1e-2
     return 0 if max(v for k, v in most.items() if "indep." not in k) <= rtol else 1

@@ -5,7 +5,7 @@ Imports the authors' model, loss and training step from a checkout of their repo
 and with the drop-in, and prints the losses of every step side by side with their relative difference as it goes:
 
     git clone https://github.com/kylehkhsu/latent_quantization /tmp/latent_quantization
-    python python/jax_dropin_qlae.py /tmp/latent_quantization                 # 10 steps, batch 128: ~2 min, 2 cores
+    python python/jax_dropin_qlae.py /tmp/latent_quantization                 # 10 steps, batch 128: ~3-5 min, 2 cores
     python python/jax_dropin_qlae.py /tmp/latent_quantization --steps 100 --gradients   # the 100-step agreement
     python python/jax_dropin_qlae.py /tmp/latent_quantization --size paper    # their image encoder / decoder, 64 x 64
 
