@@ -16,7 +16,8 @@ what scripts/build_wheels.sh builds). Without the extension any torch >= 2.5.
 The JAX front-end's XLA FFI handlers (csrc/jax, the same CPU kernels; issue 45) are a plain shared library of their
 own, ``qkernels/jax/_kernels.abi3.so`` (no torch, no Python API: ``qkernels.jax`` loads it with ctypes), built when
 jax is importable here (its headers: ``jax.ffi.include_dir()``); the build says which. ``QKERNELS_NO_JAX=1`` skips it.
-With the CUDA kernels, the JAX CUDA handlers (csrc/jax/cuda) are a second one, ``qkernels/jax/_kernels_cuda.abi3.so``.
+With the CUDA kernels and ``QKERNELS_JAX_CUDA=1``, the JAX CUDA handlers (csrc/jax/cuda) are a second one,
+``qkernels/jax/_kernels_cuda.abi3.so`` (opt-in until it has been built and run on a GPU through this file).
 """
 
 import glob
@@ -134,7 +135,8 @@ else:
             include_dirs=[os.path.join(here, "csrc", "include"), jax_include],
             extra_compile_args=[*cxx_flags, "-std=c++17"], extra_link_args=link_flags, language="c++",
             py_limited_api=True))  # named _kernels.abi3.so: it uses no Python API at all
-    if jax_include is not None and with_cuda:
+    jax_cuda = jax_include is not None and with_cuda and os.environ.get("QKERNELS_JAX_CUDA", "0") == "1"
+    if jax_cuda:  # opt-in: this route has been compiled by hand (nvcc, sm_90), never yet through this file on a GPU
         # The CUDA handlers (csrc/jax/cuda) with the CUDA kernels they launch (csrc/cuda/*.cu: the torch ops' kernels,
         # which hold no torch): qkernels/jax/_kernels_cuda.abi3.so, which qkernels.jax loads beside _kernels and
         # registers for JAX's CUDA platform. No torch library; the CUDA runtime linked statically, so it needs only the
@@ -166,7 +168,7 @@ else:
                 stale = glob.glob(os.path.join(here, "qkernels", "_C*.cpython-*.so"))  # of an earlier build: gone
                 stale += [] if with_cuda else glob.glob(os.path.join(here, "qkernels", "_C_cuda*.so"))
                 stale += [] if jax_include else glob.glob(os.path.join(here, "qkernels", "jax", "_kernels*.so"))
-                stale += [] if jax_include and with_cuda else glob.glob(
+                stale += [] if jax_cuda else glob.glob(
                     os.path.join(here, "qkernels", "jax", "_kernels_cuda*.so"))
                 for path in stale:
                     os.remove(path)

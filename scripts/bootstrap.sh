@@ -67,7 +67,7 @@ stamp=$( { cat setup.py pyproject.toml; find csrc -type f | LC_ALL=C sort | xarg
 exec(open(importlib.util.find_spec('torch').submodule_search_locations[0] + '/version.py').read(), v)
 print(sys.version, v['__version__'], v['cuda'])";
            jax_version || true;
-           echo "${QKERNELS_NO_EXT:-0} ${QKERNELS_NO_CUDA:-0} ${QKERNELS_NO_JAX:-0} ${TORCH_CUDA_ARCH_LIST:-}"; } | sha256sum | cut -d' ' -f1)
+           echo "${QKERNELS_NO_EXT:-0} ${QKERNELS_NO_CUDA:-0} ${QKERNELS_NO_JAX:-0} ${QKERNELS_JAX_CUDA:-0} ${TORCH_CUDA_ARCH_LIST:-}"; } | sha256sum | cut -d' ' -f1)
 ext_ok() {
     [ "${QKERNELS_NO_EXT:-0}" = 1 ] || { python -c "import torch, qkernels._C" >/dev/null 2>&1 &&  # torch's libraries first
         { [ "${QKERNELS_NO_JAX:-0}" = 1 ] || compgen -G "qkernels/jax/_kernels*.so" >/dev/null; }; }
