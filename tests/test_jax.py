@@ -455,7 +455,7 @@ RUN_TIME_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
 def test_bad_values_raise_at_run_time_with_the_torch_message():
     z = jnp.ones((8, 3)).at[2, 1].set(jnp.nan)
     for run in (lambda: qj.klm_loss(z), lambda: jax.jit(qj.klm_loss)(z)):
-        with pytest.raises(RUN_TIME_ERRORS, match="klm: z contains NaN or inf"):
+        with pytest.raises(RUN_TIME_ERRORS, match="klm_loss: z contains NaN or inf"):
             jax.block_until_ready(run())
     with pytest.raises(RUN_TIME_ERRORS, match="latent_quantize: values contains NaN or inf"):
         jax.block_until_ready(qj.latent_quantize(jnp.ones((4, 2)), jnp.asarray([0.0, math.inf])).z_q)
@@ -496,7 +496,7 @@ def test_concrete_std_closed_over_in_jit():
     for closed_over_bad in (lambda z: qj.klm_loss(z, std=bad), lambda z: nhp(z, bad)):
         with pytest.raises(ValueError, match="std must be finite and > 0"):
             jax.jit(closed_over_bad)(z)
-    with pytest.raises(RUN_TIME_ERRORS, match="klm: std must be > 0 everywhere"):
+    with pytest.raises(RUN_TIME_ERRORS, match="klm_loss: std must be > 0 everywhere"):
         jax.block_until_ready(klm_given(z, bad))
     with pytest.raises(RUN_TIME_ERRORS, match="normalized_hessian_penalty: std must be > 0 everywhere"):
         jax.block_until_ready(nhp_given(z, bad))

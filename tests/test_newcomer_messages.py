@@ -77,15 +77,7 @@ def test_intervention_rows_and_loss_axes_are_labelled(monkeypatch):
     assert texts == ["total, log scale", "recon"]  # one y label per panel (lr is constant: listed below)
 
 
-# ------------------------------------------------------------------------- issue 57, item 11: klm_loss's own name
-_KLM_C = (
-    "the CPU kernel's value checks name the raw op 'klm': csrc/cpu/kde.cpp, check_finite(z, \"z\", \"klm\") and "
-    "check_finite(*given, \"std\", \"klm\", ...) (csrc/jax/kde_ffi.cpp the same for JAX) should say \"klm_loss\"; "
-    "a C++ change and a rebuild (the lead's): remove this mark then"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_KLM_C)
+# ----------------------------------------------------------------- klm_loss's own name (its raw op is 'klm')
 def test_klm_loss_names_itself_in_its_value_messages():
     if "cpu" not in qkernels.available_backends():
         pytest.skip("the cpu backend is not built")
@@ -101,7 +93,6 @@ def test_klm_loss_names_itself_in_its_value_messages():
             qkernels.klm_loss(z, std=-torch.ones(3))
 
 
-@pytest.mark.xfail(strict=True, reason=_KLM_C)
 def test_jax_klm_loss_names_itself_in_its_value_message():
     jnp = pytest.importorskip("jax.numpy")
     qj = pytest.importorskip("qkernels.jax")

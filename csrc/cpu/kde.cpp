@@ -78,11 +78,11 @@ Tensor cliff_loss_backward_cpu(const std::optional<Tensor>& g_total, const std::
 }
 
 std::tuple<Tensor, Tensor> klm_cpu(const Tensor& z_, const std::optional<Tensor>& std_) {
-  check_klm(z_, std_, "klm");
+  check_klm(z_, std_, "klm_loss");
   const Tensor z = as_contiguous(z_);
-  check_finite(z, "z", "klm");
+  check_finite(z, "z", "klm_loss");
   const std::optional<Tensor> given = std_.has_value() ? std::optional(as_contiguous(*std_)) : std::nullopt;
-  if (given.has_value()) check_finite(*given, "std", "klm", /*positive=*/true);
+  if (given.has_value()) check_finite(*given, "std", "klm_loss", /*positive=*/true);
   const int64_t n = z.size(0), d = z.size(1);
   Tensor lse = alloc({n, d + 1}, z.scalar_type(), z);
   double loss = 0.0;

@@ -28,7 +28,7 @@ void scale(const Tensor& z, const std::optional<Tensor>& std, const Tensor& stat
 }
 
 std::tuple<Tensor, Tensor> klm_cuda(const Tensor& z_, const std::optional<Tensor>& std_) {
-  check_klm(z_, std_, "klm");
+  check_klm(z_, std_, "klm_loss");
   const OnDevice on(z_);
   const Tensor z = as_contiguous(z_);
   const std::optional<Tensor> std = std_.has_value() ? std::optional(as_contiguous(*std_)) : std::nullopt;

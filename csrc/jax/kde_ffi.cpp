@@ -99,9 +99,9 @@ ffi::Error klm_fwd(ffi::ThreadPool pool, ffi::AnyBuffer z_, std::optional<ffi::A
   return run(pool, [&] {
     const Buffer z = view(z_), loss = view(loss_), lse = view(lse_);
     const std::optional<Buffer> std = view(std_);
-    check_klm(z, std, "klm");
-    check_finite(z, "z", "klm");
-    if (std.has_value()) check_finite(*std, "std", "klm", /*positive=*/true);
+    check_klm(z, std, "klm_loss");
+    check_finite(z, "z", "klm_loss");
+    if (std.has_value()) check_finite(*std, "std", "klm_loss", /*positive=*/true);
     dispatch_floating(z.dtype, [&](auto zero) {
       using T = decltype(zero);
       *loss.mutable_data_ptr<T>() = static_cast<T>(cpu::klm_forward<T>(

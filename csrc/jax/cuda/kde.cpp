@@ -39,7 +39,7 @@ ffi::Error klm_fwd(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator a
   return run(ordinal, [&] {
     const Buffer z = view(z_, ordinal), loss = view(loss_, ordinal), lse = view(lse_, ordinal);
     const std::optional<Buffer> std = view(std_, ordinal);
-    check_klm(z, std, "klm");
+    check_klm(z, std, "klm_loss");
     const int64_t n = z.size(0), d = z.size(1);
     const KlmConstants k = klm_constants(n, d);
     dispatch_floating(z.dtype, [&](auto zero) {
