@@ -2,9 +2,9 @@
 
 When another job starts beside a run, every parallel region of a step waits for the thread that shares a core with
 it: measured on 2 cores, 2 threads fell from 2.29 to 0.12 it/s while ``--threads 1`` at the same load ran 0.95
-it/s (benchmarks/HISTORY.md). :class:`CollapseWatch` compares the step times of the last ``window`` steps with the run's own
-early ones (medians: a single slow step, a garbage collection, is no collapse); :func:`fewer_threads` says how
-many threads to keep once it fires, from the cores other processes keep busy
+it/s (benchmarks/HISTORY.md). :class:`CollapseWatch` compares the step times of the last ``window`` steps with the
+run's own early ones (medians: a single slow step, a garbage collection, is no collapse); :func:`fewer_threads` says
+how many threads to keep once it fires, from the cores other processes keep busy
 (:func:`qkernels.train.threads.busy_cores`, measured while the run sleeps).
 
 The trainer (:class:`qkernels.train.loop.Trainer`) acts on it only when ``TrainConfig.adapt_threads`` is set:
