@@ -62,13 +62,22 @@ TORCH_WARNINGS = ("ignore:`torch.jit.script_method` is deprecated:DeprecationWar
 
 
 def pytest_addoption(parser):
-    parser.addoption("--bench-all", action="store_true",
-                     help="qkernels: also run the slow benchmark cases and tests marked bench_all (tens of minutes)")
-    parser.addoption("--quick", action="store_true",
-                     help="qkernels: only the headline case of each kernel hot path, eager variants, no memory "
-                          "probes (under a minute)")
-    parser.addoption("--bench-save", metavar="DIR",
-                     help="qkernels: write the finished rows to DIR/<machine>/<date>.csv and .json after every test")
+    parser.addoption(
+        "--bench-all",
+        action="store_true",
+        help="qkernels: also run the slow benchmark cases and tests marked bench_all (tens of minutes)",
+    )
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="qkernels: only the headline case of each kernel hot path, eager variants, no memory "
+        "probes (under a minute)",
+    )
+    parser.addoption(
+        "--bench-save",
+        metavar="DIR",
+        help="qkernels: write the finished rows to DIR/<machine>/<date>.csv and .json after every test",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -97,8 +106,7 @@ def is_slow(item) -> bool:
 def is_quick(item) -> bool:
     """In the ``--quick`` run: a case of :data:`QUICK`, not a torch.compile variant."""
     case = _case(item)
-    return bool(case and case.name in QUICK.get(case.hotpath, ()) and "compiled" not in
-                item.callspec.params["variant"])
+    return bool(case and case.name in QUICK.get(case.hotpath, ()) and "compiled" not in item.callspec.params["variant"])
 
 
 def marker(item) -> str:
@@ -123,8 +131,9 @@ def plan(items, skipped) -> list[str]:
             others += 1
     seconds = bench.estimate_seconds(runs, min_time=0.8) + others * OTHER_S  # one memory probe per case
     slow = sorted({_case(i).name if _case(i) else i.path.name for i in skipped})
-    return report.plan_lines({k: (t, len(n)) for k, (t, n) in groups.items()}, slow, seconds, "--bench-all",
-                             runs="tests")
+    return report.plan_lines(
+        {k: (t, len(n)) for k, (t, n) in groups.items()}, slow, seconds, "--bench-all", runs="tests"
+    )
 
 
 def _rank(item) -> int:
@@ -237,8 +246,14 @@ def finished_rows() -> list[dict]:
     for (hotpath, case), metas in _FINISHED.items():
         for meta in metas.values():
             baseline = meta.extra_info.get("baseline")
-            rows.append({"hotpath": hotpath, "case": case, "baseline": baseline,
-                         **_row(meta, metas.get(baseline), metas.get("reference_compiled"))})
+            rows.append(
+                {
+                    "hotpath": hotpath,
+                    "case": case,
+                    "baseline": baseline,
+                    **_row(meta, metas.get(baseline), metas.get("reference_compiled")),
+                }
+            )
     return rows
 
 
@@ -255,9 +270,17 @@ def _row(meta, base, compiled) -> dict:
     vc, vc_clear = vs(compiled)
     peak, base_peak = info.get("peak_mib"), base.extra_info.get("peak_mib") if base else None
     return {
-        "variant": info["variant"], "min_s": s.min, "median_s": s.median, "q1_s": s.q1, "q3_s": s.q3,
-        "rounds": s.rounds, "vs_baseline": vb, "vs_baseline_clear": vb_clear, "vs_compiled": vc,
-        "vs_compiled_clear": vc_clear, "peak_bytes": None if peak is None else peak * 2**20,
+        "variant": info["variant"],
+        "min_s": s.min,
+        "median_s": s.median,
+        "q1_s": s.q1,
+        "q3_s": s.q3,
+        "rounds": s.rounds,
+        "vs_baseline": vb,
+        "vs_baseline_clear": vb_clear,
+        "vs_compiled": vc,
+        "vs_compiled_clear": vc_clear,
+        "peak_bytes": None if peak is None else peak * 2**20,
         "memory_ratio": peak / base_peak if peak and base_peak else None,
     }
 
@@ -298,7 +321,8 @@ def pytest_terminal_summary(terminalreporter, config):
     if _CLOCK.get("saved"):
         lines.append(f"saved {_CLOCK['saved']} and {_CLOCK['saved'].with_suffix('.json').name} (after every test)")
     terminalreporter.section("qkernels: variants against their baseline")
-    warning = report.others_warning(_CLOCK.get("cpu"), report.cpu_clock(), time.perf_counter() - _CLOCK.get("wall", 0),
-                                    what="the benchmarks were")
+    warning = report.others_warning(
+        _CLOCK.get("cpu"), report.cpu_clock(), time.perf_counter() - _CLOCK.get("wall", 0), what="the benchmarks were"
+    )
     for line in lines + (report.wrap(warning) if warning else []):
         terminalreporter.write_line(line)

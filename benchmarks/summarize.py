@@ -32,8 +32,20 @@ from qkernels.bench.report import memory_text, ratio_text
 DEFAULT = Path(__file__).resolve().parent / "results"
 # not candidates for "best backend": the baselines, and variants that change the arithmetic ("triton high": TF32
 # products, percent-level gradient error in Cliff; the bf16 cases)
-NOT_KERNELS = ("reference", "reference_compiled", "materialized", "materialized compiled", "sequential", "none",
-               "stacked", "add", "float32", "bf16", "plain autocast", "triton high")
+NOT_KERNELS = (
+    "reference",
+    "reference_compiled",
+    "materialized",
+    "materialized compiled",
+    "sequential",
+    "none",
+    "stacked",
+    "add",
+    "float32",
+    "bf16",
+    "plain autocast",
+    "triton high",
+)
 
 
 def _op(rec: dict) -> str:
@@ -64,19 +76,27 @@ def summary_rows(records: list[dict]) -> list[dict]:
         for hotpath in hotpaths:
             if hotpath == "overhead":
                 continue
-            recs = [r for r in hotpaths[hotpath] if not r.get("error") and r.get("median_s") is not None
-                    and r.get("baseline") != "float32"]
+            recs = [
+                r
+                for r in hotpaths[hotpath]
+                if not r.get("error") and r.get("median_s") is not None and r.get("baseline") != "float32"
+            ]
             for op in dict.fromkeys(map(_op, recs)):
                 mine = [r for r in recs if _op(r) == op]
-                kernels = [v for v in dict.fromkeys(r["variant"] for r in mine)
-                           if v not in NOT_KERNELS and not any(v == r.get("baseline") for r in mine)]
+                kernels = [
+                    v
+                    for v in dict.fromkeys(r["variant"] for r in mine)
+                    if v not in NOT_KERNELS and not any(v == r.get("baseline") for r in mine)
+                ]
                 if not kernels:
                     continue
 
                 def score(v, mine=mine):
                     rs = [r for r in mine if r["variant"] == v]
-                    return (plot.geomean(r["vs_compiled"] for r in rs) or 0,
-                            plot.geomean(r["vs_baseline"] for r in rs) or 0)
+                    return (
+                        plot.geomean(r["vs_compiled"] for r in rs) or 0,
+                        plot.geomean(r["vs_baseline"] for r in rs) or 0,
+                    )
 
                 best = max(kernels, key=score)
                 rs = [r for r in mine if r["variant"] == best]
@@ -85,25 +105,42 @@ def summary_rows(records: list[dict]) -> list[dict]:
                 first = rs[0]
                 place = plot.ORDER.index(hotpath) if hotpath in plot.ORDER else len(plot.ORDER)
                 device = first["gpu"] or f"{first['cpu']} ({int(first['cores'])} cores)"
-                found.append((place, ops.setdefault(op, len(ops)), device, {
-                    "op": op, "device": device, "best": best, "vb": vb, "vc": vc,
-                    # '?': no shape where the variant won or lost in over 3/4 of the interleaved rounds
-                    "cb": any(r.get("vs_baseline_clear") for r in rs),
-                    "cc": any(r.get("vs_compiled_clear") for r in rs),
-                    "vs_eager": plot.geomean(vb), "vs_compiled": plot.geomean(vc),
-                    "mem": plot.geomean(r.get("memory_ratio") for r in rs), "shapes": len(rs),
-                    "date": first["date"][:10],
-                }))
+                found.append(
+                    (
+                        place,
+                        ops.setdefault(op, len(ops)),
+                        device,
+                        {
+                            "op": op,
+                            "device": device,
+                            "best": best,
+                            "vb": vb,
+                            "vc": vc,
+                            # '?': no shape where the variant won or lost in over 3/4 of the interleaved rounds
+                            "cb": any(r.get("vs_baseline_clear") for r in rs),
+                            "cc": any(r.get("vs_compiled_clear") for r in rs),
+                            "vs_eager": plot.geomean(vb),
+                            "vs_compiled": plot.geomean(vc),
+                            "mem": plot.geomean(r.get("memory_ratio") for r in rs),
+                            "shapes": len(rs),
+                            "date": first["date"][:10],
+                        },
+                    )
+                )
     return [f[-1] for f in sorted(found, key=lambda f: f[:3])]
 
 
 def table(records: list[dict]) -> list[str]:
     """The markdown summary table (lines) of ``records`` (:func:`summary_rows`)."""
-    lines = ["| op | device | best backend | vs eager | vs torch.compile | memory vs eager | shapes | date |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    return lines + [f"| {r['op']} | {r['device']} | {r['best']} | {_span(r['vb'], r['cb'])} | "
-                    f"{_span(r['vc'], r['cc'])} | {memory_text(r['mem'])} | {r['shapes']} | {r['date']} |"
-                    for r in summary_rows(records)]
+    lines = [
+        "| op | device | best backend | vs eager | vs torch.compile | memory vs eager | shapes | date |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    return lines + [
+        f"| {r['op']} | {r['device']} | {r['best']} | {_span(r['vb'], r['cb'])} | "
+        f"{_span(r['vc'], r['cc'])} | {memory_text(r['mem'])} | {r['shapes']} | {r['date']} |"
+        for r in summary_rows(records)
+    ]
 
 
 def _ms(seconds: float | None) -> str:
@@ -123,10 +160,14 @@ def details(records: list[dict]) -> list[str]:
             first = recs[0]
             device = first["gpu"] or f"{first['cpu']}, {int(first['cores'])} cores"
             when = first["date"][:16].replace("T", " ")
-            lines += ["", f"#### {hotpath} ({device}, {when} UTC, torch {first['torch']}, "
-                      f"commit {first['qkernels_commit']}, load {first['load_avg']})", "",
-                      "| case | variant | min ms | median ms | IQR % | vs baseline | vs torch.compile | peak MiB |",
-                      "| --- | --- | ---: | ---: | ---: | --- | --- | ---: |"]
+            lines += [
+                "",
+                f"#### {hotpath} ({device}, {when} UTC, torch {first['torch']}, "
+                f"commit {first['qkernels_commit']}, load {first['load_avg']})",
+                "",
+                "| case | variant | min ms | median ms | IQR % | vs baseline | vs torch.compile | peak MiB |",
+                "| --- | --- | ---: | ---: | ---: | --- | --- | ---: |",
+            ]
             for case in dict.fromkeys(r["case"] for r in recs):
                 label = case
                 for r in [r for r in recs if r["case"] == case]:
@@ -139,7 +180,8 @@ def details(records: list[dict]) -> list[str]:
                     vc = ratio_text(r.get("vs_compiled"), clear=bool(r.get("vs_compiled_clear")))
                     lines.append(
                         f"| {label} | {name} | {_ms(r.get('min_s'))} | {_ms(r.get('median_s'))} | "
-                        f"{r['iqr_pct']:.0f} | {vb} | {vc} | {'-' if peak is None else f'{peak / 2**20:.1f}'} |")
+                        f"{r['iqr_pct']:.0f} | {vb} | {vc} | {'-' if peak is None else f'{peak / 2**20:.1f}'} |"
+                    )
                     label = ""  # the case's name once
     return lines
 

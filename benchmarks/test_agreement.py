@@ -43,7 +43,9 @@ def test_pytest_benchmark_and_qkernels_bench_agree(benchmark, one_thread):
     benchmark.extra_info["qkernels_bench_median_s"] = ours["median_s"]
     a = widened(s.q1, s.median, s.q3)
     b = widened(ours["q1_s"], ours["median_s"], ours["q3_s"])
-    text = (f"pytest-benchmark median {s.median * 1e3:.3f} ms [q1 {s.q1 * 1e3:.3f}, q3 {s.q3 * 1e3:.3f}], qkernels "
-            f"bench median {ours['median_s'] * 1e3:.3f} ms [q1 {ours['q1_s'] * 1e3:.3f}, q3 {ours['q3_s'] * 1e3:.3f}]")
+    text = (
+        f"pytest-benchmark median {s.median * 1e3:.3f} ms [q1 {s.q1 * 1e3:.3f}, q3 {s.q3 * 1e3:.3f}], qkernels "
+        f"bench median {ours['median_s'] * 1e3:.3f} ms [q1 {ours['q1_s'] * 1e3:.3f}, q3 {ours['q3_s'] * 1e3:.3f}]"
+    )
     print(f"\n{CASE[1]} {VARIANT}: {text}")
     assert a[0] <= b[1] and b[0] <= a[1], f"the IQRs (widened by {TOLERANCE:.0%} of the median) do not overlap: {text}"

@@ -22,9 +22,11 @@ def _rate(benchmark, n):
 
 @pytest.mark.parametrize("name", ["sprites", "balls", "shapes3d_procedural"])
 def test_procedural_render_throughput(benchmark, name):
-    ds = {"sprites": lambda: Sprites(),
-          "balls": lambda: Balls(BATCH),
-          "shapes3d_procedural": lambda: Shapes3DProcedural()}[name]()
+    ds = {
+        "sprites": lambda: Sprites(),
+        "balls": lambda: Balls(BATCH),
+        "shapes3d_procedural": lambda: Shapes3DProcedural(),
+    }[name]()
     f = ds.sample_factors(BATCH, torch.Generator().manual_seed(0))
     x = pedantic(benchmark, ds.observations_from_factors, (f,))
     assert x.shape == (BATCH, *ds.observation_shape)
@@ -41,8 +43,7 @@ def test_balls_continuous_render_throughput(benchmark):
 def test_dataloader_batch_throughput(benchmark):
     """``__getitems__``: one vectorized render per DataLoader batch (main process)."""
     ds = Shapes3DProcedural()
-    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True,
-                                         generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0))
     it = iter(loader)
     x, _ = pedantic(benchmark, next, (it,))
     assert x.shape == (BATCH, 3, 64, 64)

@@ -61,6 +61,7 @@ def make_train_step(model, variant):
 @pytest.mark.parametrize("variant", ["none", "stacked", "sequential", "fused"])
 def test_train_step(benchmark, model, variant):
     benchmark.group = f"train step {model}"
-    benchmark.extra_info.update(hotpath="hessian", case=f"train step {model} n={N} d={D} k={K}", variant=variant,
-                                baseline="none")
+    benchmark.extra_info.update(
+        hotpath="hessian", case=f"train step {model} n={N} d={D} k={K}", variant=variant, baseline="none"
+    )
     pedantic(benchmark, make_train_step(model, variant))

@@ -60,9 +60,7 @@ def test_dci_tripod_preset(benchmark, data, kind):
 
 def test_mig_modularity(benchmark, data):
     s, _, continuous = data
-    r = benchmark.pedantic(
-        lambda: (mig(s, continuous), modularity(s, continuous)), rounds=3, iterations=1
-    )
+    r = benchmark.pedantic(lambda: (mig(s, continuous), modularity(s, continuous)), rounds=3, iterations=1)
     assert 0 <= r[0]["mig"] <= 1
 
 

@@ -63,16 +63,25 @@ def _api_block(module: str, name: str) -> str:
     mod = importlib.import_module(module)
     if not callable(obj) or not hasattr(mod, "__path__") or importlib.util.find_spec(public) is None:
         return f"::: {public}\n"
-    return (f'<a id="{public}"></a>\n\n::: {obj.__module__}.{obj.__qualname__}\n    options:\n'
-            f"      heading: {public}\n      toc_label: {public}\n")
+    return (
+        f'<a id="{public}"></a>\n\n::: {obj.__module__}.{obj.__qualname__}\n    options:\n'
+        f"      heading: {public}\n      toc_label: {public}\n"
+    )
 
 
 def _api_markdown() -> str:
     out = []
     for module in API_MODULES:
         names = importlib.import_module(module).__all__
-        out += [f"## {module}", "", f"::: {module}", "    options:", "      members: false",
-                "      show_root_heading: false", ""]
+        out += [
+            f"## {module}",
+            "",
+            f"::: {module}",
+            "    options:",
+            "      members: false",
+            "      show_root_heading: false",
+            "",
+        ]
         out += [_api_block(module, name) for name in names]
     return "\n".join(out)
 

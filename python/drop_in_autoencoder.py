@@ -49,10 +49,12 @@ def main(argv=None) -> None:
         loss = F.binary_cross_entropy_with_logits(decoder(z), x)
         if a.cliff:  # qkernels: Cliff loss on the latents
             from qkernels.ops.kde import cliff_loss
+
             loss_extra = loss_extra + a.cliff * cliff_loss(z)
         if a.klm or a.nhp:  # qkernels: Tripod's KLM / NHP; scales from the continuous latents
             from qkernels.ops.hessian import normalized_hessian_penalty
             from qkernels.ops.kde import klm_loss
+
             std = torch.tanh(z_cont if quantizer is not None else z).std(0, unbiased=False) + 1e-6
             if a.klm:
                 loss_extra = loss_extra + a.klm * klm_loss(z, std=std)

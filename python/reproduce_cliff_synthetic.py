@@ -25,8 +25,16 @@ from qkernels.ops.kde import cliff_loss
 PAPER = (94.1, 0.9)
 
 
-def run(seed: int, epochs: int, *, n: int = 5000, batch: int = 5000, lr: float = 2e-3, mixing: str = "nonlinear",
-        log_every: int = 0) -> dict:
+def run(
+    seed: int,
+    epochs: int,
+    *,
+    n: int = 5000,
+    batch: int = 5000,
+    lr: float = 2e-3,
+    mixing: str = "nonlinear",
+    log_every: int = 0,
+) -> dict:
     ds = load_dataset("quantized_grid2d", n=n, mixing=mixing, seed=seed)
     torch.manual_seed(seed)
     enc = MLP((2, 50, 100, 50, 2))
@@ -36,7 +44,7 @@ def run(seed: int, epochs: int, *, n: int = 5000, batch: int = 5000, lr: float =
     for epoch in range(epochs):
         perm = torch.randperm(n, generator=g)
         for i in range(0, n, batch):
-            z = enc(ds.x[perm[i:i + batch]])
+            z = enc(ds.x[perm[i : i + batch]])
             loss = cliff_loss(z, sigma=0.1, lambda_uni=0.0, lambda_biv=1.0, lambda_kl=1.0, generator=g)
             opt.zero_grad()
             loss.backward()
@@ -63,13 +71,17 @@ def main(argv=None) -> None:
     for s in range(a.seeds):
         r = run(s, a.epochs, mixing=a.mixing, log_every=a.log_every)
         rows.append(r)
-        print(f"seed {s}: MCC {100 * r['mcc']:.1f} (at init {100 * r['mcc_init']:.1f}) loss {r['loss']:.4f} "
-              f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+        print(
+            f"seed {s}: MCC {100 * r['mcc']:.1f} (at init {100 * r['mcc_init']:.1f}) loss {r['loss']:.4f} "
+            f"[{time.perf_counter() - t0:.0f} s]",
+            flush=True,
+        )
     m = [100 * r["mcc"] for r in rows]
     mean = sum(m) / len(m)
     se = (sum((v - mean) ** 2 for v in m) / (len(m) - 1)) ** 0.5 / math.sqrt(len(m)) if len(m) > 1 else float("nan")
-    print(f"MCC over {len(m)} seeds, {a.epochs} epochs: {mean:.1f} +/- {se:.1f} (s.e.)   paper: "
-          f"{PAPER[0]} +/- {PAPER[1]}")
+    print(
+        f"MCC over {len(m)} seeds, {a.epochs} epochs: {mean:.1f} +/- {se:.1f} (s.e.)   paper: {PAPER[0]} +/- {PAPER[1]}"
+    )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"epochs": a.epochs, "mixing": a.mixing, "runs": rows, "mean": mean, "se": se}, fh, indent=1)

@@ -49,8 +49,10 @@ def mismatch_reason(needs: str | None, present: str) -> str | None:
     """The one-line reason ``qkernels._C`` (for torch >= ``needs``) cannot load in torch ``present``."""
     if needs is None or _release(present) >= _release(needs):
         return None
-    return (f"qkernels._C needs torch >= {needs} (the stable ABI it is built for) but torch {present} is installed, "
-            f"so it is not loaded (the reference and triton backends still work); install torch>={needs}")
+    return (
+        f"qkernels._C needs torch >= {needs} (the stable ABI it is built for) but torch {present} is installed, "
+        f"so it is not loaded (the reference and triton backends still work); install torch>={needs}"
+    )
 
 
 if os.environ.get("QKERNELS_NO_EXT", "0") == "1":

@@ -68,9 +68,7 @@ def check_tensor(
             want = " or ".join(str(a) for a in allowed)
             raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(t.shape)}")
     if min_ndim is not None and t.dim() < min_ndim:
-        raise ValueError(
-            f"{name} must have at least {min_ndim} dimensions, got shape {tuple(t.shape)}"
-        )
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
     if nonempty and t.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
     if finite:
@@ -136,5 +134,3 @@ def check_std(std: object, z: torch.Tensor, *, values: bool = True) -> torch.Ten
     if isinstance(std, bool) or not isinstance(std, (int, float)):
         raise TypeError(f"std must be None, a number or a tensor (a scalar or (d,)), got {type(std).__name__}")
     return torch.full((d,), check_std_number(std), dtype=z.dtype, device=z.device)
-
-

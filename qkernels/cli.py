@@ -20,10 +20,31 @@ name, a path or a device that cannot work) and 1 for a run that failed; --debug 
 
 # qkernels.models.registry.METHODS (names; the authors' run lengths where stated) and
 # qkernels.metrics.protocols.PROTOCOLS, copied: importing those modules imports torch and scikit-learn
-MODELS = ("ae", "qlae", "tripod", "qvae", "factorqvae", "dvae", "factordvae", "beta_vae", "beta_tcvae", "factorvae",
-          "cliff_vae", "cliff_ae")
-PAPER_STEPS = {"ae": 200_000, "qlae": 200_000, "tripod": 250_000, "qvae": 100_000, "factorqvae": 50_000,
-               "dvae": 300_000, "factordvae": 300_000, "cliff_ae": 1_000, "cliff_vae": 750_000}
+MODELS = (
+    "ae",
+    "qlae",
+    "tripod",
+    "qvae",
+    "factorqvae",
+    "dvae",
+    "factordvae",
+    "beta_vae",
+    "beta_tcvae",
+    "factorvae",
+    "cliff_vae",
+    "cliff_ae",
+)
+PAPER_STEPS = {
+    "ae": 200_000,
+    "qlae": 200_000,
+    "tripod": 250_000,
+    "qvae": 100_000,
+    "factorqvae": 50_000,
+    "dvae": 300_000,
+    "factordvae": 300_000,
+    "cliff_ae": 1_000,
+    "cliff_vae": 750_000,
+}
 PROTOCOL_NAMES = ("qlae", "tripod", "factorqvae", "dlib", "fast")
 
 
@@ -107,8 +128,15 @@ def _bench(args: argparse.Namespace) -> int:
     hotpaths = tuple(dict.fromkeys(args.hotpath)) if args.hotpath else bench.DEFAULT_HOTPATHS
     save = (lambda rows: results.save(rows, args.save, info)) if args.save else None  # after every case
     try:
-        rows = bench.run(hotpaths, memory=not args.no_memory, include_slow=args.all, min_time=args.min_time,
-                         threads=args.threads, only=tuple(args.case or ()), on_case=save)
+        rows = bench.run(
+            hotpaths,
+            memory=not args.no_memory,
+            include_slow=args.all,
+            min_time=args.min_time,
+            threads=args.threads,
+            only=tuple(args.case or ()),
+            on_case=save,
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if save:
@@ -129,8 +157,9 @@ def _check_device(device: str) -> None:
     except (RuntimeError, ValueError):
         raise UsageError(f"--device {device}: not a device name; use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: this torch ({torch.__version__}) has no usable CUDA device; "
-                         "use --device cpu")
+        raise UsageError(
+            f"--device {device}: this torch ({torch.__version__}) has no usable CUDA device; use --device cpu"
+        )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
     if dev.type not in ("cpu", "cuda"):
@@ -168,11 +197,24 @@ def _train_config(args: argparse.Namespace):
         raise UsageError(f"--config {args.config}: {err}") from None
     if not isinstance(base, dict):
         raise UsageError(f"--config {args.config}: expected a JSON object of TrainConfig fields")
-    flags = {"model": args.model, "dataset": args.dataset, "steps": args.steps, "batch_size": args.batch_size,
-             "seed": args.seed, "eval_samples": args.eval_samples, "device": args.device, "lr": args.lr,
-             "arch": args.arch, "image_size": args.image_size, "num_latents": args.num_latents,
-             "eval_every": args.eval_every, "threads": args.threads, "protocol": args.protocol,
-             "data_order": args.data_order, "select": args.select}
+    flags = {
+        "model": args.model,
+        "dataset": args.dataset,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "eval_samples": args.eval_samples,
+        "device": args.device,
+        "lr": args.lr,
+        "arch": args.arch,
+        "image_size": args.image_size,
+        "num_latents": args.num_latents,
+        "eval_every": args.eval_every,
+        "threads": args.threads,
+        "protocol": args.protocol,
+        "data_order": args.data_order,
+        "select": args.select,
+    }
     base.update({k: v for k, v in flags.items() if v is not None})
     if args.compile:
         base["compile"] = True
@@ -183,8 +225,9 @@ def _train_config(args: argparse.Namespace):
     if args.data_root is not None:
         name = base.get("dataset", TrainConfig.dataset)
         if name not in FILE_DATASETS:
-            raise UsageError(f"--data-root: {name} is procedural and reads no files "
-                             f"(file datasets: {', '.join(FILE_DATASETS)})")
+            raise UsageError(
+                f"--data-root: {name} is procedural and reads no files (file datasets: {', '.join(FILE_DATASETS)})"
+            )
         base["dataset_kwargs"] = {**base.get("dataset_kwargs", {}), "root": args.data_root}
     if args.paper:
         from qkernels.train.paper import apply_paper
@@ -245,8 +288,10 @@ def _hold_run_dir(out: str, args: argparse.Namespace, *, fresh: bool):
     if fresh and old and not args.force:
         lock.release()
         shown = ", ".join(old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4 else "")
-        raise UsageError(f"--out {out} already holds a run ({shown}): continue it with --resume, or delete "
-                         "those files and start over with --force")
+        raise UsageError(
+            f"--out {out} already holds a run ({shown}): continue it with --resume, or delete "
+            "those files and start over with --force"
+        )
     return lock
 
 
@@ -339,11 +384,17 @@ def _resume_hint(trainer) -> None:
     if trainer.rank != 0:
         return
     if trainer.saved_step is None:
-        print(f"qkernels train: stopped before the first checkpoint (every {trainer.cfg.checkpoint_every} steps): "
-              "nothing to resume", file=sys.stderr)
+        print(
+            f"qkernels train: stopped before the first checkpoint (every {trainer.cfg.checkpoint_every} steps): "
+            "nothing to resume",
+            file=sys.stderr,
+        )
         return
-    print(f"qkernels train: stopped; {trainer.out / 'checkpoint.pt'} holds step {trainer.saved_step} of "
-          f"{trainer.cfg.steps}; continue with:\n  {resume_command(str(trainer.out))}", file=sys.stderr)
+    print(
+        f"qkernels train: stopped; {trainer.out / 'checkpoint.pt'} holds step {trainer.saved_step} of "
+        f"{trainer.cfg.steps}; continue with:\n  {resume_command(str(trainer.out))}",
+        file=sys.stderr,
+    )
 
 
 def _init_distributed(cfg) -> bool:
@@ -370,8 +421,9 @@ def _run_dir(path: str, *files: str) -> None:
 
     missing = [f for f in files if not (Path(path) / f).is_file()]
     if missing:
-        raise UsageError(f"{path}: no {' or '.join(missing)} there; give a run directory written by "
-                         "`qkernels train --out DIR`")
+        raise UsageError(
+            f"{path}: no {' or '.join(missing)} there; give a run directory written by `qkernels train --out DIR`"
+        )
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -386,8 +438,13 @@ def _eval(args: argparse.Namespace) -> int:
         from qkernels.train import eval_run
 
         _check_device(args.device or "cpu")
-        res = eval_run(args.run_dir, num_samples=args.eval_samples, device=args.device or "cpu",
-                       protocol=args.protocol, progress=True)
+        res = eval_run(
+            args.run_dir,
+            num_samples=args.eval_samples,
+            device=args.device or "cpu",
+            protocol=args.protocol,
+            progress=True,
+        )
     finally:
         lock.release()
     print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict))}, indent=1))
@@ -412,29 +469,36 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _debug_flag(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     # also accepted after the subcommand; SUPPRESS keeps a --debug given before it
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show tracebacks instead of one-line errors")
+    p.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks instead of one-line errors"
+    )
     return p
 
 
 def _add_train(sub) -> None:
-    p = _debug_flag(sub.add_parser(
-        "train",
-        help="train a model (default: the authors' Tripod on shapes3d_procedural, 32x32, 600 steps)",
-        description="Train a method with its authors' defaults (optimizer, lr, batch size, lambdas) unless a flag "
-                    "overrides them; writes config.json, log.jsonl, checkpoint.pt, metrics.json and figures/ "
-                    "into --out; config.json records the values used (the authors' per-dataset ones included). "
-                    "The bare command trains Tripod exactly as its authors' code does, at CPU size (arch small, "
-                    "32x32 images, 600 of their 250k steps; its first line says so); --paper trains with the "
-                    "paper's network, resolution, run length, evaluation cadence and protocol."))
+    p = _debug_flag(
+        sub.add_parser(
+            "train",
+            help="train a model (default: the authors' Tripod on shapes3d_procedural, 32x32, 600 steps)",
+            description="Train a method with its authors' defaults (optimizer, lr, batch size, lambdas) unless a flag "
+            "overrides them; writes config.json, log.jsonl, checkpoint.pt, metrics.json and figures/ "
+            "into --out; config.json records the values used (the authors' per-dataset ones included). "
+            "The bare command trains Tripod exactly as its authors' code does, at CPU size (arch small, "
+            "32x32 images, 600 of their 250k steps; its first line says so); --paper trains with the "
+            "paper's network, resolution, run length, evaluation cadence and protocol.",
+        )
+    )
     p.add_argument("--model", choices=sorted(MODELS), help="method (default tripod)")
     p.add_argument("--dataset", help="dataset name for qkernels.data.load_dataset (default shapes3d_procedural)")
     p.add_argument("--data-root", help="folder of the dataset files (file datasets; default $QKERNELS_DATA)")
     paper = ", ".join(f"{n} {steps:,}" for n, steps in PAPER_STEPS.items())
-    p.add_argument("--steps", type=_steps,
-                   help="optimizer steps, or 'paper': the authors' run length, over which their lr and temperature "
-                        f"schedules (functions of the step) run their full course ({paper}). Default 600: a "
-                        "CPU-sized run, the first 600 steps of those schedules")
+    p.add_argument(
+        "--steps",
+        type=_steps,
+        help="optimizer steps, or 'paper': the authors' run length, over which their lr and temperature "
+        f"schedules (functions of the step) run their full course ({paper}). Default 600: a "
+        "CPU-sized run, the first 600 steps of those schedules",
+    )
     p.add_argument("--out", help="run directory (default runs/<model>)")
     p.add_argument("--batch-size", type=_int_at_least(2), help="batch size (default: the authors' for the method)")
     p.add_argument("--seed", type=_int_at_least(0))
@@ -442,48 +506,75 @@ def _add_train(sub) -> None:
     p.add_argument("--arch", choices=("small", "paper"), help="network widths (default small)")
     p.add_argument("--image-size", type=_int_at_least(8), help="procedural image size: 8, 16, 32 (default), 64, ...")
     p.add_argument("--num-latents", type=_int_at_least(1))
-    p.add_argument("--data-order", choices=("auto", "iid", "epochs", "split"),
-                   help="how batches read the dataset (default auto: the method's authors': epochs for "
-                        "tripod/qlae/ae, an 80%% split for qvae/factorqvae, iid draws for the rest)")
-    p.add_argument("--protocol", choices=("auto", *sorted(PROTOCOL_NAMES)),
-                   help="evaluation protocol (default auto: the method's authors', e.g. tripod: InfoMEC with IQR "
-                        "pruning and random-forest DCI on 10,000 samples; fast: 2,000 samples)")
-    p.add_argument("--eval-samples", type=_int_at_least(20),
-                   help="samples for every metric (default: the protocol's)")
-    p.add_argument("--eval-every", type=_eval_every,
-                   help="evaluate every N steps (0: at the end only), or 'tripod': the Tripod authors' cadence (every "
-                        "10000 steps and every 2000 of the first 10000; runs under 50000 steps: after 1/5, 2/5, 3/5 "
-                        "and 4/5 of the steps); the evaluations are the checkpoints --select chooses from (default "
-                        "auto: 'tripod' under Tripod's selection, else 0)")
-    p.add_argument("--paper", action="store_true",
-                   help="the paper's settings for --model and --dataset: its network (--arch paper), 64x64 images, "
-                        "its run length (--steps paper), its evaluation cadence and protocol; other flags given win. "
-                        "Printed, and recorded in config.json")
-    p.add_argument("--select", choices=("auto", "final", "tripod"),
-                   help="the checkpoint metrics.json reports as 'selected' (default auto: the protocol's; tripod: "
-                        "the Tripod paper's, the best InfoM among the evaluations above the dataset's PSNR "
-                        "threshold, else the final step; final: the last step). The final step's metrics stay at "
-                        "the top of metrics.json")
+    p.add_argument(
+        "--data-order",
+        choices=("auto", "iid", "epochs", "split"),
+        help="how batches read the dataset (default auto: the method's authors': epochs for "
+        "tripod/qlae/ae, an 80%% split for qvae/factorqvae, iid draws for the rest)",
+    )
+    p.add_argument(
+        "--protocol",
+        choices=("auto", *sorted(PROTOCOL_NAMES)),
+        help="evaluation protocol (default auto: the method's authors', e.g. tripod: InfoMEC with IQR "
+        "pruning and random-forest DCI on 10,000 samples; fast: 2,000 samples)",
+    )
+    p.add_argument("--eval-samples", type=_int_at_least(20), help="samples for every metric (default: the protocol's)")
+    p.add_argument(
+        "--eval-every",
+        type=_eval_every,
+        help="evaluate every N steps (0: at the end only), or 'tripod': the Tripod authors' cadence (every "
+        "10000 steps and every 2000 of the first 10000; runs under 50000 steps: after 1/5, 2/5, 3/5 "
+        "and 4/5 of the steps); the evaluations are the checkpoints --select chooses from (default "
+        "auto: 'tripod' under Tripod's selection, else 0)",
+    )
+    p.add_argument(
+        "--paper",
+        action="store_true",
+        help="the paper's settings for --model and --dataset: its network (--arch paper), 64x64 images, "
+        "its run length (--steps paper), its evaluation cadence and protocol; other flags given win. "
+        "Printed, and recorded in config.json",
+    )
+    p.add_argument(
+        "--select",
+        choices=("auto", "final", "tripod"),
+        help="the checkpoint metrics.json reports as 'selected' (default auto: the protocol's; tripod: "
+        "the Tripod paper's, the best InfoM among the evaluations above the dataset's PSNR "
+        "threshold, else the final step; final: the last step). The final step's metrics stay at "
+        "the top of metrics.json",
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    p.add_argument("--force", action="store_true",
-                   help="--out holds a run: delete its files (config.json, log.jsonl, checkpoint.pt, metrics.json, "
-                        "selected.pt, figures/*.png of a run; nothing else) and start over. Without it such a "
-                        "directory is refused")
-    p.add_argument("--threads", type=_int_at_least(1),
-                   help="torch threads of the training process (default: the usable cores (affinity, quota) that "
-                        "other work does not keep busy when the run starts, or OMP_NUM_THREADS; --resume: the run's "
-                        "recorded count). Shown in the first line with the reason, kept in "
-                        "config.json; results depend on it (float summation order). A count of the default's own "
-                        "choice is lowered when other work makes the steps 3x slower (one line says so; "
-                        "log.jsonl and config.json record it); a count given never changes")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="--out holds a run: delete its files (config.json, log.jsonl, checkpoint.pt, metrics.json, "
+        "selected.pt, figures/*.png of a run; nothing else) and start over. Without it such a "
+        "directory is refused",
+    )
+    p.add_argument(
+        "--threads",
+        type=_int_at_least(1),
+        help="torch threads of the training process (default: the usable cores (affinity, quota) that "
+        "other work does not keep busy when the run starts, or OMP_NUM_THREADS; --resume: the run's "
+        "recorded count). Shown in the first line with the reason, kept in "
+        "config.json; results depend on it (float summation order). A count of the default's own "
+        "choice is lowered when other work makes the steps 3x slower (one line says so; "
+        "log.jsonl and config.json record it); a count given never changes",
+    )
     p.add_argument("--device", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--config", help="JSON file of TrainConfig fields (flags override it)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model's loss (encoder, qkernels' ops and decoder; the first steps compile)")
-    p.add_argument("--local-kde", action="store_true",
-                   help="under torchrun: KDE losses (Cliff, KLM) on each rank's shard, not the global batch")
-    p.add_argument("--amp", action="store_true",
-                   help="bfloat16 autocast (CUDA or CPU) for the model and discriminator steps")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model's loss (encoder, qkernels' ops and decoder; the first steps compile)",
+    )
+    p.add_argument(
+        "--local-kde",
+        action="store_true",
+        help="under torchrun: KDE losses (Cliff, KLM) on each rank's shard, not the global batch",
+    )
+    p.add_argument(
+        "--amp", action="store_true", help="bfloat16 autocast (CUDA or CPU) for the model and discriminator steps"
+    )
     p.set_defaults(func=_train)
     p = _debug_flag(sub.add_parser("eval", help="re-evaluate a saved run (metrics.json + figures)"))
     p.add_argument("run_dir")
@@ -503,30 +594,60 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version, help="show the installed version and exit")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
-    b = _debug_flag(sub.add_parser(
-        "bench", help="time and peak memory of every available backend of every op vs the reference",
-        description="Time (min and median of interleaved runs) and peak memory of every available backend of every "
-                    "op against its baseline and against torch.compile of the reference, on default shapes, on this "
-                    "machine. It first prints the plan: the cases, the slow ones left out (--all) and roughly how "
-                    "long the run takes; each case's table follows as it finishes (--save writes the results after "
-                    "every case, so a stopped run keeps what it measured)."))
-    b.add_argument("--hotpath", action="append", help="only this hot path (repeatable): quantize, kde, hessian, "
-                   "overhead, step (the end-to-end training step of tripod, cliff_vae, qlae, factorqvae; not in the "
-                   "default run)")
-    b.add_argument("--save", metavar="DIR", help="write the results as CSV and JSON to DIR/<machine>/<date>.csv/.json "
-                   "(machine, versions, load average, per case and variant: times, IQR, peak memory, launches, "
-                   "ratios)")
-    b.add_argument("--plot", metavar="DIR", help="draw the results as DIR/<machine>.png (needs matplotlib: "
-                   "pip install 'qkernels[plot]')")
-    b.add_argument("--case", action="append", metavar="REGEX", help="only the cases whose name REGEX finds "
-                   "(re.search; repeatable; slow cases included), e.g. --case 'cliff n=1024' --case 'klm.*bf16$'")
+    b = _debug_flag(
+        sub.add_parser(
+            "bench",
+            help="time and peak memory of every available backend of every op vs the reference",
+            description="Time (min and median of interleaved runs) and peak memory of every available backend of every "
+            "op against its baseline and against torch.compile of the reference, on default shapes, on this "
+            "machine. It first prints the plan: the cases, the slow ones left out (--all) and roughly how "
+            "long the run takes; each case's table follows as it finishes (--save writes the results after "
+            "every case, so a stopped run keeps what it measured).",
+        )
+    )
+    b.add_argument(
+        "--hotpath",
+        action="append",
+        help="only this hot path (repeatable): quantize, kde, hessian, "
+        "overhead, step (the end-to-end training step of tripod, cliff_vae, qlae, factorqvae; not in the "
+        "default run)",
+    )
+    b.add_argument(
+        "--save",
+        metavar="DIR",
+        help="write the results as CSV and JSON to DIR/<machine>/<date>.csv/.json "
+        "(machine, versions, load average, per case and variant: times, IQR, peak memory, launches, "
+        "ratios)",
+    )
+    b.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="draw the results as DIR/<machine>.png (needs matplotlib: pip install 'qkernels[plot]')",
+    )
+    b.add_argument(
+        "--case",
+        action="append",
+        metavar="REGEX",
+        help="only the cases whose name REGEX finds "
+        "(re.search; repeatable; slow cases included), e.g. --case 'cliff n=1024' --case 'klm.*bf16$'",
+    )
     b.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    b.add_argument("--all", action="store_true", help="include the slow cases (minutes each; the default run, a few "
-                   "minutes on 2 cores, leaves them out and names them in the plan it prints first)")
-    b.add_argument("--min-time", type=_positive_float, default=0.5, metavar="SECONDS",
-                   help="timed seconds per variant and case (more: steadier ratios; default 0.5)")
-    b.add_argument("--threads", type=_int_at_least(1),
-                   help="torch intra-op threads while timing (1: steadier on a busy machine)")
+    b.add_argument(
+        "--all",
+        action="store_true",
+        help="include the slow cases (minutes each; the default run, a few "
+        "minutes on 2 cores, leaves them out and names them in the plan it prints first)",
+    )
+    b.add_argument(
+        "--min-time",
+        type=_positive_float,
+        default=0.5,
+        metavar="SECONDS",
+        help="timed seconds per variant and case (more: steadier ratios; default 0.5)",
+    )
+    b.add_argument(
+        "--threads", type=_int_at_least(1), help="torch intra-op threads while timing (1: steadier on a busy machine)"
+    )
     b.set_defaults(func=_bench)
     _add_train(sub)
     from qkernels.cli_sweep import add_sweep  # light: no torch
@@ -573,8 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, MissingExtraError):  # the feature, what it needs and the extra that installs it
             print(f"qkernels: error: {msg}", file=sys.stderr)
         else:
-            print(f"qkernels: error: {type(err).__name__}: {msg} (run with --debug for the traceback)",
-                  file=sys.stderr)
+            print(f"qkernels: error: {type(err).__name__}: {msg} (run with --debug for the traceback)", file=sys.stderr)
         return 1
 
 

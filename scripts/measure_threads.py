@@ -48,8 +48,21 @@ def cpu_name() -> str:
 
 def train(steps: int, threads: int | None, extra: list[str], out: str) -> tuple[int, float]:
     """(threads the run used, it/s after its first step)."""
-    cmd = [sys.executable, "-m", "qkernels", "train", "--steps", str(steps), "--eval-samples", "20", "--out", out,
-           "--force", *extra, *(["--threads", str(threads)] if threads else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qkernels",
+        "train",
+        "--steps",
+        str(steps),
+        "--eval-samples",
+        "20",
+        "--out",
+        out,
+        "--force",
+        *extra,
+        *(["--threads", str(threads)] if threads else []),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the default rule would take it
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
     used = re.search(r" with (\d+) threads?", r.stderr)
@@ -66,8 +79,11 @@ def main() -> int:
     p.add_argument("extra", nargs="*", help="more `qkernels train` flags (after --)")
     a = p.parse_args()
     cores = usable_cores()
-    print(f"machine: {cpu_name()}, {cores} usable cores, {platform.system()} {platform.release()}; python "
-          f"{platform.python_version()}; qkernels train --steps {a.steps} {' '.join(a.extra)}", flush=True)
+    print(
+        f"machine: {cpu_name()}, {cores} usable cores, {platform.system()} {platform.release()}; python "
+        f"{platform.python_version()}; qkernels train --steps {a.steps} {' '.join(a.extra)}",
+        flush=True,
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for condition in ("idle", "loaded"):
@@ -86,13 +102,23 @@ def main() -> int:
                     for name, t in settings:
                         used, rate = train(a.steps, t, a.extra, str(Path(tmp) / "run"))
                         results[name].append((used, rate))
-                        print(f"  {name:13s} --threads {t or '(none)':<6} -> {used} threads: {rate:.2f} it/s",
-                              flush=True)
+                        print(
+                            f"  {name:13s} --threads {t or '(none)':<6} -> {used} threads: {rate:.2f} it/s", flush=True
+                        )
                 for name, _t in settings:
                     rates = sorted(r for _, r in results[name])
                     used = sorted({u for u, _ in results[name]})
-                    rows.append((condition, f"{load:.2f}", up.split("load average:")[-1].strip(), name,
-                                 "/".join(map(str, used)), rates[len(rates) // 2], rates))
+                    rows.append(
+                        (
+                            condition,
+                            f"{load:.2f}",
+                            up.split("load average:")[-1].strip(),
+                            name,
+                            "/".join(map(str, used)),
+                            rates[len(rates) // 2],
+                            rates,
+                        )
+                    )
             finally:
                 if hog is not None:
                     hog.kill()

@@ -31,12 +31,19 @@ def test_every_file_the_recipe_names_exists():
 
 
 def test_the_python_side_is_at_most_ten_files():
-    python_side = DOC[DOC.index("## The Python side"):DOC.index("## The C++ side")]
+    python_side = DOC[DOC.index("## The Python side") : DOC.index("## The C++ side")]
     steps = re.findall(r"^\d+\. ", python_side, flags=re.M)
     files = set(_paths(python_side.split("Only if measured")[0]))  # a folder: one new module in it
-    files -= {"qkernels/decl/__init__.py", "qkernels/_args.py", "qkernels/_validation.py", "qkernels/jax/_ffi.py",
-              "tests/test_raw_ops.py", "tests/test_decl.py", "tests/test_typing.py",
-              "benchmarks/test_kde.py"}  # read or run, not edited
+    files -= {
+        "qkernels/decl/__init__.py",
+        "qkernels/_args.py",
+        "qkernels/_validation.py",
+        "qkernels/jax/_ffi.py",
+        "tests/test_raw_ops.py",
+        "tests/test_decl.py",
+        "tests/test_typing.py",
+        "benchmarks/test_kde.py",
+    }  # read or run, not edited
     assert len(steps) <= 10 and len(files) <= 10, sorted(files)
 
 
@@ -61,7 +68,7 @@ def test_the_registries_it_names_are_the_ones_the_code_reads():
     assert "m.def" in DOC and "m.def(" in (ROOT / "csrc" / "schemas.cpp").read_text()
 
 
-TOY = r'''
+TOY = r"""
 import torch, triton, triton.language as tl
 from qkernels import decl
 from qkernels.decl import Op, Out, Rule, Scalar, Tensor
@@ -123,7 +130,7 @@ for bad, match in (((x, 0.0), "need scale > 0"), ((x[0], 2.0), "x must be a non-
     else:
         raise AssertionError(f"accepted {match}")
 print("toy op ok")
-'''
+"""
 
 
 def test_a_toy_op_made_by_the_recipe_is_complete():

@@ -149,8 +149,11 @@ def _public_calls(randn):
     fn = torch.tanh
     return [
         ("latent_quantize", lambda: qkernels.latent_quantize(z, v), [(n, d), (n, d), (), ()]),
-        ("latent_quantize 3-d", lambda: qkernels.latent_quantize(randn(2, n, d), randn(k)),
-         [(2, n, d), (2, n, d), (), ()]),
+        (
+            "latent_quantize 3-d",
+            lambda: qkernels.latent_quantize(randn(2, n, d), randn(k)),
+            [(2, n, d), (2, n, d), (), ()],
+        ),
         ("fsq", lambda: qkernels.fsq(z, [3, 5, 7]), [(n, d), (n, d), (), ()]),
         ("gumbel_quantize", lambda: qkernels.gumbel_quantize(z, randn(k), 0.5), [(n, d), (n, d, k), (n, d, k), (n, d)]),
         ("categorical_latent", lambda: qkernels.categorical_latent(randn(n, d, k)), [(n, d), (n, d, k), (n, d)]),
@@ -160,8 +163,11 @@ def _public_calls(randn):
         ("klm_loss scalar std", lambda: qkernels.klm_loss(z, std=0.5), [()]),
         ("kde_grid", lambda: qkernels.kde_grid(pts, z, 0.1), [(d, 7)]),
         ("normalized_hessian_penalty", lambda: qkernels.normalized_hessian_penalty(fn, z), [()]),
-        ("normalized_hessian_penalty none", lambda: qkernels.normalized_hessian_penalty(
-            fn, z, std, reduction="none"), [(n,)]),
+        (
+            "normalized_hessian_penalty none",
+            lambda: qkernels.normalized_hessian_penalty(fn, z, std, reduction="none"),
+            [(n,)],
+        ),
         ("hessian_penalty", lambda: qkernels.hessian_penalty(fn, z), [()]),
     ]
 

@@ -45,8 +45,10 @@ def test_sequential_nhp_is_the_authors_formulation():
     r = (2 * torch.randint(0, 2, (k, 5, 3), generator=g) - 1).double()
     gauss = torch.randn((k, 5, 3), generator=g, dtype=torch.float64)
     num_fd, den_fd = _oracle_fd(fn, z, eps * std * r, eps), _oracle_fd(fn, z, eps * std * gauss, eps)
-    want = sum(float((_var([f[e] for f in num_fd], 0).mean(1) / (_var([f[e] for f in den_fd], 0).mean(1) + 1e-10))
-                     .mean()) for e in range(2))
+    want = sum(
+        float((_var([f[e] for f in num_fd], 0).mean(1) / (_var([f[e] for f in den_fd], 0).mean(1) + 1e-10)).mean())
+        for e in range(2)
+    )
     assert float(got) == pytest.approx(want, rel=1e-10)
 
 
@@ -74,13 +76,18 @@ def test_timing_interleaves_variants_and_reports_failures():
     def run_as(name):
         def fn(x):
             calls.append(name)
+
         return fn
 
     def broken(x):
         raise RuntimeError("no kernel")
 
-    case = bench.Case("quantize", "toy", lambda scale: (torch.ones(3),),
-                      {"reference": run_as("reference"), "cpu": run_as("cpu"), "broken": broken})
+    case = bench.Case(
+        "quantize",
+        "toy",
+        lambda scale: (torch.ones(3),),
+        {"reference": run_as("reference"), "cpu": run_as("cpu"), "broken": broken},
+    )
     times = bench.time_variants(case, ["reference", "cpu", "broken"], min_time=0.0, warmup=0.0, min_rounds=4)
     assert isinstance(times["broken"], RuntimeError)
     rounds = len(times["reference"])
@@ -166,8 +173,13 @@ def _fake_case(name, slow=False):
     def work(x):
         x.sum()
 
-    variants = {"reference": work, "cpu": work, "reference_compiled": work, "materialized compiled": work,
-                "broken": broken}
+    variants = {
+        "reference": work,
+        "cpu": work,
+        "reference_compiled": work,
+        "materialized compiled": work,
+        "broken": broken,
+    }
     return bench.Case("quantize", name, lambda scale: (torch.ones(4),), variants, slow=slow)
 
 
@@ -191,12 +203,13 @@ def test_run_prints_a_table_that_fits_100_columns(monkeypatch):
     head = next(line for line in lines if line.startswith("latent_quantize n=65536"))
     assert "baseline reference" in head and "rounds" in head
     assert "big  (slow case: run with --all)" in lines
-    assert any(line.startswith("  broken") and "failed: RuntimeError: no kernel for this shape" in line
-               for line in lines)
+    assert any(
+        line.startswith("  broken") and "failed: RuntimeError: no kernel for this shape" in line for line in lines
+    )
     cpu = next(line for line in lines if line.startswith("  cpu "))
     assert "64.0x less" in cpu and ("faster" in cpu or "slower" in cpu or "1.00x" in cpu)
     assert "0.36x" not in text
-    legend = lines[next(i for i, line in enumerate(lines) if line.startswith("legend:")):]
+    legend = lines[next(i for i, line in enumerate(lines) if line.startswith("legend:")) :]
     for name in ("reference", "cpu", "reference_compiled", "materialized compiled"):
         assert any(line.startswith(f"  {name}: ") for line in legend), name
     by = {r["variant"]: r for r in rows}
@@ -211,8 +224,14 @@ def test_run_only_named_cases_and_rows_after_every_case(monkeypatch):
     monkeypatch.setattr(bench, "cases", lambda hotpath: fakes)
     seen = []
     out = io.StringIO()
-    rows = bench.run(["quantize"], out=out, min_time=0.01, memory=False, only=("n=64 ",),
-                     on_case=lambda rows: seen.append([r["case"] for r in rows]))
+    rows = bench.run(
+        ["quantize"],
+        out=out,
+        min_time=0.01,
+        memory=False,
+        only=("n=64 ",),
+        on_case=lambda rows: seen.append([r["case"] for r in rows]),
+    )
     # re.search on the name; the cases not named are not run, nor listed as slow
     assert list(dict.fromkeys(r["case"] for r in rows)) == ["cliff n=64 d=2", "klm n=64 d=2"]
     assert "n=640" not in out.getvalue()
@@ -225,9 +244,19 @@ def test_run_only_named_cases_and_rows_after_every_case(monkeypatch):
 
 
 def _worst_row(variant):
-    return {"variant": variant, "min_s": 12345.678, "median_s": 23456.789, "q1_s": 0.0, "q3_s": 99999.0,
-            "vs_baseline": 1 / 9876.5, "vs_baseline_clear": False, "vs_compiled": 1 / 9876.5,
-            "vs_compiled_clear": False, "peak_bytes": 123456.7 * 2**20, "memory_ratio": 9876.5}
+    return {
+        "variant": variant,
+        "min_s": 12345.678,
+        "median_s": 23456.789,
+        "q1_s": 0.0,
+        "q3_s": 99999.0,
+        "vs_baseline": 1 / 9876.5,
+        "vs_baseline_clear": False,
+        "vs_compiled": 1 / 9876.5,
+        "vs_compiled_clear": False,
+        "peak_bytes": 123456.7 * 2**20,
+        "memory_ratio": 9876.5,
+    }
 
 
 def test_default_cases_and_legends_fit_100_columns():
@@ -235,8 +264,13 @@ def test_default_cases_and_legends_fit_100_columns():
         names = []
         for case in bench.cases(hotpath):
             names += list(case.variants)
-            lines = bench.report.case_lines(case.name, [_worst_row(v) for v in case.variants],
-                                            baseline=case.baseline, rounds=1000, note="slow case: run with --all")
+            lines = bench.report.case_lines(
+                case.name,
+                [_worst_row(v) for v in case.variants],
+                baseline=case.baseline,
+                rounds=1000,
+                note="slow case: run with --all",
+            )
             lines += bench.report.case_lines(case.name, [{"variant": v, "error": "E" * 300} for v in case.variants])
             assert all(len(line) <= 100 for line in lines), max(lines, key=len)
         legend = bench.report.legend_lines({hotpath: names})
@@ -258,10 +292,16 @@ def test_pytest_benchmark_summary_table():
 
     class Meta:
         def __init__(self, variant, median, peak):
-            self.stats = types.SimpleNamespace(min=0.9 * median, median=median, q1=0.95 * median, q3=1.05 * median,
-                                               rounds=7)
-            self.extra_info = {"hotpath": "kde", "case": "klm n=64 d=12", "variant": variant,
-                               "baseline": "reference", "peak_mib": peak}
+            self.stats = types.SimpleNamespace(
+                min=0.9 * median, median=median, q1=0.95 * median, q3=1.05 * median, rounds=7
+            )
+            self.extra_info = {
+                "hotpath": "kde",
+                "case": "klm n=64 d=12",
+                "variant": variant,
+                "baseline": "reference",
+                "peak_mib": peak,
+            }
 
         def __bool__(self):
             return True
@@ -294,19 +334,33 @@ def test_table_row_columns_by_hand():
     peak in MiB (2**20 bytes) with 1 decimal; launches ("-" when not counted); long variant names cut
     to 19 characters + "~"."""
     report = bench.report
-    row = {"variant": "cpu", "min_s": 0.0004567, "median_s": 0.0123456, "q1_s": 0.010, "q3_s": 0.0135,
-           "vs_baseline": 2.0, "vs_compiled": 0.8, "vs_compiled_clear": False, "peak_bytes": 3 * 2**20,
-           "memory_ratio": 0.25}
+    row = {
+        "variant": "cpu",
+        "min_s": 0.0004567,
+        "median_s": 0.0123456,
+        "q1_s": 0.010,
+        "q3_s": 0.0135,
+        "vs_baseline": 2.0,
+        "vs_compiled": 0.8,
+        "vs_compiled_clear": False,
+        "peak_bytes": 3 * 2**20,
+        "memory_ratio": 0.25,
+    }
     # IQR: 100 * (13.5 - 10) / 12.3456 = 28.35 -> "28"
     want = ["cpu", "0.457", "12.35", "28", "-", "2.00x", "faster", "1.25x", "slower?", "3.0", "4.00x", "less"]
     lines = report.case_lines("toy", [row])
     assert lines[0] == "toy" and lines[1].split() == want
     assert lines[1].startswith("  cpu ")
-    cases = [(0.0001234, "0.123"), (0.005, "5.000"), (0.0456789, "45.68"), (0.1234567, "123.5"),
-             (4.5678, "4568")]
+    cases = [(0.0001234, "0.123"), (0.005, "5.000"), (0.0456789, "45.68"), (0.1234567, "123.5"), (4.5678, "4568")]
     for seconds, text in cases:
-        r = {"variant": "v", "min_s": seconds, "median_s": seconds, "q1_s": 0.97 * seconds, "q3_s": 1.02 * seconds,
-             "peak_bytes": 1.5 * 2**20}
+        r = {
+            "variant": "v",
+            "min_s": seconds,
+            "median_s": seconds,
+            "q1_s": 0.97 * seconds,
+            "q3_s": 1.02 * seconds,
+            "peak_bytes": 1.5 * 2**20,
+        }
         # IQR 5 % of the median: one decimal below 10 %; 1.5 MiB
         assert report.case_lines("c", [r])[1].split()[1:4] == [text, text, "5.0"], seconds
         assert report.case_lines("c", [r])[1].split()[-2] == "1.5"
@@ -330,8 +384,13 @@ def test_quartiles_are_the_inclusive_ones():
 def test_factor_digits_and_load_threshold():
     """Audit 9 review: a factor with one decimal below 10 and a load warning from the CPU count (not half
     of it) survived. Factors keep 3 significant digits; the warning starts above 0.5 x the CPUs."""
-    assert [bench.report.factor(x) for x in (1.234, 9.994, 12.34, 123.4, 1234.5)] == \
-        ["1.23", "9.99", "12.3", "123", "1234"]
+    assert [bench.report.factor(x) for x in (1.234, 9.994, 12.34, 123.4, 1234.5)] == [
+        "1.23",
+        "9.99",
+        "12.3",
+        "123",
+        "1234",
+    ]
     assert bench.report.load_warning(1.0, 2) is None  # exactly half: no warning
     assert "load average 1.5 on 2 CPUs (over 50% of them)" in bench.report.load_warning(1.5, 2)
     assert bench.report.memory_text(0.5) == "2.00x less" and bench.report.memory_text(8) == "8.00x more"
@@ -362,15 +421,41 @@ def test_a_variant_has_one_colour_in_every_figure():
 # ---------------------------------------------------------------------------------------------------------------
 # Issue 40 (review): the results files and benchmarks/summarize.py, recomputed by hand from fabricated records
 
-_INFO_A = {"date": "2026-03-01T10:00:00Z", "machine": "cpu-a", "cpu": "AMD EPYC", "cores": 2, "threads": 2, "gpu": "",
-           "gpu_driver": "", "torch": "2.11.0", "triton": "", "qkernels_commit": "0123456789ab-dirty", "load_avg": 0.48}
+_INFO_A = {
+    "date": "2026-03-01T10:00:00Z",
+    "machine": "cpu-a",
+    "cpu": "AMD EPYC",
+    "cores": 2,
+    "threads": 2,
+    "gpu": "",
+    "gpu_driver": "",
+    "torch": "2.11.0",
+    "triton": "",
+    "qkernels_commit": "0123456789ab-dirty",
+    "load_avg": 0.48,
+}
 
 
 def _bench_row(hotpath, case, variant, vb, vc, *, cb=True, cc=True, mem=None, baseline="reference", error=None):
-    return {"hotpath": hotpath, "case": case, "variant": variant, "baseline": baseline, "min_s": 1e-3, "median_s":
-            None if error else 2e-3, "q1_s": 1.5e-3, "q3_s": 3e-3, "rounds": 11, "vs_baseline": vb,
-            "vs_baseline_clear": cb, "vs_compiled": vc, "vs_compiled_clear": cc, "peak_bytes": 4096,
-            "memory_ratio": mem, "launches": None, "error": error}
+    return {
+        "hotpath": hotpath,
+        "case": case,
+        "variant": variant,
+        "baseline": baseline,
+        "min_s": 1e-3,
+        "median_s": None if error else 2e-3,
+        "q1_s": 1.5e-3,
+        "q3_s": 3e-3,
+        "rounds": 11,
+        "vs_baseline": vb,
+        "vs_baseline_clear": cb,
+        "vs_compiled": vc,
+        "vs_compiled_clear": cc,
+        "peak_bytes": 4096,
+        "memory_ratio": mem,
+        "launches": None,
+        "error": error,
+    }
 
 
 def test_results_saved_csv_and_json_read_back_as_measured(tmp_path):
@@ -381,8 +466,12 @@ def test_results_saved_csv_and_json_read_back_as_measured(tmp_path):
     from qkernels.bench import results
 
     rows = [
-        {**_bench_row("quantize", "latent_quantize n=7", "cpu", 1.7512345678901234, 0.8, cb=True, cc=False,
-                      mem=0.5), "launches": 3, "peak_bytes": 123456789, "min_s": 1.2345678901234567e-05},
+        {
+            **_bench_row("quantize", "latent_quantize n=7", "cpu", 1.7512345678901234, 0.8, cb=True, cc=False, mem=0.5),
+            "launches": 3,
+            "peak_bytes": 123456789,
+            "min_s": 1.2345678901234567e-05,
+        },
         _bench_row("quantize", "latent_quantize n=7", "triton", None, None, error="RuntimeError: no GPU, said it"),
     ]
     path = results.save(rows, tmp_path, _INFO_A)
@@ -405,8 +494,9 @@ def test_results_saved_csv_and_json_read_back_as_measured(tmp_path):
 
 
 def _summarize_module():
-    spec = importlib.util.spec_from_file_location("summarize", pathlib.Path(__file__).parents[1] / "benchmarks" /
-                                                  "summarize.py")
+    spec = importlib.util.spec_from_file_location(
+        "summarize", pathlib.Path(__file__).parents[1] / "benchmarks" / "summarize.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -424,40 +514,60 @@ def test_summary_table_by_hand(tmp_path, capsys):
 
     r = _bench_row
     old = {**_INFO_A, "date": "2026-02-01T10:00:00Z"}
-    results.save([r("quantize", "latent_quantize n=1", "reference", 1.0, 0.5),
-                  r("quantize", "latent_quantize n=1", "auto", 100.0, 100.0),  # superseded by the newer run
-                  r("hessian", "hessian_penalty k=2", "sequential", 1.0, None, baseline="sequential"),
-                  r("hessian", "hessian_penalty k=2", "fused", 2.5, None, baseline="sequential")], tmp_path, old)
-    results.save([
-        r("quantize", "latent_quantize n=1", "reference", 1.0, 0.5),
-        r("quantize", "latent_quantize n=1", "reference_compiled", 2.0, 1.0),
-        r("quantize", "latent_quantize n=1", "cpu", 2.0, 1.0, mem=0.5),
-        r("quantize", "latent_quantize n=1", "auto", 3.0, 0.5, mem=1.0),
-        r("quantize", "latent_quantize n=1", "materialized", 50.0, 50.0),
-        r("quantize", "latent_quantize n=1", "triton", 90.0, 90.0, error="RuntimeError: no GPU"),
-        r("quantize", "latent_quantize n=2", "reference", 1.0, 0.5),
-        r("quantize", "latent_quantize n=2", "cpu", 8.0, 4.0, mem=2.0),
-        r("quantize", "latent_quantize n=2", "auto", 3.0, 0.5, mem=1.0),
-        r("quantize", "latent_quantize bf16 n=1", "cpu", 100.0, 100.0, baseline="float32"),
-        r("quantize", "fsq n=1", "reference", 1.0, None),
-        r("quantize", "fsq n=1", "cpu", 1.5, None, cb=False),
-        r("quantize", "fsq n=1", "auto", 3.0, None, cb=False),
-        r("kde", "cliff n=64", "reference", 1.0, 0.8),
-        r("kde", "cliff n=64", "cpu", 1.25, 0.8, cc=False),
-        r("overhead", "add", "cpu", 5.0, 5.0),
-        r("step", "cliff_vae batch=64", "reference", 1.0, 1.0),
-        r("step", "cliff_vae batch=64", "auto", 1.6, 1.1, mem=0.25),
-    ], tmp_path, _INFO_A)
-    gpu = {**_INFO_A, "date": "2026-03-02T11:00:00Z", "machine": "gpu-b", "cpu": "Xeon", "cores": 16,
-           "gpu": "NVIDIA H200"}
-    results.save([
-        r("quantize", "latent_quantize n=1", "reference", 1.0, 0.5),
-        r("quantize", "latent_quantize n=1", "triton", 4.0, 2.0, mem=0.5),
-        r("quantize", "latent_quantize n=1", "cuda", 6.0, 1.5),  # faster than eager, slower than triton vs compile
-        r("quantize", "fsq n=1", "reference", 1.0, 1.0),
-        r("quantize", "fsq n=1", "triton", 2.0, 1.5),
-        r("quantize", "fsq n=1", "cuda", 3.0, 1.5),  # tie over the compiled reference: the one over eager decides
-    ], tmp_path, gpu)
+    results.save(
+        [
+            r("quantize", "latent_quantize n=1", "reference", 1.0, 0.5),
+            r("quantize", "latent_quantize n=1", "auto", 100.0, 100.0),  # superseded by the newer run
+            r("hessian", "hessian_penalty k=2", "sequential", 1.0, None, baseline="sequential"),
+            r("hessian", "hessian_penalty k=2", "fused", 2.5, None, baseline="sequential"),
+        ],
+        tmp_path,
+        old,
+    )
+    results.save(
+        [
+            r("quantize", "latent_quantize n=1", "reference", 1.0, 0.5),
+            r("quantize", "latent_quantize n=1", "reference_compiled", 2.0, 1.0),
+            r("quantize", "latent_quantize n=1", "cpu", 2.0, 1.0, mem=0.5),
+            r("quantize", "latent_quantize n=1", "auto", 3.0, 0.5, mem=1.0),
+            r("quantize", "latent_quantize n=1", "materialized", 50.0, 50.0),
+            r("quantize", "latent_quantize n=1", "triton", 90.0, 90.0, error="RuntimeError: no GPU"),
+            r("quantize", "latent_quantize n=2", "reference", 1.0, 0.5),
+            r("quantize", "latent_quantize n=2", "cpu", 8.0, 4.0, mem=2.0),
+            r("quantize", "latent_quantize n=2", "auto", 3.0, 0.5, mem=1.0),
+            r("quantize", "latent_quantize bf16 n=1", "cpu", 100.0, 100.0, baseline="float32"),
+            r("quantize", "fsq n=1", "reference", 1.0, None),
+            r("quantize", "fsq n=1", "cpu", 1.5, None, cb=False),
+            r("quantize", "fsq n=1", "auto", 3.0, None, cb=False),
+            r("kde", "cliff n=64", "reference", 1.0, 0.8),
+            r("kde", "cliff n=64", "cpu", 1.25, 0.8, cc=False),
+            r("overhead", "add", "cpu", 5.0, 5.0),
+            r("step", "cliff_vae batch=64", "reference", 1.0, 1.0),
+            r("step", "cliff_vae batch=64", "auto", 1.6, 1.1, mem=0.25),
+        ],
+        tmp_path,
+        _INFO_A,
+    )
+    gpu = {
+        **_INFO_A,
+        "date": "2026-03-02T11:00:00Z",
+        "machine": "gpu-b",
+        "cpu": "Xeon",
+        "cores": 16,
+        "gpu": "NVIDIA H200",
+    }
+    results.save(
+        [
+            r("quantize", "latent_quantize n=1", "reference", 1.0, 0.5),
+            r("quantize", "latent_quantize n=1", "triton", 4.0, 2.0, mem=0.5),
+            r("quantize", "latent_quantize n=1", "cuda", 6.0, 1.5),  # faster than eager, slower than triton vs compile
+            r("quantize", "fsq n=1", "reference", 1.0, 1.0),
+            r("quantize", "fsq n=1", "triton", 2.0, 1.5),
+            r("quantize", "fsq n=1", "cuda", 3.0, 1.5),  # tie over the compiled reference: the one over eager decides
+        ],
+        tmp_path,
+        gpu,
+    )
     assert _summarize_module().main([str(tmp_path), "--markdown"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2:] == [

@@ -53,8 +53,14 @@ def test_plan_line_and_estimate():
     plain = bench.estimate_seconds([(fast, "reference")], memory=False)
     assert bench.estimate_seconds([(fast, "reference_compiled")], memory=False) == plain + bench.COMPILE_S
     assert bench.estimate_seconds([(fast, "reference")]) == plain + bench.PROBE_S
-    lines = report.plan_lines({"kde": (3, 1), "overhead": (6, 2)}, [slow.name], 250.0, "--all",
-                              "not run: hot path step (--hotpath NAME)", load=0.0)
+    lines = report.plan_lines(
+        {"kde": (3, 1), "overhead": (6, 2)},
+        [slow.name],
+        250.0,
+        "--all",
+        "not run: hot path step (--hotpath NAME)",
+        load=0.0,
+    )
     assert lines[0] == "plan: 9 variants of 3 cases (kde 3/1, overhead 6/2), roughly 4 min here"
     text = " ".join(lines)
     assert "left out: 1 slow cases (minutes each; --all runs them): klm n=4096 d=64" in text
@@ -63,9 +69,11 @@ def test_plan_line_and_estimate():
 
 
 def test_run_prints_the_plan_first_and_the_legend_once(monkeypatch):
-    fakes = {"kde": [_case("kde", "klm n=64 d=12"), _case("kde", "big", slow=True)],
-             "hessian": [_case("hessian", "nhp mlp", baseline="sequential")],
-             "overhead": [_case("overhead", "klm_loss n=8 d=3, cpu", baseline="add")]}
+    fakes = {
+        "kde": [_case("kde", "klm n=64 d=12"), _case("kde", "big", slow=True)],
+        "hessian": [_case("hessian", "nhp mlp", baseline="sequential")],
+        "overhead": [_case("overhead", "klm_loss n=8 d=3, cpu", baseline="add")],
+    }
     monkeypatch.setattr(bench, "cases", lambda hotpath: fakes[hotpath])
     monkeypatch.setattr(bench, "load_warning", lambda: None)
     monkeypatch.setattr(bench, "time_variants", lambda case, names, **kw: {v: [1e-3] * 5 for v in names})
@@ -76,7 +84,8 @@ def test_run_prints_the_plan_first_and_the_legend_once(monkeypatch):
     assert any(line.startswith("left out: 1 slow cases") and "--all" in line for line in lines)
     assert sum(line.startswith("legend:") for line in lines) == 1
     assert lines.index(next(x for x in lines if x.startswith("legend:"))) > max(
-        i for i, x in enumerate(lines) if x.startswith("== "))  # after the last table
+        i for i, x in enumerate(lines) if x.startswith("== ")
+    )  # after the last table
     text = "\n".join(lines)
     assert "baselines: kde: reference; hessian: sequential; overhead: add" in text
     assert "nhp mlp  (baseline sequential;" in text and "klm_loss n=8 d=3, cpu  (baseline add;" in text
@@ -115,8 +124,13 @@ def test_pytest_benchmark_table_fits_120_columns():
     conf = _conftest()
     assert conf.COLUMNS == ["median", "iqr", "rounds"]
     width = 3 + 2 * (2 + 10 + 10) + 8
-    funcs = {"quantize": "test_quantize", "kde": "test_kde", "hessian": "test_nhp", "overhead": "test_overhead",
-             "step": "test_step"}
+    funcs = {
+        "quantize": "test_quantize",
+        "kde": "test_kde",
+        "hessian": "test_nhp",
+        "overhead": "test_overhead",
+        "step": "test_step",
+    }
     for hotpath, func in funcs.items():
         for case in bench.cases(hotpath):
             for v in case.variants:
@@ -137,8 +151,13 @@ def test_pytest_option_and_plan():
             return self.marker if name == self.marker else None
 
     fast, slow = _case("kde", "klm n=64 d=12"), _case("kde", "klm n=4096 d=64", slow=True)
-    items = [Item(fast, "reference"), Item(fast, "cpu"), Item(slow), Item(marker="bench_all", name="test_dci"),
-             Item(name="test_sap")]
+    items = [
+        Item(fast, "reference"),
+        Item(fast, "cpu"),
+        Item(slow),
+        Item(marker="bench_all", name="test_dci"),
+        Item(name="test_sap"),
+    ]
     assert [conf.is_slow(i) for i in items] == [False, False, True, True, False]
     lines = conf.plan(items[:2] + items[4:], items[2:4])
     assert lines[0].startswith("plan: 3 tests of 2 cases (kde 2/1, metrics 1/1), roughly ")
@@ -152,12 +171,18 @@ def test_pytest_deselects_slow_tests_without_bench_all(args):
     conf = _conftest()
     deselected = []
     config = types.SimpleNamespace(
-        getoption=lambda name: name in args, option=types.SimpleNamespace(benchmark_disable=True),
+        getoption=lambda name: name in args,
+        option=types.SimpleNamespace(benchmark_disable=True),
         hook=types.SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
-        pluginmanager=types.SimpleNamespace(get_plugin=lambda name: None))
+        pluginmanager=types.SimpleNamespace(get_plugin=lambda name: None),
+    )
     fast, slow = _case("kde", "a"), _case("kde", "b", slow=True)
-    items = [types.SimpleNamespace(callspec=types.SimpleNamespace(params={"case": c, "variant": "cpu"}),
-                                   get_closest_marker=lambda name: None) for c in (fast, slow)]
+    items = [
+        types.SimpleNamespace(
+            callspec=types.SimpleNamespace(params={"case": c, "variant": "cpu"}), get_closest_marker=lambda name: None
+        )
+        for c in (fast, slow)
+    ]
     kept = list(items)
     conf.pytest_collection_modifyitems(config, kept)
     assert kept == (items if args else items[:1]) and deselected == ([] if args else items[1:])
@@ -168,13 +193,16 @@ def test_estimate_counts_what_dominates_the_step_bench():
     and the minute per whole-model compile. Now each case carries them, and the estimate adds the timed rounds
     (at least 5 runs), warm-up and first runs, and a compile (and half one in the memory probe) per compiled
     variant. The step cases' own figures: at least a minute per Tripod compile on a 2-core CPU."""
-    step = bench.Case("step", "tripod", lambda scale: (), {"auto": None, "reference_compiled": None}, run_s=2.0,
-                      compile_s=60.0)
+    step = bench.Case(
+        "step", "tripod", lambda scale: (), {"auto": None, "reference_compiled": None}, run_s=2.0, compile_s=60.0
+    )
     eager = bench.estimate_seconds([(step, "auto")], memory=False, min_time=0.5)
     assert eager >= 5 * 2.0 + 2 * 2.0  # 5 timed rounds, a warm-up run and the first run of 2 s each
     assert bench.estimate_seconds([(step, "reference_compiled")], memory=False, min_time=0.5) == eager + 60.0
-    assert bench.estimate_seconds([(step, "reference_compiled")], min_time=0.5) == \
-        eager + 60.0 + 30.0 + 2.0 + bench.PROBE_S  # the probe compiles again from the cache and runs once
+    assert (
+        bench.estimate_seconds([(step, "reference_compiled")], min_time=0.5)
+        == eager + 60.0 + 30.0 + 2.0 + bench.PROBE_S
+    )  # the probe compiles again from the cache and runs once
     from qkernels.bench import step as step_cases
 
     tripod = next(c for c in step_cases.cases("cpu") if c.name.startswith("tripod"))
@@ -184,8 +212,9 @@ def test_estimate_counts_what_dominates_the_step_bench():
 def test_plan_says_what_to_expect_under_load():
     # the suite's plan said ~6 min and took 11:19 at load 3.5-4.8 on 2 cores
     assert report.duration(report.under_load(360.0, 4.0, 2)) == "12 min"
-    line = " ".join(" ".join(report.plan_lines({"kde": (3, 1)}, [], 360.0, "--all", load=2.0 * (os.cpu_count() or 1)))
-                    .split())
+    line = " ".join(
+        " ".join(report.plan_lines({"kde": (3, 1)}, [], 360.0, "--all", load=2.0 * (os.cpu_count() or 1))).split()
+    )
     assert "roughly 6 min here on a quiet machine, about" in line and "at the load now (" in line
     quiet = " ".join(report.plan_lines({"kde": (3, 1)}, [], 360.0, "--all", load=0.0))
     assert "quiet" not in quiet and "roughly 6 min here" in quiet

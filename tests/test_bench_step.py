@@ -21,8 +21,12 @@ ROOT = pathlib.Path(__file__).parents[1]
 
 def test_bench_step_save_and_plot(tmp_path, monkeypatch):
     # tiny: batch 16, one method, no torch.compile (a minute per method on a CPU)
-    env = {"QKERNELS_BENCH_TINY": "1", "QKERNELS_BENCH_STEP_MODELS": "cliff_vae",
-           "QKERNELS_BENCH_STEP_VARIANTS": "auto,reference", "OMP_NUM_THREADS": "1"}
+    env = {
+        "QKERNELS_BENCH_TINY": "1",
+        "QKERNELS_BENCH_STEP_MODELS": "cliff_vae",
+        "QKERNELS_BENCH_STEP_VARIANTS": "auto,reference",
+        "OMP_NUM_THREADS": "1",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     out = tmp_path / "out"
@@ -36,8 +40,7 @@ def test_bench_step_save_and_plot(tmp_path, monkeypatch):
         reader = csv.DictReader(f)
         rows = list(reader)
     assert tuple(reader.fieldnames) == results.FIELDS
-    assert {(r["case"].split()[0], r["variant"]) for r in rows} == \
-        {("cliff_vae", v) for v in ("auto", "reference")}
+    assert {(r["case"].split()[0], r["variant"]) for r in rows} == {("cliff_vae", v) for v in ("auto", "reference")}
     for r in rows:
         assert r["hotpath"] == "step" and r["baseline"] == "reference" and not r["error"], r
         assert 0 < float(r["min_s"]) <= float(r["median_s"]) and float(r["rounds"]) >= 5

@@ -42,8 +42,10 @@ def target_version_macro() -> str:
 def test_native_sources_use_only_the_stable_abi():
     """No ATen, c10 or torch/library.h include anywhere in csrc (their C++ symbols change with every torch
     release); files that use torch reach it through qkernels/stable.h, which requires the target version."""
-    unstable = re.compile(r'#include\s*[<"](ATen/|c10/|torch/library\.h|torch/extension\.h|torch/torch\.h|'
-                          r'torch/csrc/api/|torch/csrc/(?!stable/|inductor/aoti_torch/c/))')
+    unstable = re.compile(
+        r'#include\s*[<"](ATen/|c10/|torch/library\.h|torch/extension\.h|torch/torch\.h|'
+        r"torch/csrc/api/|torch/csrc/(?!stable/|inductor/aoti_torch/c/))"
+    )
     for path in NATIVE_FILES:
         with open(path) as fh:
             text = fh.read()
@@ -65,7 +67,9 @@ def test_extension_loaded_unless_disabled():
 def test_cuda_kernel_compiles(path, tmp_path):
     res = subprocess.run(
         [NVCC, "-c", path, "-std=c++17", "-I", os.path.join(ROOT, "csrc", "include"), "-o", str(tmp_path / "k.o")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert res.returncode == 0, res.stderr
 
@@ -75,9 +79,25 @@ def test_cuda_kernel_compiles(path, tmp_path):
 def test_cuda_glue_compiles(path):
     inc = os.path.join(os.path.dirname(torch.__file__), "include")
     res = subprocess.run(
-        ["g++", "-std=c++17", "-fsyntax-only", "-Werror", "-fvisibility=hidden", target_version_macro(), "-DUSE_CUDA",
-         "-I", os.path.join(ROOT, "csrc", "include"), "-I", inc, "-I", CUDA_INC, path],
-        capture_output=True, text=True, timeout=300,
+        [
+            "g++",
+            "-std=c++17",
+            "-fsyntax-only",
+            "-Werror",
+            "-fvisibility=hidden",
+            target_version_macro(),
+            "-DUSE_CUDA",
+            "-I",
+            os.path.join(ROOT, "csrc", "include"),
+            "-I",
+            inc,
+            "-I",
+            CUDA_INC,
+            path,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert res.returncode == 0, res.stderr
 
@@ -103,8 +123,13 @@ def test_bootstrap_second_run_is_a_no_op(source_tree_build):
         pytest.skip("this venv was not set up by scripts/bootstrap.sh")
 
     def bootstrap():
-        r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "bootstrap.sh")], capture_output=True,
-                           text=True, timeout=600, cwd=ROOT)
+        r = subprocess.run(
+            ["bash", os.path.join(ROOT, "scripts", "bootstrap.sh")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         return r.stdout
 

@@ -15,8 +15,21 @@ from qkernels.cli import main
 from qkernels.train import checkpoint as ckpt
 from qkernels.train.evaluate import load_run
 
-TINY = ["train", "--model", "qlae", "--dataset", "sprites", "--image-size", "16", "--batch-size", "8",
-        "--eval-samples", "50", "--threads", "1"]
+TINY = [
+    "train",
+    "--model",
+    "qlae",
+    "--dataset",
+    "sprites",
+    "--image-size",
+    "16",
+    "--batch-size",
+    "8",
+    "--eval-samples",
+    "50",
+    "--threads",
+    "1",
+]
 MARKER = "pwned.txt"
 
 
@@ -109,8 +122,15 @@ def test_save_refuses_what_weights_only_cannot_load(tmp_path):
     with pytest.raises(TypeError, match="key"):
         ckpt.save_atomic({("a", 1): 1}, path)
     assert not path.exists() and not os.path.exists(str(path) + ".tmp")
-    ok = {"step": 3, "t": torch.ones(2), "p": torch.nn.Parameter(torch.zeros(1)), "l": [1, 2.5, "x", None, (1, 2)],
-          "d": {0: {"m": torch.zeros(3)}}, "dt": torch.float32, "size": torch.Size([2])}
+    ok = {
+        "step": 3,
+        "t": torch.ones(2),
+        "p": torch.nn.Parameter(torch.zeros(1)),
+        "l": [1, 2.5, "x", None, (1, 2)],
+        "d": {0: {"m": torch.zeros(3)}},
+        "dt": torch.float32,
+        "size": torch.Size([2]),
+    }
     ckpt.save_atomic(ok, path)
     back = torch.load(path, weights_only=True)
     assert back["l"] == ok["l"] and back["dt"] is torch.float32 and torch.equal(back["d"][0]["m"], torch.zeros(3))

@@ -41,24 +41,32 @@ def assert_bitwise(a: torch.Tensor, b: torch.Tensor) -> None:
     diff = (ia.long() - ib.long()).abs()
     first = differ.flatten().nonzero()[:3].flatten().tolist()
     av = a.detach().float()
-    signs = (f"where the first is < 0: {(differ & (av < 0)).sum().item()} of {(av < 0).sum().item()}, > 0: "
-             f"{(differ & (av > 0)).sum().item()} of {(av > 0).sum().item()}, zero: "
-             f"{(differ & (av == 0)).sum().item()} of {(av == 0).sum().item()}; sign flips "
-             f"{(differ & ((ia < 0) != (ib < 0))).sum().item()}")
-    state = (f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
-             f"{torch.get_num_threads()} threads, default dtype {torch.get_default_dtype()}, deterministic "
-             f"{torch.are_deterministic_algorithms_enabled()}, grad mode {torch.is_grad_enabled()}, autocast "
-             f"{torch.is_autocast_enabled('cpu')}, float32 matmul {torch.get_float32_matmul_precision()}")
+    signs = (
+        f"where the first is < 0: {(differ & (av < 0)).sum().item()} of {(av < 0).sum().item()}, > 0: "
+        f"{(differ & (av > 0)).sum().item()} of {(av > 0).sum().item()}, zero: "
+        f"{(differ & (av == 0)).sum().item()} of {(av == 0).sum().item()}; sign flips "
+        f"{(differ & ((ia < 0) != (ib < 0))).sum().item()}"
+    )
+    state = (
+        f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"{torch.get_num_threads()} threads, default dtype {torch.get_default_dtype()}, deterministic "
+        f"{torch.are_deterministic_algorithms_enabled()}, grad mode {torch.is_grad_enabled()}, autocast "
+        f"{torch.is_autocast_enabled('cpu')}, float32 matmul {torch.get_float32_matmul_precision()}"
+    )
     raise AssertionError(
         f"{differ.sum().item()} of {ia.numel()} values differ, by up to {diff.max().item()} ulps (median "
         f"{diff[diff > 0].median().item()}); first at flat indices {first}: {a.flatten()[first].tolist()} vs "
-        f"{b.flatten()[first].tolist()}; {signs}; {state}")
+        f"{b.flatten()[first].tolist()}; {signs}; {state}"
+    )
 
 
 def test_assert_bitwise_reports_the_sign_split():
     g = torch.tensor([-1.5, -0.0, 2.0, -3.0, 0.25])
-    with pytest.raises(AssertionError, match=r"2 of 5 values differ.*< 0: 2 of 2, > 0: 0 of 2, zero: 0 of 1; sign "
-                       r"flips 2;"):
+    with pytest.raises(
+        AssertionError,
+        match=r"2 of 5 values differ.*< 0: 2 of 2, > 0: 0 of 2, zero: 0 of 1; sign "
+        r"flips 2;",
+    ):
         assert_bitwise(g, g.clamp(min=0))
     with pytest.raises(AssertionError, match=r"3 of 5 values differ.*zero: 1 of 1; sign flips 3;"):
         assert_bitwise(g, g.abs())

@@ -60,9 +60,19 @@ class Quantize(torch.nn.Module):
         g, gm = qkernels.gumbel_quantize(z, values[0], 0.7), self.gumbel(z, 0.7)
         c, cm = qkernels.categorical_latent(logits, tau=0.8), self.cat(logits)
         return (
-            (q.z_q * z).sum() + q.loss_quantize + q.loss_commit + (qm.z_q * z).sum() + qm.loss_quantize
-            + (f.z_q * z).sum() + (fm.z_q * z).sum() + (g.z_q * z).sum() + g.kl_uniform.sum() + gm.z_q.sum()
-            + (c.z * z).sum() + c.kl.sum() + cm.z.sum()
+            (q.z_q * z).sum()
+            + q.loss_quantize
+            + q.loss_commit
+            + (qm.z_q * z).sum()
+            + qm.loss_quantize
+            + (f.z_q * z).sum()
+            + (fm.z_q * z).sum()
+            + (g.z_q * z).sum()
+            + g.kl_uniform.sum()
+            + gm.z_q.sum()
+            + (c.z * z).sum()
+            + c.kl.sum()
+            + cm.z.sum()
         )
 
 
@@ -78,8 +88,11 @@ class KDE(torch.nn.Module):
         return [_leaf(n, D, seed=n), _leaf(D, 5, seed=3)], [idx]
 
     def forward(self, z, points, idx):
-        out = (qkernels.klm_loss(z) + self.klm(z, z.detach().std(0) + 0.1)
-               + qkernels.kde_grid(points, z, 0.3).square().sum())
+        out = (
+            qkernels.klm_loss(z)
+            + self.klm(z, z.detach().std(0) + 0.1)
+            + qkernels.kde_grid(points, z, 0.3).square().sum()
+        )
         backend = qkernels.current_backend()  # the cuda backend has no Cliff (CUDA C++ kernel deleted, issue 26)
         if backend == "auto" or backend in qkernels._backend.implementations("cliff_loss"):
             out = out + qkernels.cliff_loss(z, cond_index=idx, grid=(-4.0, 4.0, 16)) + self.cliff(z)
@@ -100,8 +113,10 @@ class Hessian(torch.nn.Module):
     def forward(self, z, std):
         fn = lambda u: [self.net[:2](u), self.net(u)]
         return (
-            qkernels.normalized_hessian_penalty(fn, z, std) + qkernels.hessian_penalty(fn, z)
-            + self.nhp(fn, z, std) + self.hp(self.net, z)
+            qkernels.normalized_hessian_penalty(fn, z, std)
+            + qkernels.hessian_penalty(fn, z)
+            + self.nhp(fn, z, std)
+            + self.hp(self.net, z)
         )
 
 
@@ -286,8 +301,10 @@ def test_cuda_graph_replays_the_eager_draws(draw):
     from qkernels.ops.kde import _cond_index
 
     z = torch.zeros(256, 2, device="cuda")
-    fn = {"cond_rows": lambda x: _cond_index(None, 10, None, x.shape[0], x.shape[1], x.device).sort(1).values,
-          "directions": lambda x: _draws(4, x, None) + x}[draw]
+    fn = {
+        "cond_rows": lambda x: _cond_index(None, 10, None, x.shape[0], x.shape[1], x.device).sort(1).values,
+        "directions": lambda x: _draws(4, x, None) + x,
+    }[draw]
     torch._dynamo.reset()
     with torch._inductor.config.patch(fallback_random=True):
         graphed = torch.compile(fn, mode="reduce-overhead", fullgraph=True)

@@ -23,9 +23,7 @@ from qkernels.data.mpi3d import mpi3d_sizes
 
 def grid_rows(sizes):
     """All factor combinations in row-major order: int64 (prod(sizes), len(sizes))."""
-    return np.stack(np.meshgrid(*[np.arange(s) for s in sizes], indexing="ij"), -1).reshape(
-        -1, len(sizes)
-    )
+    return np.stack(np.meshgrid(*[np.arange(s) for s in sizes], indexing="ij"), -1).reshape(-1, len(sizes))
 
 
 def coded_images(n, h=4, w=4, c=3):
@@ -43,9 +41,14 @@ def _expected(img_uint8, idx):
 
 # ---- Shapes3D ------------------------------------------------------------------------------------
 S3D_SIZES = (2, 3, 2, 2, 2, 3)
-S3D_VALUES = [np.array([0.0, 0.5]), np.array([0.1, 0.4, 0.9]), np.array([0.2, 0.3]),
-              np.linspace(0.75, 1.25, 8)[[2, 5]], np.array([0.0, 3.0]),
-              np.linspace(-30, 30, 15)[[0, 7, 14]]]
+S3D_VALUES = [
+    np.array([0.0, 0.5]),
+    np.array([0.1, 0.4, 0.9]),
+    np.array([0.2, 0.3]),
+    np.linspace(0.75, 1.25, 8)[[2, 5]],
+    np.array([0.0, 3.0]),
+    np.linspace(-30, 30, 15)[[0, 7, 14]],
+]
 
 
 def write_shapes3d(path, *, drop=None, images=None, labels=None):
@@ -111,8 +114,9 @@ def test_shapes3d_pickle_and_dataloader_worker(tmp_path):
     assert torch.cat(fs).tolist() == grid_rows(S3D_SIZES).tolist()
 
 
-@pytest.mark.parametrize("problem", ["no_images", "no_labels", "no_channels", "wrong_n",
-                                     "truncated", "shuffled", "label_columns"])
+@pytest.mark.parametrize(
+    "problem", ["no_images", "no_labels", "no_channels", "wrong_n", "truncated", "shuffled", "label_columns"]
+)
 def test_shapes3d_corrupt_files_name_file_and_mismatch(tmp_path, problem):
     path = tmp_path / "3dshapes.h5"
     img, lab = write_shapes3d(path)
@@ -145,22 +149,21 @@ def test_shapes3d_corrupt_files_name_file_and_mismatch(tmp_path, problem):
 
 
 MISSING = [  # name, what it looks for under the root, a piece of its URL, procedural stand-in
-    ("shapes3d", "3dshapes.h5", "https://storage.googleapis.com/3d-shapes/3dshapes.h5",
-     "shapes3d_procedural"),
-    ("dsprites", "dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz",
-     "https://github.com/deepmind/dsprites-dataset", "sprites"),
-    ("mpi3d", "real3d_complicated_shapes_ordered.npz",
-     "https://github.com/rr-learning/disentanglement_dataset", None),
-    ("falcor3d", "Falcor3D_down128", "https://github.com/NVlabs/High-res-disentanglement-datasets",
-     None),
-    ("isaac3d", "Isaac3D_down128", "https://github.com/NVlabs/High-res-disentanglement-datasets",
-     None),
+    ("shapes3d", "3dshapes.h5", "https://storage.googleapis.com/3d-shapes/3dshapes.h5", "shapes3d_procedural"),
+    (
+        "dsprites",
+        "dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz",
+        "https://github.com/deepmind/dsprites-dataset",
+        "sprites",
+    ),
+    ("mpi3d", "real3d_complicated_shapes_ordered.npz", "https://github.com/rr-learning/disentanglement_dataset", None),
+    ("falcor3d", "Falcor3D_down128", "https://github.com/NVlabs/High-res-disentanglement-datasets", None),
+    ("isaac3d", "Isaac3D_down128", "https://github.com/NVlabs/High-res-disentanglement-datasets", None),
 ]
 
 
 @pytest.mark.parametrize("name, where, url, standin", MISSING)
-def test_missing_data_says_what_where_and_where_published(name, where, url, standin, tmp_path,
-                                                          monkeypatch):
+def test_missing_data_says_what_where_and_where_published(name, where, url, standin, tmp_path, monkeypatch):
     def message(**kw):
         with pytest.raises(FileNotFoundError) as err:
             load_dataset(name, **kw)
@@ -256,13 +259,21 @@ def write_dsprites(path, *, values=None, classes=None, imgs=None, drop=None):
     n = len(rows)
     bits = (np.arange(n)[:, None] >> np.arange(16)) & 1  # each image encodes its index
     img = bits.reshape(n, 4, 4).astype(np.uint8)
-    vals = [np.array([1.0]), np.array([1.0, 2.0]), np.array([0.5, 1.0]),
-            np.linspace(0, 2 * np.pi, 3), np.array([0.0, 1.0]), np.array([0.0, 1.0])]
+    vals = [
+        np.array([1.0]),
+        np.array([1.0, 2.0]),
+        np.array([0.5, 1.0]),
+        np.linspace(0, 2 * np.pi, 3),
+        np.array([0.0, 1.0]),
+        np.array([0.0, 1.0]),
+    ]
     lv = np.stack([vals[k][rows[:, k]] for k in range(6)], 1)
-    arrays = {"imgs": img if imgs is None else imgs,
-              "latents_classes": rows.astype(np.int64) if classes is None else classes,
-              "latents_values": lv if values is None else values,
-              "metadata": np.array(_Tripwire(), dtype=object)}
+    arrays = {
+        "imgs": img if imgs is None else imgs,
+        "latents_classes": rows.astype(np.int64) if classes is None else classes,
+        "latents_values": lv if values is None else values,
+        "metadata": np.array(_Tripwire(), dtype=object),
+    }
     arrays.pop(drop, None)
     np.savez(path, **arrays)
     return img, lv
@@ -287,14 +298,12 @@ def test_dsprites_loads_without_unpickling_metadata(tmp_path):
     # keeping the size-1 color factor does not change the flat index
     with_color = DSprites(tmp_path / name, keep_color=True)
     assert with_color.factor_sizes == DSP_SIZES
-    assert torch.equal(with_color.index_of(with_color.factors_of(torch.arange(48))),
-                       torch.arange(48))
+    assert torch.equal(with_color.index_of(with_color.factors_of(torch.arange(48))), torch.arange(48))
     clone = pickle.loads(pickle.dumps(ds))
     torch.testing.assert_close(clone[5][0], ds[5][0])
 
 
-@pytest.mark.parametrize("problem", ["missing_key", "values_differ", "shuffled", "wrong_n",
-                                     "float_classes"])
+@pytest.mark.parametrize("problem", ["missing_key", "values_differ", "shuffled", "wrong_n", "float_classes"])
 def test_dsprites_corrupt_files(tmp_path, problem):
     path = tmp_path / "d.npz"
     img, lv = write_dsprites(path)
@@ -348,8 +357,7 @@ def test_mpi3d_subgrid_conversion_and_pickling(tmp_path):
     mm = load_dataset("mpi3d", root=tmp_path, factor_sizes=MPI_SIZES)
     assert isinstance(mm._images_array, np.memmap)
     idx = [47, 2, 2, 30]
-    torch.testing.assert_close(mm.observations_from_factors(mm.factors_of(idx)),
-                               _expected(img, idx))
+    torch.testing.assert_close(mm.observations_from_factors(mm.factors_of(idx)), _expected(img, idx))
     path.unlink()  # the converted file alone suffices
     clone = pickle.loads(pickle.dumps(load_dataset("mpi3d", root=tmp_path, factor_sizes=MPI_SIZES)))
     torch.testing.assert_close(clone[40][0], _expected(img, [40])[0])
@@ -394,10 +402,13 @@ def write_nvlabs(folder, sizes, labels_name, *, shuffle=False, side=16):
     return np.array(colors)
 
 
-@pytest.mark.parametrize("name,folder,labels,sizes", [
-    ("falcor3d", "Falcor3D_down128", "train-rec.labels", (2, 1, 1, 1, 1, 2, 2)),
-    ("isaac3d", "Isaac3D_down128", "labels.npy", (2, 1, 1, 1, 1, 1, 1, 1, 3)),
-])
+@pytest.mark.parametrize(
+    "name,folder,labels,sizes",
+    [
+        ("falcor3d", "Falcor3D_down128", "train-rec.labels", (2, 1, 1, 1, 1, 2, 2)),
+        ("isaac3d", "Isaac3D_down128", "labels.npy", (2, 1, 1, 1, 1, 1, 1, 1, 3)),
+    ],
+)
 def test_nvlabs_folder_of_pngs(tmp_path, name, folder, labels, sizes):
     colors = write_nvlabs(tmp_path / folder, sizes, labels)
     ds = load_dataset(name, root=tmp_path, image_size=8)
@@ -522,8 +533,16 @@ def test_mpi3d_full_complex_file_index_and_variant_check(tmp_path):
     np.savez(tmp_path / "real3d_complicated_shapes_ordered.npz", images=img)
     ds = load_dataset("mpi3d", root=tmp_path)
     assert ds.factor_sizes == (4, 4, 2, 3, 3, 40, 40) and ds.variant == "complex"
-    factors = [[3, 3, 1, 2, 2, 39, 39], [1, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0, 0],
-               [0, 0, 0, 1, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0, 1]]
+    factors = [
+        [3, 3, 1, 2, 2, 39, 39],
+        [1, 0, 0, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0, 0, 1],
+    ]
     want = [n - 1, 115200, 28800, 14400, 4800, 1600, 40, 1]
     assert ds.index_of(factors).tolist() == want
     x = ds.observations_from_factors(factors)

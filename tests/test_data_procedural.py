@@ -74,8 +74,7 @@ def test_grid_datasets_index_getitem_consistency(shapes3d):
     sp = small_sprites()
     assert sp.factor_sizes == (3, 3, 6, 4, 3) and len(sp) == 3 * 3 * 6 * 4 * 3
     assert shapes3d.factor_sizes == (10, 10, 10, 8, 4, 15) and len(shapes3d) == 480_000
-    assert shapes3d.factor_names == ("floor_hue", "wall_hue", "object_hue", "scale", "shape",
-                                     "orientation")
+    assert shapes3d.factor_names == ("floor_hue", "wall_hue", "object_hue", "scale", "shape", "orientation")
     for ds in (sp, shapes3d):
         idx = torch.tensor([0, 1, 77, len(ds) - 1])
         f = ds.factors_of(idx)
@@ -93,16 +92,16 @@ def test_determinism_per_seed(shapes3d):
         a, b, c = make(seed=3), make(seed=3), make(seed=4)
         fa, fb = a.sample_factors(20), b.sample_factors(20)
         assert torch.equal(fa, fb) and not torch.equal(fa, c.sample_factors(20))
-        torch.testing.assert_close(a.observations_from_factors(fa),
-                                   b.observations_from_factors(fb), rtol=0, atol=0)
+        torch.testing.assert_close(a.observations_from_factors(fa), b.observations_from_factors(fb), rtol=0, atol=0)
     assert torch.equal(Balls(50, seed=1).latents, Balls(50, seed=1).latents)
     assert not torch.equal(Balls(50, seed=1).latents, Balls(50, seed=2).latents)
     g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     other = Shapes3DProcedural()
     f = shapes3d.sample_factors(30, g1)
     assert torch.equal(f, other.sample_factors(30, g2))
-    torch.testing.assert_close(shapes3d.observations_from_factors(f),
-                               other.observations_from_factors(f), rtol=0, atol=0)
+    torch.testing.assert_close(
+        shapes3d.observations_from_factors(f), other.observations_from_factors(f), rtol=0, atol=0
+    )
 
 
 def test_every_factor_step_changes_the_image(shapes3d):
@@ -115,7 +114,7 @@ def test_every_factor_step_changes_the_image(shapes3d):
             for v in range(size - 1):
                 lo, hi = base.clone(), base.clone()
                 lo[:, k], hi[:, k] = v, v + 1
-                diff = (ds.observations_from_factors(lo) - ds.observations_from_factors(hi))
+                diff = ds.observations_from_factors(lo) - ds.observations_from_factors(hi)
                 changed = diff.abs().flatten(1).max(1).values > 1e-3
                 assert changed.all(), (type(ds).__name__, ds.factor_names[k], v, base[~changed])
 
@@ -179,8 +178,9 @@ def test_shapes3d_factors_drive_their_regions(shapes3d):
 
 def test_sprites_symmetries_and_centres():
     sp = Sprites(n_orientations=4, n_x=3, n_y=3, n_scales=2)
-    f = torch.tensor([[0, 1, 0, 1, 1], [0, 1, 1, 1, 1], [1, 1, 0, 1, 1], [1, 1, 2, 1, 1],
-                      [2, 1, 0, 1, 1], [2, 1, 2, 1, 1]])
+    f = torch.tensor(
+        [[0, 1, 0, 1, 1], [0, 1, 1, 1, 1], [1, 1, 0, 1, 1], [1, 1, 2, 1, 1], [2, 1, 0, 1, 1], [2, 1, 2, 1, 1]]
+    )
     x = sp.observations_from_factors(f)[:, 0]
     torch.testing.assert_close(x[0], x[1], atol=1e-4, rtol=0)  # square turned 90 degrees
     torch.testing.assert_close(x[2], x[3], atol=1e-4, rtol=0)  # ellipse turned 180 degrees
@@ -258,8 +258,7 @@ def test_quantized_grid2d_construction_and_mixing():
     x_nl = np.tanh((0.5 * (z - c)) @ ds.A.numpy().T) @ ds.B.numpy().T
     np.testing.assert_allclose(ds.x.numpy(), x_nl, rtol=0, atol=1e-5)
     lin = QuantizedGrid2D(100, "linear", seed=5)
-    np.testing.assert_allclose(lin.x.numpy(), (lin.z.double().numpy() - c) @ ds.A.numpy().T,
-                               rtol=0, atol=1e-5)
+    np.testing.assert_allclose(lin.x.numpy(), (lin.z.double().numpy() - c) @ ds.A.numpy().T, rtol=0, atol=1e-5)
     assert torch.equal(lin.thresholds, ds.thresholds)  # the seed fixes the grid, not the mixing
     x0, z0 = ds[0]
     assert x0.shape == (2,) and torch.equal(z0, ds.z[0])
@@ -277,8 +276,7 @@ def test_quantized_grid2d_determinism_and_arguments():
         QuantizedGrid2D(0)
     with pytest.raises(TypeError, match="generator"):
         a.sample(3, generator=0)
-    assert isinstance(load_dataset("quantized_grid2d", n=20, mixing="linear", seed=1),
-                      QuantizedGrid2D)
+    assert isinstance(load_dataset("quantized_grid2d", n=20, mixing="linear", seed=1), QuantizedGrid2D)
 
 
 def test_procedural_argument_checks_and_pickling():
@@ -324,24 +322,25 @@ def test_contact_sheet_pixels(tmp_path):
     # tile (r, c) at [pad + r (h + pad), pad + c (w + pad)] holds round(255 x) of its image; pads are grey 128;
     # vary=k: the tiles of a row differ only in factor k, swept over evenly spaced classes
     ds = small_sprites()
-    path = contact_sheet(ds, tmp_path / "v.png", rows=2, cols=3, vary=1, scale=1, pad=2,
-                         generator=torch.Generator().manual_seed(4))
+    path = contact_sheet(
+        ds, tmp_path / "v.png", rows=2, cols=3, vary=1, scale=1, pad=2, generator=torch.Generator().manual_seed(4)
+    )
     sheet = np.asarray(Image.open(path)).astype(np.int64)
     base = ds.sample_factors(2, torch.Generator().manual_seed(4))
     h = ds.observation_shape[1]
     steps = np.round(np.linspace(0, ds.factor_sizes[1] - 1, 3)).astype(int)
     for r in range(2):
         for c in range(3):
-            f = base[r:r + 1].clone()
+            f = base[r : r + 1].clone()
             f[0, 1] = int(steps[c])
             want = np.round(255 * ds.observations_from_factors(f)[0, 0].numpy()).astype(np.int64)
             top, left = 2 + r * (h + 2), 2 + c * (h + 2)
-            tile = sheet[top:top + h, left:left + h]
+            tile = sheet[top : top + h, left : left + h]
             assert (tile == want[:, :, None]).all(), (r, c)
     mask = np.ones(sheet.shape[:2], bool)
     for r in range(2):
         for c in range(3):
-            mask[2 + r * (h + 2):2 + r * (h + 2) + h, 2 + c * (h + 2):2 + c * (h + 2) + h] = False
+            mask[2 + r * (h + 2) : 2 + r * (h + 2) + h, 2 + c * (h + 2) : 2 + c * (h + 2) + h] = False
     assert (sheet[mask] == 128).all()
 
 
@@ -360,8 +359,9 @@ def test_render_primitives_by_hand():
     px, py = torch.tensor([[[0.5, 2.0, 0.5]]]), torch.tensor([[[0.5, 0.5, 0.9]]])
     torch.testing.assert_close(convex_polygon_distance(px, py, sq_x, sq_y), torch.tensor([[[-0.5, 1.0, -0.1]]]))
     # the same square in the other winding, and a degenerate (zero-area) polygon: empty everywhere
-    torch.testing.assert_close(convex_polygon_distance(px, py, sq_x.flip(1), sq_y.flip(1)),
-                               torch.tensor([[[-0.5, 1.0, -0.1]]]))
+    torch.testing.assert_close(
+        convex_polygon_distance(px, py, sq_x.flip(1), sq_y.flip(1)), torch.tensor([[[-0.5, 1.0, -0.1]]])
+    )
     flat = convex_polygon_distance(px, py, torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([[0.0, 0.0, 0.0]]))
     assert (flat >= 1e4).all()
 
@@ -477,11 +477,11 @@ def test_balls_items_render_the_stored_latents():
     bins = ((lat - 0.1) / 0.8 * 8).floor().clamp(0, 7).long()
     for i in (0, 5):
         x, f = b[i]
-        torch.testing.assert_close(x, b.render(b.latents[i:i + 1])[0], rtol=0, atol=0)
+        torch.testing.assert_close(x, b.render(b.latents[i : i + 1])[0], rtol=0, atol=0)
         assert f.tolist() == bins[i].tolist()
     batch = b.__getitems__([4, 1])
     for (x, f), i in zip(batch, (4, 1), strict=True):
-        torch.testing.assert_close(x, b.render(b.latents[i:i + 1])[0], rtol=0, atol=0)
+        torch.testing.assert_close(x, b.render(b.latents[i : i + 1])[0], rtol=0, atol=0)
         assert f.tolist() == bins[i].tolist()
     # observations_from_factors renders at bin centres: a bin-centre latent renders identically
     centre = (0.1 + 0.8 * (bins[:1].double() + 0.5) / 8).float()
@@ -540,7 +540,7 @@ def test_contact_sheet_scatter_places_and_colours_points(tmp_path):
         return np.array(colorsys.hsv_to_rgb((0.618034 * k) % 1.0, 0.8, 0.85)) * 255
 
     for (row, col), k in (((size - 3, 2), 0), ((size - 3, size - 3), 3), ((2, 2), 9)):
-        block = im[row - 1:row + 2, col - 1:col + 2].reshape(-1, 3)
+        block = im[row - 1 : row + 2, col - 1 : col + 2].reshape(-1, 3)
         assert (np.abs(block - rgb(k)) <= 1.0).all(), (row, col, block[4], rgb(k))
     assert (im[2, size - 3] == 255).all() and (im[size // 2, size // 2] == 255).all()
     assert (im != 255).any(-1).sum() == 27  # three 3 x 3 dots, nothing else
@@ -576,16 +576,22 @@ def test_sprites_position_extent_orientation_by_hand():
     # invariant (45 degrees: nothing is cut off);
     # the ellipse (axes 1 : 0.5) lies along x at orientation 0; the heart's lobes are on top
     sp = Sprites(n_shapes=3, n_scales=1, n_orientations=8, n_x=3, n_y=3, image_size=64)
-    f = torch.tensor([[0, 0, 0, 0, 2], [0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [1, 0, 0, 1, 1], [1, 0, 2, 1, 1],
-                      [2, 0, 0, 1, 1]])
+    f = torch.tensor(
+        [[0, 0, 0, 0, 2], [0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [1, 0, 0, 1, 1], [1, 0, 2, 1, 1], [2, 0, 0, 1, 1]]
+    )
     x = sp.observations_from_factors(f)[:, 0].double()
     cols, rows = torch.arange(64.0, dtype=torch.float64)[None, :], torch.arange(64.0, dtype=torch.float64)[:, None]
 
     def moments(img):
         m = img.sum()
         cx, cy = (img * cols).sum() / m, (img * rows).sum() / m
-        return m.item(), cx.item(), cy.item(), ((img * (cols - cx) ** 2).sum() / m).item(), \
-            ((img * (rows - cy) ** 2).sum() / m).item()
+        return (
+            m.item(),
+            cx.item(),
+            cy.item(),
+            ((img * (cols - cx) ** 2).sum() / m).item(),
+            ((img * (rows - cy) ** 2).sum() / m).item(),
+        )
 
     h = 0.16 * 64
     area, cx, cy, _, _ = moments(x[0])

@@ -33,8 +33,11 @@ def test_the_jax_library_registers_declared_ops_by_name():
 
     assert set(_ffi.TARGETS) <= set(DECLARED), sorted(set(_ffi.TARGETS) - set(DECLARED))
     # every op with a JAX handler has its backward's too (the custom_vjp calls both)
-    assert all(DECLARED[name].backward is None or DECLARED[name].backward.name in _ffi.TARGETS
-               for name in _ffi.TARGETS if not name.endswith("_backward"))
+    assert all(
+        DECLARED[name].backward is None or DECLARED[name].backward.name in _ffi.TARGETS
+        for name in _ffi.TARGETS
+        if not name.endswith("_backward")
+    )
     assert {"klm", "cliff_loss", "latent_quantize", "finite_difference_curvature", "kde_grid"} <= set(_ffi.TARGETS)
 
 
@@ -50,15 +53,24 @@ def test_every_backward_is_wired_by_name():
 
 TOY = Op(
     "toy",
-    args=(Tensor("x", "n, d"), Tensor("w", "d"), Tensor("idx", "n", role="index", hi="d"),
-          Scalar("a", "float", 0.0), Scalar("b", "float", 1.0)),
+    args=(
+        Tensor("x", "n, d"),
+        Tensor("w", "d"),
+        Tensor("idx", "n", role="index", hi="d"),
+        Scalar("a", "float", 0.0),
+        Scalar("b", "float", 1.0),
+    ),
     outputs=(Out("y", "(n,)"), Out("arg", "(n,)", "index")),
     rules=(Rule("a < b", {"a": 2.0}),),
     sizes={"n": 4, "d": 3},
     backward=Op(
         "toy_backward",
-        args=(Tensor("grad_y", "n", role="dgrad"), Tensor("x", "n, d"), Tensor("arg", "n", role="index"),
-              Scalar("b", "float", 1.0)),
+        args=(
+            Tensor("grad_y", "n", role="dgrad"),
+            Tensor("x", "n, d"),
+            Tensor("arg", "n", role="index"),
+            Scalar("b", "float", 1.0),
+        ),
         outputs=(Out("grad_x", "(n, d)"),),
         sizes={"n": 4, "d": 3},
     ),
@@ -86,18 +98,21 @@ def test_check_binds_the_dimensions():
     assert TOY.output_shapes(env) == ((4,), (4,))
 
 
-@pytest.mark.parametrize("changes,error,match", [
-    ({"w": Fake((4,))}, ValueError, r"toy: w must be \(d\) with d = 3, got shape \(4,\)"),
-    ({"x": Fake((4, 3, 1))}, ValueError, r"toy: x must be a non-empty \(n, d\) tensor"),
-    ({"x": Fake((0, 3))}, ValueError, "non-empty"),
-    ({"w": Fake((3,), "float64")}, TypeError, "toy: w has dtype float64 but x has dtype float32"),
-    ({"x": Fake((4, 3), "int64"), "w": Fake((3,), "int64")}, TypeError, "x must be float32 or float64"),
-    ({"idx": Fake((4,), "float32")}, TypeError, "toy: idx must be int64"),
-    ({"w": Fake((3,), device="cuda")}, ValueError, "w is on cuda but x is on cpu"),
-    ({"a": 2.0}, ValueError, r"toy: need a < b; got a=2.0, b=1.0"),
-    ({"w": None}, ValueError, "toy: w is required"),
-    ({"w": [1.0, 2.0, 3.0]}, TypeError, "w must be a tensor, got list"),
-])
+@pytest.mark.parametrize(
+    "changes,error,match",
+    [
+        ({"w": Fake((4,))}, ValueError, r"toy: w must be \(d\) with d = 3, got shape \(4,\)"),
+        ({"x": Fake((4, 3, 1))}, ValueError, r"toy: x must be a non-empty \(n, d\) tensor"),
+        ({"x": Fake((0, 3))}, ValueError, "non-empty"),
+        ({"w": Fake((3,), "float64")}, TypeError, "toy: w has dtype float64 but x has dtype float32"),
+        ({"x": Fake((4, 3), "int64"), "w": Fake((3,), "int64")}, TypeError, "x must be float32 or float64"),
+        ({"idx": Fake((4,), "float32")}, TypeError, "toy: idx must be int64"),
+        ({"w": Fake((3,), device="cuda")}, ValueError, "w is on cuda but x is on cpu"),
+        ({"a": 2.0}, ValueError, r"toy: need a < b; got a=2.0, b=1.0"),
+        ({"w": None}, ValueError, "toy: w is required"),
+        ({"w": [1.0, 2.0, 3.0]}, TypeError, "w must be a tensor, got list"),
+    ],
+)
 def test_check_names_the_argument_and_the_rule(changes, error, match):
     with pytest.raises(error, match=match):
         _call(**changes)
@@ -120,7 +135,11 @@ def test_examples_and_mismatches_come_from_the_sizes():
 
 
 def test_a_misnamed_backward_argument_is_refused():
-    bad = Op("bad", args=(Tensor("x", "n"),), outputs=(Out("y", "(n,)"),),
-             backward=Op("bad_backward", args=(Tensor("grad_z", "n", role="dgrad"),), outputs=(Out("grad_x", "(n,)"),)))
+    bad = Op(
+        "bad",
+        args=(Tensor("x", "n"),),
+        outputs=(Out("y", "(n,)"),),
+        backward=Op("bad_backward", args=(Tensor("grad_z", "n", role="dgrad"),), outputs=(Out("grad_x", "(n,)"),)),
+    )
     with pytest.raises(ValueError, match="grad_z"):
         decl.backward_wiring(bad)

@@ -37,7 +37,7 @@ def _worker(rank, store, out):
     try:
         z, w, idx = _data()
         start = sum(ROWS[:rank])
-        local = z[start:start + ROWS[rank]].clone()
+        local = z[start : start + ROWS[rank]].clone()
         res = {}
         for name, i in (("cliff", 0), ("klm", 1)):
             w_r = w.clone().requires_grad_()
@@ -92,6 +92,7 @@ def _train_worker(rank, store, cfg_dict, stop_after, fail_rank):
     try:
         trainer = Trainer(TrainConfig.from_dict(cfg_dict), resume=True)
         if rank == fail_rank:
+
             def fail(step):
                 raise RuntimeError(f"rank {rank} failed at step {step}")
 
@@ -138,8 +139,9 @@ def test_two_process_training_follows_the_single_process_run(tmp_path, model):
     from qkernels.train import TrainConfig
 
     _single(tiny_cfg(model, tmp_path / "single", batch_size=16, steps=steps, checkpoint_every=steps))
-    _spawn_train(tmp_path, tiny_cfg(model, tmp_path / "multi", batch_size=16, steps=steps,
-                                    checkpoint_every=steps), tag="m")
+    _spawn_train(
+        tmp_path, tiny_cfg(model, tmp_path / "multi", batch_size=16, steps=steps, checkpoint_every=steps), tag="m"
+    )
     a, b = _params(tmp_path / "single"), _params(tmp_path / "multi")
     assert a.keys() == b.keys() and next(iter(a.values())).dtype == torch.float64
     for k in a:
@@ -147,8 +149,10 @@ def test_two_process_training_follows_the_single_process_run(tmp_path, model):
     assert TrainConfig.load(tmp_path / "multi" / "config.json").world_size == WORLD
     import json
 
-    logs = [[json.loads(ln) for ln in (tmp_path / run / "log.jsonl").read_text().splitlines()]
-            for run in ("single", "multi")]
+    logs = [
+        [json.loads(ln) for ln in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+        for run in ("single", "multi")
+    ]
     assert len(logs[1]) == steps  # one writer
     for one, two in zip(*logs, strict=True):  # logged terms: the global batch's (averaged over ranks)
         assert one.keys() == two.keys()
@@ -217,9 +221,27 @@ def test_cli_under_torchrun(tmp_path):
     import sys
 
     def torchrun(*args):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "-m", "qkernels",
-               "train", "--model", "qlae", "--dataset", "sprites", "--image-size", "16", "--steps", "2",
-               "--eval-samples", "50", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(WORLD),
+            "-m",
+            "qkernels",
+            "train",
+            "--model",
+            "qlae",
+            "--dataset",
+            "sprites",
+            "--image-size",
+            "16",
+            "--steps",
+            "2",
+            "--eval-samples",
+            "50",
+            *args,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 

@@ -48,8 +48,14 @@ def site(tmp_path_factory) -> Path:
     cmd = [mkdocs] if mkdocs else [sys.executable, "-m", "mkdocs"]
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     out = tmp_path_factory.mktemp("docs") / "site"
-    res = subprocess.run([*cmd, "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300, env=env)
+    res = subprocess.run(
+        [*cmd, "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "WARNING" not in res.stderr, res.stderr
     return out
@@ -69,7 +75,7 @@ def _section(api: str, identifier: str) -> str:
     """The HTML of one object's documentation on the API page: from its heading to the next heading."""
     start = api.index(f'id="{identifier}"')
     end = re.compile(r"<h[2-5] id=").search(api, start)
-    return api[start:end.start() if end else len(api)]
+    return api[start : end.start() if end else len(api)]
 
 
 def test_one_signature_per_object(site):

@@ -28,7 +28,8 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 def test_public_modules_include_the_package_and_its_layers():
     assert {"qkernels", "qkernels.nn", "qkernels.metrics", "qkernels.train", "qkernels.models", "qkernels.data"} <= set(
-        MODULES)
+        MODULES
+    )
 
 
 def test_exempt_names_are_constants_documented_by_their_module():
@@ -94,8 +95,11 @@ def _entries(obj: object) -> list[tuple[str, str]]:
     return [(e.name, e.description) for s in sections if s.kind.value == kind for e in s.value]
 
 
-@pytest.mark.parametrize(("mod_name", "name"), [c for c in CALLABLES if c[0] in ARGS_MODULES],
-                         ids=[f"{m}.{n}" for m, n in CALLABLES if m in ARGS_MODULES])
+@pytest.mark.parametrize(
+    ("mod_name", "name"),
+    [c for c in CALLABLES if c[0] in ARGS_MODULES],
+    ids=[f"{m}.{n}" for m, n in CALLABLES if m in ARGS_MODULES],
+)
 def test_every_parameter_has_its_own_args_entry(mod_name, name):
     obj = getattr(importlib.import_module(mod_name), name)
     names = [n for n, _ in _entries(obj)]

@@ -78,13 +78,14 @@ def test_a_faked_build_version_leaves_C_unloaded_with_one_warning_and_reference_
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
     env.pop("QKERNELS_NO_EXT", None)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env=env)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
-    lines = dict(ln.split(" ", 1) for ln in res.stdout.splitlines() if ln.split(" ", 1)[0] in
-                 ("WARNING", "BACKENDS", "CPU"))
-    assert lines["WARNING"].startswith(f"qkernels._C needs torch >= 2.99 (the stable ABI it is built for) but torch "
-                                       f"{torch.__version__} is installed")
+    lines = dict(
+        ln.split(" ", 1) for ln in res.stdout.splitlines() if ln.split(" ", 1)[0] in ("WARNING", "BACKENDS", "CPU")
+    )
+    assert lines["WARNING"].startswith(
+        f"qkernels._C needs torch >= 2.99 (the stable ABI it is built for) but torch {torch.__version__} is installed"
+    )
     assert "install torch>=2.99" in lines["WARNING"]
     assert "the cpu backend needs the native extension: qkernels._C needs torch >= 2.99" in lines["CPU"]
     assert "Traceback" not in res.stderr and "undefined symbol" not in res.stderr

@@ -17,7 +17,11 @@ def test_paper_run_lengths_in_our_iterations():
     # (num_steps 250000); FactorQVAE configs/*/qvae.yaml, factorqvae.yaml (max_steps 100000 Lightning global
     # steps: one optimizer step per QVAE iteration, two per FactorQVAE iteration)
     assert {m: METHODS[m].paper_steps for m in ("qlae", "tripod", "qvae", "factorqvae")} == {
-        "qlae": 200_000, "tripod": 250_000, "qvae": 100_000, "factorqvae": 50_000}
+        "qlae": 200_000,
+        "tripod": 250_000,
+        "qvae": 100_000,
+        "factorqvae": 50_000,
+    }
     # over FactorQVAE's 50k iterations the cosine (T_max 50000, stepped per iteration) only goes down
     spec, total = METHODS["factorqvae"].optim, METHODS["factorqvae"].paper_steps
     lrs = [lr_at(spec, 1e-3, s, total) for s in range(0, total + 1, 500)]
@@ -50,8 +54,11 @@ def test_factorqvae_paper_network_matches_the_authors():
     # models/base.py weights_init: N(0, 0.02) conv / linear weights, zero biases
     w = torch.cat([mod.weight.flatten() for mod in m.encoder.modules() if isinstance(mod, torch.nn.Conv2d)])
     assert abs(w.std().item() - 0.02) < 1e-3 and abs(w.mean().item()) < 1e-3
-    assert all(torch.count_nonzero(mod.bias) == 0 for mod in m.decoder.modules()
-               if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)))
+    assert all(
+        torch.count_nonzero(mod.bias) == 0
+        for mod in m.decoder.modules()
+        if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear))
+    )
     x = torch.rand(2, 3, 64, 64)
     assert m.encode(x).shape == (2, 12) and m.decode(m.encode(x)).shape == (2, 3, 64, 64)
     assert isinstance(build_model("factorqvae", (3, 32, 32), 12).encoder, torch.nn.Module)  # small: dlib
@@ -133,7 +140,12 @@ def test_data_orders_follow_the_authors():
     # disentangle/datasets/shapes3d.py: tf.data shuffle of the whole dataset), qvae / factorqvae an 80% split
     # (FactorQVAE data/shapes3d.py: random_split 80/10/10), the rest iid draws (disentanglement_lib)
     assert {m: s.data_order for m, s in METHODS.items() if s.data_order != "iid"} == {
-        "ae": "epochs", "qlae": "epochs", "tripod": "epochs", "qvae": "split", "factorqvae": "split"}
+        "ae": "epochs",
+        "qlae": "epochs",
+        "tripod": "epochs",
+        "qvae": "split",
+        "factorqvae": "split",
+    }
     # epochs: every combination exactly once per epoch (10 batches of 6), a new order the next epoch
     epoch0 = [r for k in range(10) for r in _rows("epochs", k)]
     assert sorted(epoch0) == list(range(60))
@@ -199,12 +211,25 @@ COMMON = {
     # latent_quantization configs/train_ae.yaml (learning_rate 1e-3, batch_size 128, num_steps 2e5, clip 1.),
     # configs/model_partial/quantized_ae.yaml (num_values_per_latent 10, quantization 0.01, commitment 0.01)
     "ae": {"lr": 1e-3, "batch_size": 128, "steps": 200_000},
-    "qlae": {"lr": 1e-3, "batch_size": 128, "steps": 200_000, "num_values": 10, "weight_quantize": 0.01,
-             "weight_commit": 0.01},
+    "qlae": {
+        "lr": 1e-3,
+        "batch_size": 128,
+        "steps": 200_000,
+        "num_values": 10,
+        "weight_quantize": 0.01,
+        "weight_commit": 0.01,
+    },
     # tripod configs/train_autoencoder.yaml (learning_rate 0.0002, weight_decay 0, batch_size 64, num_steps 250000,
     # num_quantized_values 12, num_perturbations 2, epsilon 0.1)
-    "tripod": {"lr": 2e-4, "batch_size": 64, "steps": 250_000, "weight_decay": 0.0, "levels": 12,
-               "num_perturbations": 2, "eps": 0.1},
+    "tripod": {
+        "lr": 2e-4,
+        "batch_size": 64,
+        "steps": 250_000,
+        "weight_decay": 0.0,
+        "levels": 12,
+        "num_perturbations": 2,
+        "eps": 0.1,
+    },
     # FactorQVAE configs/*/qvae.yaml, factorqvae.yaml (vae_lr 1e-3, batch_size 256 / 512 split in halves,
     # max_steps 100000 global steps, num_embeddings 64)
     "qvae": {"lr": 1e-3, "batch_size": 256, "steps": 100_000, "num_values": 64},
@@ -217,8 +242,17 @@ SOURCES = {"shapes3d": 6, "mpi3d": 7, "falcor3d": 7, "isaac3d": 9}
 def _used(cfg, model) -> dict:
     """What a run of ``cfg`` uses: its resolved fields and the built model's attributes."""
     got = {"lr": cfg.lr, "batch_size": cfg.batch_size, "steps": cfg.steps, "weight_decay": cfg.weight_decay}
-    for k in ("beta", "gamma", "lambda_klm", "lambda_nhp", "weight_quantize", "weight_commit", "levels",
-              "num_perturbations", "eps"):
+    for k in (
+        "beta",
+        "gamma",
+        "lambda_klm",
+        "lambda_nhp",
+        "weight_quantize",
+        "weight_commit",
+        "levels",
+        "num_perturbations",
+        "eps",
+    ):
         if hasattr(model, k):
             got[k] = getattr(model, k)
     if hasattr(model, "quantizer") and hasattr(model.quantizer, "values"):
@@ -226,8 +260,9 @@ def _used(cfg, model) -> dict:
     return got
 
 
-@pytest.mark.parametrize(("method", "dataset", "theirs", "source"), PER_DATASET,
-                         ids=[f"{m}-{d}" for m, d, _, _ in PER_DATASET])
+@pytest.mark.parametrize(
+    ("method", "dataset", "theirs", "source"), PER_DATASET, ids=[f"{m}-{d}" for m, d, _, _ in PER_DATASET]
+)
 def test_every_method_and_dataset_the_authors_configure_trains_with_their_settings(method, dataset, theirs, source):
     from qkernels.models.registry import default_num_latents
     from qkernels.train import TrainConfig
@@ -271,8 +306,23 @@ def test_cli_records_the_authors_per_dataset_values_in_config_json(tmp_path, mon
     trainers = {}
     for model, dataset in (("qlae", "mpi3d"), ("factorqvae", "isaac3d")):
         out = tmp_path / model
-        cfg = _train_config(parser().parse_args(["train", "--model", model, "--dataset", dataset, "--data-root",
-                                                 str(tmp_path), "--out", str(out), "--batch-size", "4"]))
+        cfg = _train_config(
+            parser().parse_args(
+                [
+                    "train",
+                    "--model",
+                    model,
+                    "--dataset",
+                    dataset,
+                    "--data-root",
+                    str(tmp_path),
+                    "--out",
+                    str(out),
+                    "--batch-size",
+                    "4",
+                ]
+            )
+        )
         cfg.progress = False
         trainers[model] = Trainer(cfg)
         trainers[model].saved = json.loads((out / "config.json").read_text())
@@ -302,8 +352,9 @@ def test_steps_paper_trains_the_authors_length_with_their_schedules():
     def cfg_of(*argv):
         return _train_config(parser().parse_args(["train", *argv]))
 
-    assert {m: cfg_of("--model", m, "--steps", "paper").steps for m in ("ae", "qlae", "tripod", "qvae", "factorqvae")} \
-        == {"ae": 200_000, "qlae": 200_000, "tripod": 250_000, "qvae": 100_000, "factorqvae": 50_000}
+    assert {
+        m: cfg_of("--model", m, "--steps", "paper").steps for m in ("ae", "qlae", "tripod", "qvae", "factorqvae")
+    } == {"ae": 200_000, "qlae": 200_000, "tripod": 250_000, "qvae": 100_000, "factorqvae": 50_000}
     # the schedules belong to that length: FactorQVAE's cosine (CosineAnnealingLR(T_max=50000)) reaches 1.25e-6
     # and its tau (train.py DecayTemperature, exp(-1e-5 global_step)) e^-1 on the last iteration
     cfg = cfg_of("--model", "factorqvae", "--steps", "paper")
@@ -343,15 +394,26 @@ def test_ae_baseline_clips_its_weights_and_the_docs_say_so(tmp_path):
 
     o = METHODS["ae"].optim
     assert (o.clip, o.clip_value, o.clip_undecayed) == ("value", 1.0, False)
-    cfg = TrainConfig(model="ae", dataset="sprites", image_size=16, steps=1, batch_size=8, out=str(tmp_path),
-                      progress=False, model_kwargs={"recon": "bce_sum"})  # summed: gradients above 1
+    cfg = TrainConfig(
+        model="ae",
+        dataset="sprites",
+        image_size=16,
+        steps=1,
+        batch_size=8,
+        out=str(tmp_path),
+        progress=False,
+        model_kwargs={"recon": "bce_sum"},
+    )  # summed: gradients above 1
     tr = Trainer(cfg)
     tr.train_step(0)
     grads = {n: float(p.grad.abs().max()) for n, p in tr.model.named_parameters() if p.grad is not None}
     assert max(g for n, g in grads.items() if not n.endswith(".bias")) <= 1.0
     assert max(g for n, g in grads.items() if n.endswith(".bias")) > 1.0
-    row = next(ln for ln in (Path(__file__).parent.parent / "docs" / "methods.md").read_text().splitlines()
-               if ln.startswith("| `ae` | plain autoencoder"))
+    row = next(
+        ln
+        for ln in (Path(__file__).parent.parent / "docs" / "methods.md").read_text().splitlines()
+        if ln.startswith("| `ae` | plain autoencoder")
+    )
     assert "clipped elementwise at 1" in row and "biases" in row and "unclipped" in row
 
 
@@ -397,8 +459,9 @@ def test_factorqvae_dalle_network_forward_matches_the_authors_blocks():
         torch.testing.assert_close(enc(x), want, rtol=1e-5, atol=1e-6)
         z = torch.randn(2, 5)
         h = dec.fc(z).view(2, dec.c0, dec.side, dec.side)
-        torch.testing.assert_close(dec(z), _dalle_forward(dec.net, h, groups * blocks, decoder=True), rtol=1e-5,
-                                   atol=1e-6)
+        torch.testing.assert_close(
+            dec(z), _dalle_forward(dec.net, h, groups * blocks, decoder=True), rtol=1e-5, atol=1e-6
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -428,8 +491,13 @@ def test_dvae_noise_scale_follows_the_authors_300k_schedule_whatever_the_run_len
 
     small_disc = {"disc_width": 16, "disc_layers": 2}
     for method in ("dvae", "factordvae"):
-        cfg = TrainConfig(model=method, dataset="sprites", image_size=16, steps=600,
-                          model_kwargs=small_disc if method == "factordvae" else {}).resolve_defaults()
+        cfg = TrainConfig(
+            model=method,
+            dataset="sprites",
+            image_size=16,
+            steps=600,
+            model_kwargs=small_disc if method == "factordvae" else {},
+        ).resolve_defaults()
         model, _ = build(cfg)
         for s in (0, 1, 599, 600, 150_000, 299_999, 300_000, 400_000):
             assert model.noise_scale(s) == pytest.approx(_lddr_cosine_anneal(s, 0.5, 2.0, 0, 300_000), abs=1e-15)
@@ -458,10 +526,34 @@ def test_dvae_network_is_lddrs_and_cliff_vae_keeps_g3s_4x4():
     # lddr run.py lines 207-220 (encode): hk.Conv2D(32, 4x4, stride 2) x 2, hk.Conv2D(64, 2x2, stride 2) x 2, ReLU,
     # Linear(256), ReLU, Linear(N K); lines 238-252 (decode): MLP [256, 1024] with ReLU, 4 x 4 x 64, Conv2DTranspose
     # 64, 32, 32, C (4x4, stride 2). Parameter counts written from those shapes (N = 10, K = 64, 3 x 64 x 64 images).
-    enc = 4 * 4 * 3 * 32 + 32 + 4 * 4 * 32 * 32 + 32 + 2 * 2 * 32 * 64 + 64 + 2 * 2 * 64 * 64 + 64 \
-        + 1024 * 256 + 256 + 256 * 640 + 640
-    dec = 10 * 256 + 256 + 256 * 1024 + 1024 + 4 * 4 * 64 * 64 + 64 + 4 * 4 * 64 * 32 + 32 + 4 * 4 * 32 * 32 + 32 \
-        + 4 * 4 * 32 * 3 + 3
+    enc = (
+        4 * 4 * 3 * 32
+        + 32
+        + 4 * 4 * 32 * 32
+        + 32
+        + 2 * 2 * 32 * 64
+        + 64
+        + 2 * 2 * 64 * 64
+        + 64
+        + 1024 * 256
+        + 256
+        + 256 * 640
+        + 640
+    )
+    dec = (
+        10 * 256
+        + 256
+        + 256 * 1024
+        + 1024
+        + 4 * 4 * 64 * 64
+        + 64
+        + 4 * 4 * 64 * 32
+        + 32
+        + 4 * 4 * 32 * 32
+        + 32
+        + 4 * 4 * 32 * 3
+        + 3
+    )
     for method, kw in (("dvae", {}), ("factordvae", {"disc_width": 16, "disc_layers": 2})):
         m = build_model(method, (3, 64, 64), 10, arch="paper", **kw)
         assert (_params(m.encoder), _params(m.decoder)) == (enc, dec)
@@ -514,8 +606,9 @@ def test_qlae_transposed_convolutions_are_initialized_as_equinox():
         bound = (conv.in_channels * conv.kernel_size[0] ** 2) ** -0.5
         w = conv.weight.detach().abs()
         assert float(w.max()) <= bound and (w.numel() < 10_000 or float(w.max()) > 0.99 * bound)
-    assert all(float(c.weight.detach().abs().max()) < (c.out_channels * c.kernel_size[0] ** 2) ** -0.5 / 1.4
-               for c in halving)
+    assert all(
+        float(c.weight.detach().abs().max()) < (c.out_channels * c.kernel_size[0] ** 2) ** -0.5 / 1.4 for c in halving
+    )
 
 
 def test_factordvae_discriminator_learns_from_the_model_steps_own_z(monkeypatch):
@@ -561,9 +654,17 @@ def test_straight_through_gap_takes_the_whole_loss_with_the_tc_term():
 
     with torch.no_grad():
         want = abs(sum(float(total(x, True) - total(x, False)) * len(x) for x in batches) / 8)
-        recon_only = abs(sum(float(m.reconstruction(m.decoder(m.latent(m.logits(x), 0.0, hard=True).z), x)
-                                   - m.reconstruction(m.decoder(m.latent(m.logits(x), 0.0).z), x)) * len(x)
-                             for x in batches) / 8)
+        recon_only = abs(
+            sum(
+                float(
+                    m.reconstruction(m.decoder(m.latent(m.logits(x), 0.0, hard=True).z), x)
+                    - m.reconstruction(m.decoder(m.latent(m.logits(x), 0.0).z), x)
+                )
+                * len(x)
+                for x in batches
+            )
+            / 8
+        )
     assert straight_through_gap(m, batches) == pytest.approx(want, rel=1e-4)
     assert abs(want - recon_only) > 1e-3 * want  # the TC term moves it (the old gap was the reconstruction's)
 
@@ -578,15 +679,21 @@ def test_tripod_selection_is_the_papers_psnr_filter_and_best_infom():
     from qkernels.train.selection import TRIPOD_EVAL_PERIOD, psnr_threshold, select_checkpoint
 
     assert {d: psnr_threshold(d) for d in ("shapes3d", "mpi3d", "falcor3d", "isaac3d")} == {
-        "shapes3d": 38.0, "mpi3d": 42.0, "falcor3d": 34.0, "isaac3d": 40.0}
+        "shapes3d": 38.0,
+        "mpi3d": 42.0,
+        "falcor3d": 34.0,
+        "isaac3d": 40.0,
+    }
     assert psnr_threshold("shapes3d_procedural") == 38.0 and TRIPOD_EVAL_PERIOD == 10_000
     assert PROTOCOLS["tripod"].selection == "tripod"
-    recs = [{"step": 10, "infomec.infom": 0.95, "recon.psnr_tripod": 37.9},  # best InfoM, blurry: discarded
-            {"step": 20, "infomec.infom": 0.70, "recon.psnr_tripod": 38.0},
-            {"step": 30, "infomec.infom": float("nan"), "recon.psnr_tripod": 45.0},  # NaN never wins
-            {"step": 40, "infomec.infom": 0.80, "recon.psnr_tripod": 41.0},
-            {"step": 50, "infomec.infom": 0.80, "recon.psnr_tripod": 42.0},  # a tie: the earlier one
-            {"step": 60, "infomec.infom": 0.60, "recon.psnr_tripod": 44.0}]
+    recs = [
+        {"step": 10, "infomec.infom": 0.95, "recon.psnr_tripod": 37.9},  # best InfoM, blurry: discarded
+        {"step": 20, "infomec.infom": 0.70, "recon.psnr_tripod": 38.0},
+        {"step": 30, "infomec.infom": float("nan"), "recon.psnr_tripod": 45.0},  # NaN never wins
+        {"step": 40, "infomec.infom": 0.80, "recon.psnr_tripod": 41.0},
+        {"step": 50, "infomec.infom": 0.80, "recon.psnr_tripod": 42.0},  # a tie: the earlier one
+        {"step": 60, "infomec.infom": 0.60, "recon.psnr_tripod": 44.0},
+    ]
     sel = select_checkpoint(recs, "tripod", 38.0)
     assert (sel["step"], sel["passed"], sel["evaluated"], sel["fallback"]) == (40, 5, 6, False)
     sel = select_checkpoint(recs, "tripod", 50.0)
@@ -624,10 +731,17 @@ def test_trainer_reports_the_selected_checkpoint_and_keeps_its_weights(tmp_path,
     monkeypatch.setattr(loop, "finish_run", final)
     trainers = []
 
-    base = dict(model="tripod", dataset="sprites", image_size=8, batch_size=4, progress=False, seed=3,
-                model_kwargs={"lambda_klm": 0.0, "lambda_nhp": 0.0}, checkpoint_every=100)
-    trainers.append(loop.Trainer(TrainConfig(steps=4, eval_every=1, select="tripod", out=str(tmp_path / "a"),
-                                             **base)))
+    base = dict(
+        model="tripod",
+        dataset="sprites",
+        image_size=8,
+        batch_size=4,
+        progress=False,
+        seed=3,
+        model_kwargs={"lambda_klm": 0.0, "lambda_nhp": 0.0},
+        checkpoint_every=100,
+    )
+    trainers.append(loop.Trainer(TrainConfig(steps=4, eval_every=1, select="tripod", out=str(tmp_path / "a"), **base)))
     res = trainers[-1].run()
     assert res["selection"]["step"] == 2 and res["selection"]["weights"] == "selected.pt"  # step 3 is under 38 dB
     assert res["selected"]["infomec.infom"] == 0.9 and res["infomec.infom"] == 0.5  # top level: the final step

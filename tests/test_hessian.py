@@ -110,15 +110,11 @@ def test_center_cancels_exactly_in_the_reference():
     torch.testing.assert_close(with_c, without, rtol=1e-12, atol=0)
     x2 = x.clone()
     x2[:n] += 100.0  # a different center changes nothing
-    torch.testing.assert_close(
-        ref.finite_difference_curvature(x2, n, k, 0.1, 2, False, "mean")[0], with_c
-    )
+    torch.testing.assert_close(ref.finite_difference_curvature(x2, n, k, 0.1, 2, False, "mean")[0], with_c)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    "reduce,unbiased,groups,center", [("mean", False, 2, True), ("max", True, 1, False)]
-)
+@pytest.mark.parametrize("reduce,unbiased,groups,center", [("mean", False, 2, True), ("max", True, 1, False)])
 def test_op_gradcheck_fp64(backend, reduce, unbiased, groups, center):
     n, k, m = (1, 2, 3) if backend == "triton" else (2, 3, 5)  # interpreter: tiny
     x = _stacked(n, k, m, groups, center, torch.float64).requires_grad_()
@@ -133,9 +129,7 @@ def _opcheck_args():
     ]
 
 
-@pytest.mark.parametrize(
-    "name", ["finite_difference_curvature", "finite_difference_curvature_triton"]
-)
+@pytest.mark.parametrize("name", ["finite_difference_curvature", "finite_difference_curvature_triton"])
 def test_opcheck(name):
     if not hasattr(torch.ops.qkernels, name):
         pytest.skip(f"qkernels::{name} is not registered")
@@ -193,12 +187,7 @@ def _oracle_fd(fn, z, h, eps):
     out = []
     for hl in h:
         fp, fm = fn(z + hl), fn(z - hl)
-        out.append(
-            [
-                (a - 2 * c + b).reshape(z.shape[0], -1) / eps**2
-                for a, b, c in zip(fp, fm, f0, strict=True)
-            ]
-        )
+        out.append([(a - 2 * c + b).reshape(z.shape[0], -1) / eps**2 for a, b, c in zip(fp, fm, f0, strict=True)])
     return out
 
 
@@ -278,9 +267,7 @@ def test_penalty_gradients_kernel_vs_reference(backend, dtype):
             nhp = normalized_hessian_penalty(
                 fn, z, std, num_perturbations=k, generator=torch.Generator().manual_seed(0)
             )
-            hp = hessian_penalty(
-                fn, z, num_perturbations=k, generator=torch.Generator().manual_seed(0)
-            )
+            hp = hessian_penalty(fn, z, num_perturbations=k, generator=torch.Generator().manual_seed(0))
         grads[name] = torch.autograd.grad(nhp + hp, [z, std, *params])
     # fp32: the gradient weights each row's Jacobian by +-(fd_l - mean), a difference of
     # cancelling O(f / eps^2) terms, and the NHP ratio divides by a k-sample variance that can be
@@ -312,19 +299,13 @@ def test_closed_form_quadratic_converges():
     z = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(9)).to(DEVICE)
     fn = _quadratic(mats)
     off = ~torch.eye(d, dtype=torch.bool, device=DEVICE)
-    hp_expected = torch.stack(
-        [2 * (a[off] ** 2).sum() for a in mats]
-    ).mean()  # mean over the M = 2 outputs
-    hp = hessian_penalty(
-        fn, z, num_perturbations=k, reduction="mean", generator=torch.Generator().manual_seed(1)
-    )
+    hp_expected = torch.stack([2 * (a[off] ** 2).sum() for a in mats]).mean()  # mean over the M = 2 outputs
+    hp = hessian_penalty(fn, z, num_perturbations=k, reduction="mean", generator=torch.Generator().manual_seed(1))
     assert abs(hp.item() / hp_expected.item() - 1) < 0.05
     scaled = [a * std[:, None] * std[None, :] for a in mats]
     num = sum(2 * (s[off] ** 2).sum() for s in scaled)
     den = sum(2 * (s**2).sum() for s in scaled)
-    nhp = normalized_hessian_penalty(
-        fn, z, std, num_perturbations=k, generator=torch.Generator().manual_seed(2)
-    )
+    nhp = normalized_hessian_penalty(fn, z, std, num_perturbations=k, generator=torch.Generator().manual_seed(2))
     assert abs(nhp.item() / (num / den).item() - 1) < 0.05
     # k = 2 is a very noisy estimate: it must not already match to 5 % on every sample
     few = normalized_hessian_penalty(
@@ -343,13 +324,9 @@ def test_closed_form_peebles_check():
     n, k = 6, 4000
     z = torch.randn(n, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     fn = lambda x: {"a": x[:, 0] * x[:, 1], "b": x[:, 0] ** 2 * x[:, 1]}
-    per = hessian_penalty(
-        fn, z, num_perturbations=k, reduction="none", generator=torch.Generator().manual_seed(3)
-    )
+    per = hessian_penalty(fn, z, num_perturbations=k, reduction="none", generator=torch.Generator().manual_seed(3))
     assert set(per) == {"a", "b"}
-    torch.testing.assert_close(
-        per["a"], torch.full((n,), 4.0, dtype=torch.float64, device=DEVICE), rtol=0.06, atol=0
-    )
+    torch.testing.assert_close(per["a"], torch.full((n,), 4.0, dtype=torch.float64, device=DEVICE), rtol=0.06, atol=0)
     torch.testing.assert_close(per["b"], 16 * z[:, 0] ** 2, rtol=0.06, atol=0)
 
 
@@ -400,9 +377,7 @@ def test_fn_called_once_on_the_stacked_batch():
     z = torch.randn(n, d, dtype=torch.float64, device=DEVICE)
     std = torch.ones(d, dtype=torch.float64, device=DEVICE)
     c = _Counting(fn)
-    a = normalized_hessian_penalty(
-        c, z, std, num_perturbations=k, generator=torch.Generator().manual_seed(0)
-    )
+    a = normalized_hessian_penalty(c, z, std, num_perturbations=k, generator=torch.Generator().manual_seed(0))
     assert c.rows == [4 * k * n]
     c = _Counting(fn)
     hessian_penalty(c, z, num_perturbations=k, generator=torch.Generator().manual_seed(0))
@@ -449,18 +424,25 @@ def test_modules_against_the_oracle():
     std = torch.from_numpy(z.cpu().numpy().std(0) + 1e-6).to(DEVICE)
     r, g = _directions_like_api(z, k, 0, gaussian=True)
     fd_num, fd_den = _oracle_fd(fn, z, eps * std * r, eps), _oracle_fd(fn, z, eps * std * g, eps)
-    want = sum((_var([f[e] for f in fd_num], 0).mean(1) / (_var([f[e] for f in fd_den], 0).mean(1) + 1e-10)).mean()
-               for e in range(2))
+    want = sum(
+        (_var([f[e] for f in fd_num], 0).mean(1) / (_var([f[e] for f in fd_den], 0).mean(1) + 1e-10)).mean()
+        for e in range(2)
+    )
     torch.testing.assert_close(got, want, rtol=1e-8, atol=0)
     assert "num_perturbations=2" in repr(m)
     r, _ = _directions_like_api(z, k, 0, gaussian=False)
     fd = _oracle_fd(fn, z, eps * r, eps)
     want_max = sum(_var([f[e] for f in fd], 1).max() for e in range(2))
-    torch.testing.assert_close(HessianPenalty()(fn, z, generator=torch.Generator().manual_seed(0)), want_max,
-                               rtol=1e-8, atol=0)
+    torch.testing.assert_close(
+        HessianPenalty()(fn, z, generator=torch.Generator().manual_seed(0)), want_max, rtol=1e-8, atol=0
+    )
     want_mean = sum(_var([f[e] for f in fd], 1).mean() for e in range(2))
-    torch.testing.assert_close(HessianPenalty(reduction="mean")(fn, z, generator=torch.Generator().manual_seed(0)),
-                               want_mean, rtol=1e-8, atol=0)
+    torch.testing.assert_close(
+        HessianPenalty(reduction="mean")(fn, z, generator=torch.Generator().manual_seed(0)),
+        want_mean,
+        rtol=1e-8,
+        atol=0,
+    )
 
 
 def test_nhp_std_default_and_scalar_one_rule_for_functional_and_module():
@@ -641,8 +623,11 @@ def _np_perturbed(z, draws, std, eps, signs, scale):
     """float64 numpy: rows [z + h_1; z - h_1; ...], h_l = u_l * eps * s, u_l = sign(draw_l) for l < signs."""
     z, u = z.detach().double().cpu().numpy(), draws.double().cpu().numpy().copy()
     u[:signs] = np.where(u[:signs] >= 0, 1.0, -1.0)
-    s = {"std": std.detach().double().cpu().numpy() if std is not None else None, "population": z.std(0) + 1e-6,
-         "one": 1.0}[scale]
+    s = {
+        "std": std.detach().double().cpu().numpy() if std is not None else None,
+        "population": z.std(0) + 1e-6,
+        "one": 1.0,
+    }[scale]
     h = u * (eps * s)
     return np.stack([z + h, z - h], 1).reshape(-1, z.shape[1])
 
@@ -652,8 +637,9 @@ def test_perturbed_batch_reference_is_the_equation(case):
     n, d, count, signs, scale = case
     z, draws, std = _pb_inputs(n, d, count, torch.float64)
     got = ref.perturbed_batch(z, draws, std if scale == "std" else None, 0.3, signs, scale)
-    np.testing.assert_allclose(got.cpu().numpy(), _np_perturbed(z, draws, std, 0.3, signs, scale), rtol=1e-14,
-                               atol=1e-15)
+    np.testing.assert_allclose(
+        got.cpu().numpy(), _np_perturbed(z, draws, std, 0.3, signs, scale), rtol=1e-14, atol=1e-15
+    )
 
 
 @pytest.mark.parametrize("backend", [b for b in PB_BACKENDS if b != "reference"])
@@ -671,8 +657,7 @@ def test_perturbed_batch_matches_reference(backend, dtype, case):
     assert got.shape == (2 * count * n, d) and got.dtype == dtype
     torch.testing.assert_close(got, want, **TOL[dtype])
     wrt = [z] + ([std] if std is not None else [])
-    for g, r in zip(torch.autograd.grad((got * w).sum(), wrt), torch.autograd.grad((want * w).sum(), wrt),
-                    strict=True):
+    for g, r in zip(torch.autograd.grad((got * w).sum(), wrt), torch.autograd.grad((want * w).sum(), wrt), strict=True):
         scale_ = r.abs().max()
         torch.testing.assert_close(g / scale_, r / scale_, **TOL[dtype])
         assert torch.isfinite(g).all()
@@ -848,8 +833,10 @@ def test_penalty_options_kernel_vs_reference(backend):
         "nhp std": lambda: normalized_hessian_penalty(fn, z, std, generator=_g()),
         "nhp scalar std": lambda: normalized_hessian_penalty(fn, z, 0.7, generator=_g()),
         "nhp 0-d std": lambda: normalized_hessian_penalty(fn, z, std[1], generator=_g()),
-        "nhp none": lambda: sum(v @ torch.arange(1.0, n + 1, dtype=torch.float64, device=DEVICE) for v in
-                                normalized_hessian_penalty(dict_fn, z, reduction="none", generator=_g()).values()),
+        "nhp none": lambda: sum(
+            v @ torch.arange(1.0, n + 1, dtype=torch.float64, device=DEVICE)
+            for v in normalized_hessian_penalty(dict_fn, z, reduction="none", generator=_g()).values()
+        ),
         "hp max": lambda: hessian_penalty(fn, z, generator=_g()),
         "hp mean": lambda: hessian_penalty(fn, z, reduction="mean", generator=_g()),
         "hp none": lambda: sum(v.sum() for v in hessian_penalty(dict_fn, z, reduction="none", generator=_g()).values()),
@@ -889,7 +876,7 @@ def test_group_directions_are_this_ranks_rows_of_the_global_draw(backend, monkey
     std = torch.tensor([0.5, 1.5, 0.9], dtype=torch.float64, device=DEVICE)
     with use_backend(backend):
         got = normalized_hessian_penalty(fn, z, std, generator=_g(3), reduction="none", group=object())
-    u = torch.randn((2 * k, 3 * n, d), generator=_g(3), dtype=torch.float64)[:, n: 2 * n].to(DEVICE)
+    u = torch.randn((2 * k, 3 * n, d), generator=_g(3), dtype=torch.float64)[:, n : 2 * n].to(DEVICE)
     r, g = torch.where(u[:k] >= 0, 1.0, -1.0).to(u.dtype), u[k:]
     fd_num, fd_den = _oracle_fd(fn, z, eps * std * r, eps), _oracle_fd(fn, z, eps * std * g, eps)
     for e in range(2):
@@ -933,10 +920,17 @@ def test_new_ops_bad_input():
 def test_functional_new_ops_match_the_equations():
     """The public perturbed_batch / curvature_penalty (auto backend) against float64 numpy."""
     z, draws, std = _pb_inputs(4, 3, 4, torch.float64)
-    np.testing.assert_allclose(perturbed_batch(z, draws, std, 0.2, signs=2).cpu().numpy(),
-                               _np_perturbed(z, draws, std, 0.2, 2, "std"), rtol=1e-14, atol=1e-15)
-    np.testing.assert_allclose(perturbed_batch(z, draws, eps=0.2, signs=1).cpu().numpy(),
-                               _np_perturbed(z, draws, None, 0.2, 1, "population"), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(
+        perturbed_batch(z, draws, std, 0.2, signs=2).cpu().numpy(),
+        _np_perturbed(z, draws, std, 0.2, 2, "std"),
+        rtol=1e-14,
+        atol=1e-15,
+    )
+    np.testing.assert_allclose(
+        perturbed_batch(z, draws, eps=0.2, signs=1).cpu().numpy(),
+        _np_perturbed(z, draws, None, 0.2, 1, "population"),
+        rtol=1e-13,
+        atol=1e-15,
+    )
     v = _values(6, True, torch.float64)
-    np.testing.assert_allclose(curvature_penalty(v, ratio=True).cpu().numpy(), _np_penalty(v, True, "mean"),
-                               rtol=1e-14)
+    np.testing.assert_allclose(curvature_penalty(v, ratio=True).cpu().numpy(), _np_penalty(v, True, "mean"), rtol=1e-14)

@@ -93,7 +93,9 @@ def np_cliff(z, cond, sigma, grid):
                 p_zeta = np.mean(np_gauss(zeta, x[:, j], sigma))  # marginal p(z_j = zeta)
                 diff = t[:, None] - x[None, :, i]
                 joint_d = np.mean(  # eq. 14: d/dz_i of the 2-D KDE at (t, zeta)
-                    -diff / sigma**2 * np_gauss(t[:, None], x[None, :, i], sigma)
+                    -diff
+                    / sigma**2
+                    * np_gauss(t[:, None], x[None, :, i], sigma)
                     * np_gauss(zeta, x[None, :, j], sigma),
                     axis=1,
                 )
@@ -146,8 +148,16 @@ def test_public_cliff_loss_matches_equations(name):
     x = (z - z.mean(0)) / z.std(0, unbiased=False)
     assert (x.abs() > 2.0).any() and (x.abs() > 1.8).sum() > 2
     with qkernels.use_backend(name):
-        out = cliff_loss(z, cond_index=idx, sigma=0.25, grid=(-2.0, 2.0, k), lambda_uni=0.3, lambda_biv=1.7,
-                         lambda_kl=0.9, return_terms=True)
+        out = cliff_loss(
+            z,
+            cond_index=idx,
+            sigma=0.25,
+            grid=(-2.0, 2.0, k),
+            lambda_uni=0.3,
+            lambda_biv=1.7,
+            lambda_kl=0.9,
+            return_terms=True,
+        )
     uni, biv, kl = np_cliff(z.cpu(), idx.cpu(), 0.25, (-2.0, 2.0, k))
     np.testing.assert_allclose([t.item() for t in out[1:]], [uni, biv, kl], rtol=1e-10)
     assert math.isclose(out.total.item(), 0.3 * uni + 1.7 * biv + 0.9 * kl, rel_tol=1e-10)
@@ -318,8 +328,9 @@ def test_cpu_kernels_same_on_baseline_isa(monkeypatch, dtype):
     (out.sum() + klm_loss(zr)).backward()
     for isa, (got, grad) in results.items():
         torch.testing.assert_close(got, out.detach(), **tols(dtype), msg=f"{isa} values")
-        torch.testing.assert_close(grad / zr.grad.abs().max(), zr.grad / zr.grad.abs().max(), **tols(dtype),
-                                   msg=f"{isa} grad")
+        torch.testing.assert_close(
+            grad / zr.grad.abs().max(), zr.grad / zr.grad.abs().max(), **tols(dtype), msg=f"{isa} grad"
+        )
 
 
 @pytest.mark.skipif(DEVICE != "cpu" or "cpu" not in backends_of("klm"), reason="the cpu kernels")
@@ -483,7 +494,8 @@ def test_triton_cliff_both_paths(monkeypatch, path, dtype):
     z0, idx = latents(n, d, dtype), cond_rows(n, d, m)
     res = _grads_vs_reference(
         lambda z: torch.stack(list(cliff_loss(z, cond_index=idx, sigma=0.3, grid=(-3.0, 3.0, k), return_terms=True))),
-        (z0,), torch.tensor([0.4, 0.3, 1.1, 0.7], dtype=dtype, device=DEVICE),
+        (z0,),
+        torch.tensor([0.4, 0.3, 1.1, 0.7], dtype=dtype, device=DEVICE),
     )
     for a, b, what in zip(res["triton"], res["reference"], ("terms", "grad"), strict=True):
         torch.testing.assert_close(a, b, **tols(dtype), msg=what)
@@ -504,7 +516,8 @@ def test_triton_cliff_gemm_path_skips_outside_the_window(monkeypatch, d, dtype):
     assert frac < 0.8, frac  # the skip is exercised
     res = _grads_vs_reference(
         lambda z: torch.stack(list(cliff_loss(z, cond_index=idx, sigma=sigma, grid=grid, return_terms=True))),
-        (z0,), torch.tensor([0.4, 0.3, 1.1, 0.7], dtype=dtype, device=DEVICE),
+        (z0,),
+        torch.tensor([0.4, 0.3, 1.1, 0.7], dtype=dtype, device=DEVICE),
     )
     for a, b, what in zip(res["triton"], res["reference"], ("terms", "grad"), strict=True):
         torch.testing.assert_close(a, b, **tols(dtype), msg=what)
@@ -589,8 +602,9 @@ def test_triton_cliff_divides_as_torch_does(monkeypatch):
             return q
         return (q.astype(np.float64) * (1 + (rng.random(q.shape) * 2 - 1) * 2.0**-22)).astype(np.float32)
 
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_fdiv",
-                        lambda self, lhs, rhs: self.binary_op(lhs, rhs, approximate))
+    monkeypatch.setattr(
+        interpreter.InterpreterBuilder, "create_fdiv", lambda self, lhs, rhs: self.binary_op(lhs, rhs, approximate)
+    )
     _assert_underflow_case_within_float32_error()
 
 
@@ -634,7 +648,8 @@ def test_gradcheck_fp64():
         idx = cond_rows(8, 3, 3)
         w = torch.tensor([0.3, -0.2, 1.1, 0.6], dtype=torch.float64, device=DEVICE)
         assert torch.autograd.gradcheck(
-            lambda z: (torch.stack(ops.cliff_loss(z, idx, 0.4, -3.0, 3.0, 9, 0.5, 1.0, 0.7)) * w).sum(), (z,))
+            lambda z: (torch.stack(ops.cliff_loss(z, idx, 0.4, -3.0, 3.0, 9, 0.5, 1.0, 0.7)) * w).sum(), (z,)
+        )
     z = latents(9, 3).requires_grad_()
     s = (ref.population_std(z) + 0.2).detach().requires_grad_()
     assert torch.autograd.gradcheck(lambda z, s: ops.klm(z, s)[0], (z, s))
@@ -666,8 +681,10 @@ def test_opcheck(suffix, dt):
         torch.library.opcheck(getattr(ops, "cliff_loss_backward" + suffix), (one, None, None, None, z, *args))
     s = ref.population_std(z) + 0.1
     for std in (s, None):
-        torch.library.opcheck(getattr(ops, "klm" + suffix), (z.clone().requires_grad_(), None if std is None else
-                                                             std.clone().requires_grad_()))
+        torch.library.opcheck(
+            getattr(ops, "klm" + suffix),
+            (z.clone().requires_grad_(), None if std is None else std.clone().requires_grad_()),
+        )
         _, lse = getattr(ops, "klm" + suffix)(z, std)
         torch.library.opcheck(getattr(ops, "klm_backward" + suffix), (one, z, std, lse))
     x = ref.standardize(z)
@@ -827,10 +844,17 @@ def test_klm_scalar_std_broadcasts_and_bad_std_values(all_value_checks):
     klm_loss(z, std=s0).backward()
     klm_loss(z, std=s1).backward()
     torch.testing.assert_close(s0.grad, s1.grad.sum(), rtol=1e-12, atol=1e-14)
-    for bad, exc in ((0, ValueError), (-1, ValueError), (0.0, ValueError), (float("inf"), ValueError),
-                     (True, TypeError), ("x", TypeError), ([0.7, 0.7, 0.7], TypeError),
-                     (torch.tensor(-1.0, dtype=z.dtype, device=DEVICE), ValueError),
-                     (torch.ones(1, 3, dtype=z.dtype, device=DEVICE), ValueError)):
+    for bad, exc in (
+        (0, ValueError),
+        (-1, ValueError),
+        (0.0, ValueError),
+        (float("inf"), ValueError),
+        (True, TypeError),
+        ("x", TypeError),
+        ([0.7, 0.7, 0.7], TypeError),
+        (torch.tensor(-1.0, dtype=z.dtype, device=DEVICE), ValueError),
+        (torch.ones(1, 3, dtype=z.dtype, device=DEVICE), ValueError),
+    ):
         with pytest.raises(exc, match="std"):
             klm_loss(z, std=bad)
 
@@ -851,8 +875,7 @@ def test_modules():
     uni, biv, kl = np_cliff(z.detach().cpu(), idx.cpu(), 0.25, (-3.0, 3.0, 17))
     assert math.isclose(weighted(z, cond_index=idx).item(), 0.3 * uni + 1.7 * biv + 0.9 * kl, rel_tol=1e-9)
     zd = z.detach().double()
-    assert math.isclose(KLMLoss()(zd).item(), np_klm(zd.cpu().numpy(), zd.cpu().numpy().std(0) + 1e-6),
-                        rel_tol=1e-9)
+    assert math.isclose(KLMLoss()(zd).item(), np_klm(zd.cpu().numpy(), zd.cpu().numpy().std(0) + 1e-6), rel_tol=1e-9)
     std = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64, device=zd.device)
     assert math.isclose(KLMLoss()(zd, std).item(), np_klm(zd.cpu().numpy(), std.cpu().numpy()), rel_tol=1e-9)
     with pytest.raises(ValueError, match="sigma"):
@@ -866,8 +889,14 @@ def test_cliff_loss_defaults_are_the_papers():
 
     from qkernels.nn.kde import CliffLoss
 
-    want = {"sigma": 0.1, "grid": (-5.0, 5.0, 100), "num_cond": 10, "lambda_uni": 0.5, "lambda_biv": 1.0,
-            "lambda_kl": 0.7}
+    want = {
+        "sigma": 0.1,
+        "grid": (-5.0, 5.0, 100),
+        "num_cond": 10,
+        "lambda_uni": 0.5,
+        "lambda_biv": 1.0,
+        "lambda_kl": 0.7,
+    }
     for fn in (cliff_loss, CliffLoss.__init__):
         params = inspect.signature(fn).parameters
         assert {k: params[k].default for k in want} == want, fn

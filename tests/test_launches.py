@@ -58,13 +58,22 @@ def scenarios(dtype=torch.float32):
         "cliff_loss": (lambda: qkernels.cliff_loss(z, grid=(-4.0, 4.0, 16), num_cond=4, generator=gen), leaves, None),
         "klm_loss": (lambda: qkernels.klm_loss(z), leaves, None),
         "latent_quantize": (lambda: _quantized(qkernels.latent_quantize(z, values)), leaves, None),
-        "categorical_latent": (lambda: _differentiable(qkernels.categorical_latent(logits, generator=gen)), leaves,
-                               None),
-        "gumbel_quantize": (lambda: _differentiable(qkernels.gumbel_quantize(z, codebook, 0.5, generator=gen)),
-                            leaves, None),
+        "categorical_latent": (
+            lambda: _differentiable(qkernels.categorical_latent(logits, generator=gen)),
+            leaves,
+            None,
+        ),
+        "gumbel_quantize": (
+            lambda: _differentiable(qkernels.gumbel_quantize(z, codebook, 0.5, generator=gen)),
+            leaves,
+            None,
+        ),
         "kde_grid": (lambda: qkernels.kde_grid(points, z, 0.3), leaves, None),
-        "normalized_hessian_penalty": (lambda: qkernels.normalized_hessian_penalty(mlp, z, generator=gen), leaves,
-                                       (mlp, 4 * 2 * 16)),
+        "normalized_hessian_penalty": (
+            lambda: qkernels.normalized_hessian_penalty(mlp, z, generator=gen),
+            leaves,
+            (mlp, 4 * 2 * 16),
+        ),
         "hessian_penalty": (lambda: qkernels.hessian_penalty(mlp, z, generator=gen), leaves, (mlp, 2 * 2 * 16)),
     }
 
@@ -122,8 +131,15 @@ def _budget_cases():
             if path == "cuda" and name in NO_CUDA:
                 cases.append(pytest.param(name, path, marks=pytest.mark.skip(reason="no CUDA C++ kernel")))
             elif path == "cuda" and name in CUDA_OVER_BUDGET:
-                cases.append(pytest.param(name, path, marks=pytest.mark.xfail(
-                    strict=True, reason="the CUDA C++ path is not fused: issue 25, CUDA_OVER_BUDGET")))
+                cases.append(
+                    pytest.param(
+                        name,
+                        path,
+                        marks=pytest.mark.xfail(
+                            strict=True, reason="the CUDA C++ path is not fused: issue 25, CUDA_OVER_BUDGET"
+                        ),
+                    )
+                )
             else:
                 cases.append((name, path))
     return cases
@@ -150,8 +166,10 @@ def test_launch_budget(name, path):
                 seen.subtract(profiler_kernels(fn_run))
     used = tally.total - own if seen is None else sum(seen.values())
     assert tally.syncs == 0, f"{name} [{path}] reads back to the host: {tally}"
-    assert used <= BUDGETS[name], (f"{name} [{path}]: {used} launches > budget {BUDGETS[name]} ({tally}; fn: {own}; "
-                                   f"profiler: {dict(seen.most_common()) if seen else '-'})")
+    assert used <= BUDGETS[name], (
+        f"{name} [{path}]: {used} launches > budget {BUDGETS[name]} ({tally}; fn: {own}; "
+        f"profiler: {dict(seen.most_common()) if seen else '-'})"
+    )
 
 
 # ----------------------------------------------------------------------------- the counter itself
@@ -159,8 +177,9 @@ def test_launch_budget(name, path):
 
 def test_counter_counts_kernels_not_views_or_allocations():
     x = torch.randn(4, 3, device=DEVICE)
-    tally = count_launches(lambda: (x.view(12), x.t(), torch.empty(5, device=DEVICE), x[1:], torch.add(x, x),
-                                    x.sum(), x.clone()))
+    tally = count_launches(
+        lambda: (x.view(12), x.t(), torch.empty(5, device=DEVICE), x[1:], torch.add(x, x), x.sum(), x.clone())
+    )
     assert tally.total == 3 and tally.triton == 0, tally
     assert dict(tally.names) == {"add": 1, "sum": 1, "clone": 1}
 
@@ -211,5 +230,6 @@ def test_counter_agrees_with_the_profiler_on_a_gpu(name):
             counted -= count_launches(fn_run).total
             seen.subtract(profiler_kernels(fn_run))
     total = sum(seen.values())
-    assert abs(total - counted) <= max(2, counted // 4), \
+    assert abs(total - counted) <= max(2, counted // 4), (
         f"{name}: counted {counted} ({dict(tally.names)}), the profiler saw {total} ({dict(seen.most_common())})"
+    )

@@ -50,12 +50,16 @@ def _import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
                     full = f"{base}.{a.name}"
                     # a submodule by that name, else an attribute of base (compiled modules such
                     # as qkernels._C are outside the graph)
-                    targets.append(full if full in mods or list(PACKAGE.parent.glob(full.replace(".", "/") + ".*.so"))
-                                   else base)
+                    targets.append(
+                        full if full in mods or list(PACKAGE.parent.glob(full.replace(".", "/") + ".*.so")) else base
+                    )
             targets += _lazy_imports(node)
             for t in targets:
-                r = resolve(t) if t.startswith("qkernels") and not list(
-                    PACKAGE.parent.glob(t.replace(".", "/") + ".*.so")) else None
+                r = (
+                    resolve(t)
+                    if t.startswith("qkernels") and not list(PACKAGE.parent.glob(t.replace(".", "/") + ".*.so"))
+                    else None
+                )
                 if r and r != name:
                     graph[name].add(r)
     return graph
@@ -138,8 +142,13 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
         "import test_layout as t; print(json.dumps(t.import_each(json.loads(sys.argv[1]))))"
     ).format(root=str(ROOT), tests=str(ROOT / "tests"))
     mods = [m for m in _modules() if m != "qkernels.__main__"]  # __main__ runs the CLI
-    res = subprocess.run([sys.executable, "-c", code, json.dumps(mods)], capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    res = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(mods)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     failed = {n: err for n, err in json.loads(res.stdout.strip().splitlines()[-1]) if err}
     assert not failed, failed
@@ -163,6 +172,5 @@ def test_the_prepared_gpu_experiments_still_apply():
     patches = sorted((root / "gpu" / "experiments").glob("*.patch"))
     assert patches, "no prepared experiment: delete gpu/cliff_ab.sh and its gpu_check.sh step instead"
     for patch in patches:
-        done = subprocess.run(["git", "apply", "--check", "-p1", str(patch)], cwd=root, capture_output=True,
-                              text=True)
+        done = subprocess.run(["git", "apply", "--check", "-p1", str(patch)], cwd=root, capture_output=True, text=True)
         assert done.returncode == 0, (patch.name, done.stderr)

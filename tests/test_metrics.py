@@ -80,9 +80,7 @@ def test_discrete_mi_2x2_by_hand():
 def test_discrete_mi_matches_sklearn_for_all_pairs():
     rng = np.random.default_rng(1)
     s = random_sources(500, [2, 5, 7])
-    z = np.concatenate(
-        [s[:, :2] * 3 + rng.integers(0, 2, (500, 2)), rng.integers(0, 4, (500, 2))], 1
-    )
+    z = np.concatenate([s[:, :2] * 3 + rng.integers(0, 2, (500, 2)), rng.integers(0, 4, (500, 2))], 1)
     sc, ss = label_encode(s)
     zc, zs = label_encode(z)
     got = discrete_mutual_info(sc, ss, zc, zs)
@@ -469,8 +467,9 @@ def test_dci_depth_search_preset_configuration(monkeypatch):
     s = random_sources(300, [3])
     r = dci(s, s.astype(float), preset="depth_search", max_depths=(2, 5))
     # the search forest at the deepest candidate, then the refit at the chosen depth (perfect at 2: the shallowest)
-    assert seen == [dict(n_estimators=100, criterion="entropy", max_depth=d, random_state=0, n_jobs=None)
-                    for d in (5, 2)]
+    assert seen == [
+        dict(n_estimators=100, criterion="entropy", max_depth=d, random_state=0, n_jobs=None) for d in (5, 2)
+    ]
     assert r["preset"] == "depth_search" and r["informativeness"] == pytest.approx(1.0)
 
 
@@ -527,8 +526,7 @@ def test_sap_continuous_by_hand():
     z = np.stack([s[:, 0] + 0.5 * g.normal(size=400), s[:, 1] + 2.0 * g.normal(size=400), g.normal(size=400)], 1)
     r2 = np.array([[pearsonr(s[:, i], z[:, j])[0] ** 2 for j in range(3)] for i in range(2)])
     top = -np.sort(-r2, axis=1)
-    assert math.isclose(sap(s, z, continuous_factors=True)["sap"], float(np.mean(top[:, 0] - top[:, 1])),
-                        rel_tol=1e-9)
+    assert math.isclose(sap(s, z, continuous_factors=True)["sap"], float(np.mean(top[:, 0] - top[:, 1])), rel_tol=1e-9)
 
 
 def test_sap_ranges():
@@ -566,9 +564,7 @@ def test_mcc_matches_brute_force_oracle():
     b[:, 0] = np.exp(b[:, 0])  # monotone, changes Pearson but not Spearman
     for method, corr in (("pearson", pearsonr), ("spearman", spearmanr)):
         c = np.abs([[corr(a[:, i], b[:, j])[0] for j in range(3)] for i in range(3)])
-        best = max(
-            np.mean([c[i, p[i]] for i in range(3)]) for p in itertools.permutations(range(3))
-        )
+        best = max(np.mean([c[i, p[i]] for i in range(3)]) for p in itertools.permutations(range(3)))
         assert mcc(a, b, method=method)["mcc"] == pytest.approx(best, abs=1e-12)
 
 
@@ -606,9 +602,7 @@ class TinyDataset:
     factor_sizes = (3, 4)
 
     def sample_factors(self, n, generator):
-        return torch.stack(
-            [torch.randint(0, k, (n,), generator=generator) for k in self.factor_sizes], dim=1
-        )
+        return torch.stack([torch.randint(0, k, (n,), generator=generator) for k in self.factor_sizes], dim=1)
 
     def observations_from_factors(self, factors):
         x = torch.zeros(len(factors), 1, 2, 2)
@@ -624,9 +618,7 @@ def encode_pixels(x):
 def test_evaluate_keys_batch_size_independence_and_progress(capsys):
     calls = []
     kw = dict(metrics=("infomec", "dci", "mig", "sap", "modularity", "mcc"), num_samples=300)
-    a = evaluate(
-        encode_pixels, TinyDataset(), batch_size=7, progress=lambda d, t: calls.append((d, t)), **kw
-    )
+    a = evaluate(encode_pixels, TinyDataset(), batch_size=7, progress=lambda d, t: calls.append((d, t)), **kw)
     b = evaluate(encode_pixels, TinyDataset(), batch_size=300, verbose=True, **kw)
     assert calls[-1] == (300, 300) and len(calls) == math.ceil(300 / 7)
     assert "encoded 300/300" in capsys.readouterr().err
@@ -955,7 +947,9 @@ def test_depth_search_picks_accuracy_then_log_loss_then_the_shallowest(monkeypat
     cases = {  # predictions per limit -> the limit that must win
         "accuracy first": ([0.6 * right + 0.4 * wrong, sure_but_wrong_once, 0.7 * right + 0.3 * wrong], 2),
         "then log loss, then shallowest": (
-            [0.6 * right + 0.4 * wrong, 0.9 * right + 0.1 * wrong, 0.9 * right + 0.1 * wrong], 1),
+            [0.6 * right + 0.4 * wrong, 0.9 * right + 0.1 * wrong, 0.9 * right + 0.1 * wrong],
+            1,
+        ),
     }
     x_tr, y_tr = np.array([[0.0], [1.0], [0.0], [1.0]]), np.array([0, 1, 0, 1])
     for name, (proba, want) in cases.items():

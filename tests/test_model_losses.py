@@ -245,8 +245,9 @@ def test_tripod_nhp_layers_are_the_authors():
         zc = model.encoder(2 * x - 1)
         zq = model.quantizer(zc).z_q
         std = torch.tanh(zc).std(0, unbiased=False) + 1e-6
-        per = normalized_hessian_penalty(lambda u: model.decoder(u, return_activations=True)[1], zq, std,
-                                         reduction="none")
+        per = normalized_hessian_penalty(
+            lambda u: model.decoder(u, return_activations=True)[1], zq, std, reduction="none"
+        )
     assert set(per) == {"cond", "block0", "block1"}  # (KLM draws no random numbers before the NHP)
     close(terms["nhp"], sum(float(v.mean()) for v in per.values()), rel=1e-4)
 
@@ -392,8 +393,9 @@ def test_tc_term_trains_the_encoder(name):
 
     g_tc = grad(terms["tc"])
     assert g_tc.abs().max() > 0
-    torch.testing.assert_close(grad(terms["total"]), grad(terms["recon"]) + w_kl * grad(terms["kl"]) + 7.0 * g_tc,
-                               rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        grad(terms["total"]), grad(terms["recon"]) + w_kl * grad(terms["kl"]) + 7.0 * g_tc, rtol=1e-4, atol=1e-6
+    )
 
 
 def test_factorqvae_discriminator_loss_by_hand():
@@ -468,8 +470,11 @@ def test_tripod_forwards_its_nhp_settings():
         with torch.no_grad():
             zc = model.encoder(2 * x - 1)
             std = torch.tanh(zc).std(0, unbiased=False) + 1e-6
-            return float(normalized_hessian_penalty(lambda u: model.decoder(u, return_activations=True)[1],
-                                                    model.quantizer(zc).z_q, std, **kw))
+            return float(
+                normalized_hessian_penalty(
+                    lambda u: model.decoder(u, return_activations=True)[1], model.quantizer(zc).z_q, std, **kw
+                )
+            )
 
     want = nhp(num_perturbations=3, eps=1.5)
     assert math.isclose(float(terms["nhp"]), want, rel_tol=1e-4, abs_tol=0), (float(terms["nhp"]), want)
@@ -482,8 +487,18 @@ def test_cliff_ae_weights_and_sizes():
     (the defaults 0 and 1 were never varied). Cliff = lambda_uni l_uni + lambda_biv l_biv + lambda_kl
     l_KL-uni on the encoder's z (float64 equations, replayed rows); the encoder is MLP(dim, *hidden, d)."""
     torch.manual_seed(0)
-    model = build_model("cliff_ae", (2,), 2, lambda_uni=0.2, lambda_biv=0.5, lambda_kl=0.9, num_cond=4, sigma=0.3,
-                        hidden=(7, 5), fit_decoder=False)
+    model = build_model(
+        "cliff_ae",
+        (2,),
+        2,
+        lambda_uni=0.2,
+        lambda_biv=0.5,
+        lambda_kl=0.9,
+        num_cond=4,
+        sigma=0.3,
+        hidden=(7, 5),
+        fit_decoder=False,
+    )
     sizes = [(m.in_features, m.out_features) for m in model.encoder.modules() if isinstance(m, torch.nn.Linear)]
     assert sizes == [(2, 7), (7, 5), (5, 2)]
     sizes = [(m.in_features, m.out_features) for m in model.decoder.modules() if isinstance(m, torch.nn.Linear)]

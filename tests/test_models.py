@@ -23,10 +23,18 @@ from qkernels.models.architectures import (
 from qkernels.models.base import discriminator_of
 
 TERMS = {
-    "ae": {"recon"}, "qlae": {"recon", "quantize", "commit"}, "tripod": {"recon", "klm", "nhp"},
-    "qvae": {"recon", "kl"}, "factorqvae": {"recon", "kl", "tc"}, "dvae": {"recon", "kl"},
-    "factordvae": {"recon", "kl", "tc"}, "beta_vae": {"recon", "kl"}, "beta_tcvae": {"recon", "kl", "tc"},
-    "factorvae": {"recon", "kl", "tc"}, "cliff_vae": {"recon", "kl", "cliff"}, "cliff_ae": {"cliff", "decoder_mse"},
+    "ae": {"recon"},
+    "qlae": {"recon", "quantize", "commit"},
+    "tripod": {"recon", "klm", "nhp"},
+    "qvae": {"recon", "kl"},
+    "factorqvae": {"recon", "kl", "tc"},
+    "dvae": {"recon", "kl"},
+    "factordvae": {"recon", "kl", "tc"},
+    "beta_vae": {"recon", "kl"},
+    "beta_tcvae": {"recon", "kl", "tc"},
+    "factorvae": {"recon", "kl", "tc"},
+    "cliff_vae": {"recon", "kl", "cliff"},
+    "cliff_ae": {"cliff", "decoder_mse"},
 }
 SMALL = {"disc_width": 32, "disc_layers": 2}
 
@@ -267,13 +275,35 @@ def test_registry_pins_the_authors_batch_sizes_and_latent_counts():
     # disentanglement_lib-family 64; latents: 2 x sources (QLAE, Tripod, FactorQVAE), 10 (lddr, dlib)
     from qkernels.models import METHODS, default_num_latents
 
-    want = {"ae": 128, "qlae": 128, "tripod": 64, "qvae": 256, "factorqvae": 256, "dvae": 64, "factordvae": 64,
-            "beta_vae": 64, "beta_tcvae": 64, "factorvae": 64, "cliff_vae": 64, "cliff_ae": 5000}
+    want = {
+        "ae": 128,
+        "qlae": 128,
+        "tripod": 64,
+        "qvae": 256,
+        "factorqvae": 256,
+        "dvae": 64,
+        "factordvae": 64,
+        "beta_vae": 64,
+        "beta_tcvae": 64,
+        "factorvae": 64,
+        "cliff_vae": 64,
+        "cliff_ae": 5000,
+    }
     assert {m: s.batch_size for m, s in METHODS.items()} == want
-    assert [default_num_latents(m, 6) for m in ("qlae", "tripod", "factorqvae", "dvae", "cliff_vae", "cliff_ae")] \
-        == [12, 12, 12, 10, 10, 2]
-    assert (METHODS["qlae"].optim.lr, METHODS["tripod"].optim.lr, METHODS["factorqvae"].optim.lr,
-            METHODS["cliff_ae"].optim.lr) == (1e-3, 2e-4, 1e-3, 2e-3)
+    assert [default_num_latents(m, 6) for m in ("qlae", "tripod", "factorqvae", "dvae", "cliff_vae", "cliff_ae")] == [
+        12,
+        12,
+        12,
+        10,
+        10,
+        2,
+    ]
+    assert (
+        METHODS["qlae"].optim.lr,
+        METHODS["tripod"].optim.lr,
+        METHODS["factorqvae"].optim.lr,
+        METHODS["cliff_ae"].optim.lr,
+    ) == (1e-3, 2e-4, 1e-3, 2e-3)
 
 
 def test_models_default_to_the_papers_hyper_parameters():
@@ -287,22 +317,50 @@ def test_models_default_to_the_papers_hyper_parameters():
     from qkernels.models import DVAE, QLAE, QVAE, CliffAE, CliffVAE, FactorDVAE, FactorQVAE, Tripod
 
     def defaults(cls):
-        return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-                if p.default is not inspect.Parameter.empty}
+        return {
+            k: p.default
+            for k, p in inspect.signature(cls.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
 
     want = {
         QLAE: {"num_values": 10, "weight_quantize": 0.01, "weight_commit": 0.01, "recon": "bce_mean"},
-        Tripod: {"levels": 12, "lambda_klm": 1e-4, "lambda_nhp": 1e-2, "num_perturbations": 2, "eps": 0.1,
-                 "recon": "bce_mean"},
+        Tripod: {
+            "levels": 12,
+            "lambda_klm": 1e-4,
+            "lambda_nhp": 1e-2,
+            "num_perturbations": 2,
+            "eps": 0.1,
+            "recon": "bce_mean",
+        },
         QVAE: {"num_values": 64, "beta": 1e-3, "tau_rate": 1e-5, "recon": "mse_mean"},
-        FactorQVAE: {"num_values": 64, "beta": 1e-3, "gamma": 1e-4, "disc_width": 1000, "disc_layers": 5,
-                     "tau_rate": 2e-5},
+        FactorQVAE: {
+            "num_values": 64,
+            "beta": 1e-3,
+            "gamma": 1e-4,
+            "disc_width": 1000,
+            "disc_layers": 5,
+            "tau_rate": 2e-5,
+        },
         DVAE: {"num_values": 64, "beta": 1.0, "noise_start": 0.5, "noise_end": 2.0, "recon": "bce_sum"},
         FactorDVAE: {"gamma": 10.0, "disc_width": 1000, "disc_layers": 6},
-        CliffVAE: {"beta": 10.0, "lambda_a": 1.0, "sigma": 0.1, "lambda_uni": 0.5, "lambda_biv": 1.0,
-                   "lambda_kl": 0.7, "num_cond": 10},
-        CliffAE: {"hidden": (50, 100, 50), "sigma": 0.1, "lambda_uni": 0.0, "lambda_biv": 1.0, "lambda_kl": 1.0,
-                  "num_cond": 10},
+        CliffVAE: {
+            "beta": 10.0,
+            "lambda_a": 1.0,
+            "sigma": 0.1,
+            "lambda_uni": 0.5,
+            "lambda_biv": 1.0,
+            "lambda_kl": 0.7,
+            "num_cond": 10,
+        },
+        CliffAE: {
+            "hidden": (50, 100, 50),
+            "sigma": 0.1,
+            "lambda_uni": 0.0,
+            "lambda_biv": 1.0,
+            "lambda_kl": 1.0,
+            "num_cond": 10,
+        },
     }
     for cls, values in want.items():
         got = defaults(cls)
@@ -371,8 +429,17 @@ def _layer_kinds(module):
         if isinstance(m, torch.nn.Linear):
             out.append(("Linear", m.in_features, m.out_features))
         elif isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)):
-            out.append((type(m).__name__, m.in_channels, m.out_channels, m.kernel_size[0], m.stride[0],
-                        m.padding[0], m.bias is not None))
+            out.append(
+                (
+                    type(m).__name__,
+                    m.in_channels,
+                    m.out_channels,
+                    m.kernel_size[0],
+                    m.stride[0],
+                    m.padding[0],
+                    m.bias is not None,
+                )
+            )
         elif isinstance(m, torch.nn.LeakyReLU):
             out.append(("LeakyReLU", m.negative_slope))
         elif isinstance(m, torch.nn.InstanceNorm2d):
@@ -394,15 +461,36 @@ def test_mlp_and_dlib_layers_are_the_papers():
     the last upconv to C channels with no activation (logits)."""
     from qkernels.models import MLP
 
-    assert _layer_kinds(MLP()) == [("Linear", 2, 50), ("Tanh",), ("Linear", 50, 100), ("Tanh",),
-                                   ("Linear", 100, 50), ("Tanh",), ("Linear", 50, 2)]
+    assert _layer_kinds(MLP()) == [
+        ("Linear", 2, 50),
+        ("Tanh",),
+        ("Linear", 50, 100),
+        ("Tanh",),
+        ("Linear", 100, 50),
+        ("Tanh",),
+        ("Linear", 50, 2),
+    ]
     enc = DLibEncoder(3, 16, 7, widths=(4, 6), dense=9)
-    assert _layer_kinds(enc) == [("Conv2d", 3, 4, 4, 2, 1, True), ("ReLU",), ("Conv2d", 4, 6, 4, 2, 1, True),
-                                 ("ReLU",), ("Flatten",), ("Linear", 6 * 16, 9), ("ReLU",), ("Linear", 9, 7)]
+    assert _layer_kinds(enc) == [
+        ("Conv2d", 3, 4, 4, 2, 1, True),
+        ("ReLU",),
+        ("Conv2d", 4, 6, 4, 2, 1, True),
+        ("ReLU",),
+        ("Flatten",),
+        ("Linear", 6 * 16, 9),
+        ("ReLU",),
+        ("Linear", 9, 7),
+    ]
     dec = DLibDecoder(5, 3, 16, widths=(4, 6), dense=9)
-    assert _layer_kinds(dec) == [("Linear", 5, 9), ("ReLU",), ("Linear", 9, 6 * 16), ("ReLU",),
-                                 ("ConvTranspose2d", 6, 4, 4, 2, 1, True), ("ReLU",),
-                                 ("ConvTranspose2d", 4, 3, 4, 2, 1, True)]
+    assert _layer_kinds(dec) == [
+        ("Linear", 5, 9),
+        ("ReLU",),
+        ("Linear", 9, 6 * 16),
+        ("ReLU",),
+        ("ConvTranspose2d", 6, 4, 4, 2, 1, True),
+        ("ReLU",),
+        ("ConvTranspose2d", 4, 3, 4, 2, 1, True),
+    ]
     # logits: the decoder's output is not clipped at 0 (a trailing ReLU would make it >= 0)
     torch.manual_seed(0)
     assert float(dec(torch.randn(16, 5)).min()) < 0
@@ -419,8 +507,14 @@ def test_qlae_and_tripod_layers_are_the_authors():
     want = []
     for c in conv:
         want += [c, ("InstanceNorm2d", True), ("LeakyReLU", 0.2)]
-    assert _layer_kinds(enc) == want + [("Flatten",), ("Linear", 4 * 16, 6), ("ReLU",), ("Linear", 6, 6),
-                                        ("ReLU",), ("Linear", 6, 5)]
+    assert _layer_kinds(enc) == want + [
+        ("Flatten",),
+        ("Linear", 4 * 16, 6),
+        ("ReLU",),
+        ("Linear", 6, 6),
+        ("ReLU",),
+        ("Linear", 6, 5),
+    ]
     assert all(m.eps == 1e-6 for m in enc.modules() if isinstance(m, torch.nn.InstanceNorm2d))
     dec = AdaINDecoder(3, 1, 8, widths=(4,), dense=6)
     assert _layer_kinds(dec.mapping) == [("Linear", 3, 6), ("ReLU",), ("Linear", 6, 6), ("ReLU",)]
@@ -614,8 +708,18 @@ def test_registry_pins_the_authors_optimizers_and_tripod_lambdas():
     from qkernels.models.tripod import TRIPOD_LAMBDAS, tripod_lambdas
 
     def spec(o):
-        return (o.name, o.lr, o.betas, o.weight_decay, o.clip, o.clip_value, o.clip_undecayed, o.lr_schedule,
-                o.lr_min, o.lr_decay_steps)
+        return (
+            o.name,
+            o.lr,
+            o.betas,
+            o.weight_decay,
+            o.clip,
+            o.clip_value,
+            o.clip_undecayed,
+            o.lr_schedule,
+            o.lr_min,
+            o.lr_decay_steps,
+        )
 
     assert spec(METHODS["qlae"].optim) == ("adamw", 1e-3, (0.9, 0.999), 0.1, "value", 1.0, False, None, 0.0, 0)
     assert spec(METHODS["tripod"].optim) == ("adamw", 2e-4, (0.9, 0.999), 0.0, "value", 1.0, True, None, 0.0, 0)
@@ -630,8 +734,13 @@ def test_registry_pins_the_authors_optimizers_and_tripod_lambdas():
     assert spec(METHODS["factorvae"].disc_optim) == spec(METHODS["factordvae"].disc_optim) == disc
     assert {n for n, s in METHODS.items() if s.disc_optim is not None} == {"factorqvae", "factordvae", "factorvae"}
     assert spec(METHODS["cliff_ae"].optim)[:2] == ("adam", 2e-3)
-    assert TRIPOD_LAMBDAS == {"shapes3d": (1e-4, 1e-2), "mpi3d": (1e-8, 1e-4), "falcor3d": (1e-10, 1e-2),
-                              "isaac3d": (1e-4, 1e-8), "shapes3d_procedural": (1e-4, 1e-2)}
+    assert TRIPOD_LAMBDAS == {
+        "shapes3d": (1e-4, 1e-2),
+        "mpi3d": (1e-8, 1e-4),
+        "falcor3d": (1e-10, 1e-2),
+        "isaac3d": (1e-4, 1e-8),
+        "shapes3d_procedural": (1e-4, 1e-2),
+    }
     assert tripod_lambdas("dsprites") == (1e-4, 1e-2)
     assert method_defaults("tripod", "falcor3d") == {"lambda_klm": 1e-10, "lambda_nhp": 1e-2}
     assert method_defaults("qlae", "falcor3d") == {}
@@ -659,8 +768,10 @@ def test_codebook_sweeps_are_each_latents_sorted_values():
     initial order; the intervention sweep is each latent's own values in increasing order (QLAE: per
     latent; FactorQVAE: the global codebook for every latent)."""
     qlae, _ = tiny("qlae")
-    vals = torch.tensor([[0.3, -1.0, 2.0, 0.1, -0.2, 0.0, 1.0, 0.5, -0.7, 0.9]]).repeat(4, 1) * \
-        torch.arange(1.0, 5.0)[:, None]
+    vals = (
+        torch.tensor([[0.3, -1.0, 2.0, 0.1, -0.2, 0.0, 1.0, 0.5, -0.7, 0.9]]).repeat(4, 1)
+        * torch.arange(1.0, 5.0)[:, None]
+    )
     with torch.no_grad():
         qlae.quantizer.values.copy_(vals)
     sweep = qlae.latent_values(torch.zeros(3, 4))

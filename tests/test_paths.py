@@ -86,9 +86,15 @@ def _anchors(markdown: str) -> set[str]:
 
 def test_every_anchor_named_is_a_heading():
     """A ``page.md#anchor`` named in the sources (e.g. each routing row of qkernels/_backend.py) reaches a heading."""
-    named = [(path, page, anchor) for path, text in _sources().items()
-             for page, anchor in re.findall(r"((?:docs|benchmarks)/[\w./\-]*\.md)#([\w\-]+)", text)]
+    named = [
+        (path, page, anchor)
+        for path, text in _sources().items()
+        for page, anchor in re.findall(r"((?:docs|benchmarks)/[\w./\-]*\.md)#([\w\-]+)", text)
+    ]
     assert any(page == "docs/design/routing.md" for _, page, _ in named)
-    broken = [f"{path.relative_to(ROOT)}: {page}#{anchor}" for path, page, anchor in named
-              if anchor not in _anchors((ROOT / page).read_text())]
+    broken = [
+        f"{path.relative_to(ROOT)}: {page}#{anchor}"
+        for path, page, anchor in named
+        if anchor not in _anchors((ROOT / page).read_text())
+    ]
     assert not broken, broken

@@ -71,7 +71,7 @@ def test_kde_grid_half_inputs(backend, dtype):
         got = qkernels.kde_grid(points, samples, 0.3, derivative=derivative)
         s, p = _rounded(samples), _rounded(points)
         diff = p[:, :, None] - s.T[:, None, :]  # (d, K, n)
-        dens = np.exp(-diff**2 / (2 * 0.09)) / (0.3 * np.sqrt(2 * np.pi))
+        dens = np.exp(-(diff**2) / (2 * 0.09)) / (0.3 * np.sqrt(2 * np.pi))
         want = (dens * (-diff / 0.09) if derivative else dens).mean(-1)
         assert got.dtype == torch.float32
         np.testing.assert_allclose(got.cpu().numpy(), want, rtol=0, atol=REDUCTION_RTOL * np.abs(want).max())
@@ -136,8 +136,9 @@ def test_gumbel_quantize_half_inputs(dtype):
     w /= w.sum(-1, keepdims=True)
     assert out.z_q.dtype == out.weights.dtype == out.logits.dtype == dtype
     assert out.kl_uniform.dtype == torch.float32
-    np.testing.assert_allclose(_rounded(out.z_q), (w * np.linspace(-1, 1, 5)).sum(-1),
-                               rtol=0, atol=ROUND[dtype] + REDUCTION_RTOL)
+    np.testing.assert_allclose(
+        _rounded(out.z_q), (w * np.linspace(-1, 1, 5)).sum(-1), rtol=0, atol=ROUND[dtype] + REDUCTION_RTOL
+    )
     out.z_q.float().sum().backward()
     assert z.grad.dtype == dtype
 
@@ -151,8 +152,11 @@ def test_float64_does_not_mix_and_non_floating_inputs_are_type_errors():
     with pytest.raises(TypeError, match="points has dtype torch.float64 but samples"):
         qkernels.kde_grid(torch.zeros(2, 3, dtype=torch.float64), z32, 0.3)
     for bad in (torch.ones(8, 2, dtype=torch.int64), torch.ones(8, 2, dtype=torch.complex64)):
-        for call in (lambda t: qkernels.cliff_loss(t), lambda t: qkernels.klm_loss(t),
-                     lambda t: qkernels.latent_quantize(t, torch.randn(2, 3))):
+        for call in (
+            lambda t: qkernels.cliff_loss(t),
+            lambda t: qkernels.klm_loss(t),
+            lambda t: qkernels.latent_quantize(t, torch.randn(2, 3)),
+        ):
             with pytest.raises(TypeError, match="z must be a floating-point tensor"):
                 call(bad)
         with pytest.raises(TypeError, match="logits must be a floating-point tensor"):

@@ -20,8 +20,14 @@ def test_protocols_pin_the_authors_settings():
     # class_weight='balanced', max_iter=100, IQR pruning); disentangle/metrics/dci.py (random forest, 90/10)
     t = PROTOCOLS["tripod"]
     assert t.samples == {"infomec": 10_000, "dci": 10_000} and t.discrete_latents == "values"
-    assert t.options["infomec"] == {"k": 10, "prune": "iqr", "class_weight": "balanced", "max_iter": 100,
-                                    "infoe_fit": "sklearn", "degenerate": "nan"}
+    assert t.options["infomec"] == {
+        "k": 10,
+        "prune": "iqr",
+        "class_weight": "balanced",
+        "max_iter": 100,
+        "infoe_fit": "sklearn",
+        "degenerate": "nan",
+    }
     assert t.options["dci"] == {"preset": "tripod"}
     # the paper's checkpoint selection (PSNR filter, best InfoM); the other protocols report the final step
     assert t.selection == "tripod" and {p.selection for n, p in PROTOCOLS.items() if n != "tripod"} == {"final"}
@@ -99,8 +105,13 @@ def test_dci_qlae_validation_preset_selects_the_depth_on_a_validation_split_and_
     from qkernels.metrics._common import split_test_fraction
 
     s = random_sources(400, [3, 4], seed=2)
-    z = np.concatenate([s + 0.1 * np.random.default_rng(3).standard_normal(s.shape),
-                        np.random.default_rng(4).standard_normal((400, 2))], 1)  # every row distinct
+    z = np.concatenate(
+        [
+            s + 0.1 * np.random.default_rng(3).standard_normal(s.shape),
+            np.random.default_rng(4).standard_normal((400, 2)),
+        ],
+        1,
+    )  # every row distinct
     tr, te = split_test_fraction(400, 0.1, 0)
     fit, val = split_test_fraction(tr.size, 1 / 9, 0)
     rows = {tuple(r): k for k, r in enumerate(z)}
@@ -128,8 +139,14 @@ def test_dci_qlae_validation_preset_selects_the_depth_on_a_validation_split_and_
     assert [f[0] for f in search] == [sorted(tr[fit])] * 2 and all(f[1] is None for f in search)
     assert [f[0] for f in refit] == [sorted(tr)] * 2 and all(f[1] in (1, 4, None) for f in refit)
     assert seen["predict"] == [sorted(te)] * 2  # the test rows: predicted once per source, by the refit
-    want = np.mean([RandomForestClassifier(n_estimators=100, criterion="entropy", max_depth=depth, random_state=i)
-                    .fit(z[tr], s[tr, i]).score(z[te], s[te, i]) for i, (_, depth, _) in enumerate(refit)])
+    want = np.mean(
+        [
+            RandomForestClassifier(n_estimators=100, criterion="entropy", max_depth=depth, random_state=i)
+            .fit(z[tr], s[tr, i])
+            .score(z[te], s[te, i])
+            for i, (_, depth, _) in enumerate(refit)
+        ]
+    )
     assert out["informativeness"] == pytest.approx(want)
     assert out["preset"] == "qlae_validation" and out["disentanglement"] > 0.7 and out["informativeness"] > 0.9
     # the two places citing the paper's appendix for this procedure name the one it is in
@@ -164,8 +181,11 @@ def test_dci_qlae_preset_tunes_the_depth_on_the_held_out_rows_it_reports(monkeyp
 
     real_cut = D.truncated_forest
     monkeypatch.setattr(D, "RandomForestClassifier", Spy)
-    monkeypatch.setattr(D, "truncated_forest", lambda f, x, lim: seen["cut_on"].append(
-        sorted(rows[tuple(r)] for r in x)) or real_cut(f, x, lim))
+    monkeypatch.setattr(
+        D,
+        "truncated_forest",
+        lambda f, x, lim: seen["cut_on"].append(sorted(rows[tuple(r)] for r in x)) or real_cut(f, x, lim),
+    )
     depths = (1, 2, 4, None)
     out = D.dci(s, z, preset="qlae", max_depths=depths)
     assert seen["fit"] == [(sorted(tr), None)] * 2  # one forest per source, on the 90%, at the deepest limit
@@ -188,8 +208,9 @@ def test_dci_qlae_preset_tunes_the_depth_on_the_held_out_rows_it_reports(monkeyp
 
 
 def test_evaluate_with_a_protocol_uses_its_counts_options_and_records_it():
-    proto = Protocol("tiny", ("infomec", "mig"), {"infomec": 300, "mig": 120},
-                     {"infomec": {"prune": "iqr"}, "mig": {"num_bins": 5}})
+    proto = Protocol(
+        "tiny", ("infomec", "mig"), {"infomec": 300, "mig": 120}, {"infomec": {"prune": "iqr"}, "mig": {"num_bins": 5}}
+    )
     out = evaluate(encode_pixels, TinyDataset(), protocol=proto, seed=3, batch_size=64)
     assert out["protocol"] == "tiny" and out["infomec.num_samples"] == 300 and out["mig.num_samples"] == 120
     # independent: the metrics called directly on the first rows of the same draw
@@ -200,8 +221,15 @@ def test_evaluate_with_a_protocol_uses_its_counts_options_and_records_it():
 
     assert out["mig.mig"] == mig(s[:120], z[:120], num_bins=5)["mig"]
     # explicit arguments override the protocol
-    small = evaluate(encode_pixels, TinyDataset(), protocol=proto, metrics=("mig",), num_samples=50,
-                     options={"mig": {"num_bins": 3}}, seed=3)
+    small = evaluate(
+        encode_pixels,
+        TinyDataset(),
+        protocol=proto,
+        metrics=("mig",),
+        num_samples=50,
+        options={"mig": {"num_bins": 3}},
+        seed=3,
+    )
     s, z = encode_dataset(encode_pixels, TinyDataset(), num_samples=50, seed=3, batch_size=64)  # a 50-row draw
     assert small["mig.num_samples"] == 50 and small["mig.mig"] == mig(s, z, num_bins=3)["mig"]
     with pytest.raises(ValueError, match="protocol"):
@@ -289,6 +317,7 @@ def test_each_protocol_hands_each_metric_its_rows_options_and_split(monkeypatch,
         def wrapper(sources, latents, **kw):
             calls.append((metric, np.array(sources), np.array(latents), kw))
             return real(sources, latents, **kw) if metric == "dci" else {}
+
         return wrapper
 
     class Recorder:  # the classifier: records the rows (latent 2 is the row's id) it is fitted on and scores
@@ -341,7 +370,8 @@ def test_each_protocol_hands_each_metric_its_rows_options_and_split(monkeypatch,
     for f in fits:
         assert (len(f["fit"]), len(f["test"])) == (train, test)
         assert not set(f["fit"].tolist()) & set(f["test"].tolist()) and set(f["fit"].tolist()) | set(
-            f["test"].tolist()) <= set(range(n))
+            f["test"].tolist()
+        ) <= set(range(n))
         np.testing.assert_array_equal(f["fit"], fits[0]["fit"])  # one split for every source
     if search is None:
         assert not searched
@@ -376,8 +406,9 @@ def _authors_infoe_transcribed(s, z, max_iter):
     unpenalized = {"C": np.inf} if tuple(map(int, sklearn.__version__.split(".")[:2])) >= (1, 8) else {"penalty": None}
 
     def logistic_regression(x, y):
-        model = linear_model.LogisticRegression(tol=1e-4, fit_intercept=True, class_weight="balanced", solver="lbfgs",
-                                                max_iter=max_iter, **unpenalized)
+        model = linear_model.LogisticRegression(
+            tol=1e-4, fit_intercept=True, class_weight="balanced", solver="lbfgs", max_iter=max_iter, **unpenalized
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model.fit(x, y)

@@ -83,9 +83,7 @@ def test_latent_quantize_gradients_match_reference(shape, dtype, global_codebook
         gv[0 if global_codebook else j, k] += 0.3 * 2 * (q[i, j] - zd[i, j]) / n
     for name, (g_z, g_v) in grads.items():
         torch.testing.assert_close(g_z.cpu().double(), torch.from_numpy(gz), **tol(dtype), msg=name)
-        torch.testing.assert_close(
-            g_v.cpu().double().reshape(gv.shape), torch.from_numpy(gv), **tol(dtype), msg=name
-        )
+        torch.testing.assert_close(g_v.cpu().double().reshape(gv.shape), torch.from_numpy(gv), **tol(dtype), msg=name)
 
 
 def test_latent_quantize_ties_and_out_of_range(backend):
@@ -254,8 +252,13 @@ def test_gumbel_quantize_gradients_match_reference(dtype, global_codebook, hard)
         results[name] = [t.detach() for t in out] + [z.grad, v.grad]
     for name in KERNEL_BACKENDS:
         for got, want in zip(results[name], results["reference"], strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-4 if dtype == torch.float32 else 1e-9, atol=1e-5
-                                       if dtype == torch.float32 else 1e-11, msg=name)
+            torch.testing.assert_close(
+                got,
+                want,
+                rtol=1e-4 if dtype == torch.float32 else 1e-9,
+                atol=1e-5 if dtype == torch.float32 else 1e-11,
+                msg=name,
+            )
 
 
 @pytest.mark.skipif(DEVICE != "cpu" or "cpu" not in BACKENDS, reason="the cpu kernels")
@@ -354,24 +357,44 @@ def _gumbel_run(impl, z0, v0, u, ups, hard, used=(0, 1, 2, 3)):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,global_codebook", [  # (N, d, K); a global codebook at 40 x 30: 38 row tiles
-    ((1, 1, 2), False), ((1, 1, 2), True), ((37, 5, 7), False), ((37, 5, 7), True), ((40, 30, 3), True)])
+@pytest.mark.parametrize(
+    "shape,global_codebook",
+    [  # (N, d, K); a global codebook at 40 x 30: 38 row tiles
+        ((1, 1, 2), False),
+        ((1, 1, 2), True),
+        ((37, 5, 7), False),
+        ((37, 5, 7), True),
+        ((40, 30, 3), True),
+    ],
+)
 def test_gumbel_quantize_op_matches_reference(shape, global_codebook, dtype):
     """Every backend's gumbel_quantize op (forward and the gradients of all four outputs, with and
     without noise, soft and hard) against the reference implementation."""
     impls = qkernels._backend.implementations("gumbel_quantize")
     z, v, u, ups = _gumbel_case(*shape, dtype, global_codebook)
     t = tol(dtype) if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}  # fp32: sums over 40 rows
-    cases = [(u, False, (0, 1, 2, 3)), (u, True, (0, 1, 2, 3)), (None, False, (0, 1, 2, 3)), (None, True, (0, 1, 2, 3)),
-             (u, False, (0, 3)), (u, True, (1, 2))]  # some outputs unused: no upstream gradient for them
+    cases = [
+        (u, False, (0, 1, 2, 3)),
+        (u, True, (0, 1, 2, 3)),
+        (None, False, (0, 1, 2, 3)),
+        (None, True, (0, 1, 2, 3)),
+        (u, False, (0, 3)),
+        (u, True, (1, 2)),
+    ]  # some outputs unused: no upstream gradient for them
     for uniform, hard, used in cases:
         want = _gumbel_run(impls["reference"], z, v, uniform, ups, hard, used)
         for name in KERNEL_BACKENDS:
             got = _gumbel_run(impls[name], z, v, uniform, ups, hard, used)
             for what, g, w in zip(("z_q", "y", "logits", "kl", "grad z", "grad values"), got, want, strict=True):
                 assert g.dtype == w.dtype and g.shape == w.shape, (name, what)
-                torch.testing.assert_close(g, w, **t, msg=lambda m, name=name, what=what, noise=uniform is not None,
-                                           hard=hard: f"{name} {what} (noise {noise}, hard {hard}): {m}")
+                torch.testing.assert_close(
+                    g,
+                    w,
+                    **t,
+                    msg=lambda m, name=name, what=what, noise=uniform is not None, hard=hard: (
+                        f"{name} {what} (noise {noise}, hard {hard}): {m}"
+                    ),
+                )
 
 
 def test_gumbel_quantize_logits_gradient_matches_float64():
@@ -397,7 +420,8 @@ def test_gumbel_quantize_gradcheck_fp64(global_codebook):
         with qkernels.use_backend(name):
             assert torch.autograd.gradcheck(
                 lambda z_, v_: tuple(qkernels.gumbel_quantize(z_, v_, 0.7, uniform=u)),
-                (z.clone().requires_grad_(), v.clone().requires_grad_()), fast_mode=True,
+                (z.clone().requires_grad_(), v.clone().requires_grad_()),
+                fast_mode=True,
             ), name
 
 
@@ -449,8 +473,9 @@ def test_categorical_latent_default_values_cost_no_launch():
     p /= p.sum(-1, keepdims=True)
     values = np.linspace(-1, 1, 5)
     z = p @ values
-    np.testing.assert_allclose(qkernels.categorical_latent(logits, noise_scale=0.0).z.cpu().numpy(), z,
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        qkernels.categorical_latent(logits, noise_scale=0.0).z.cpu().numpy(), z, rtol=1e-10, atol=1e-12
+    )
     np.testing.assert_allclose(lg.grad.cpu().numpy(), p * (values - z[..., None]), rtol=1e-10, atol=1e-12)
 
 
@@ -462,8 +487,11 @@ def test_triton_launches_per_forward_backward():
     z0, v0 = _inputs(16, 3, 5, torch.float32, False)
     lg0 = torch.randn(16, 3, 5, generator=_gen(27)).to(DEVICE)
     cases = {  # name -> (leaves, differentiable outputs, launches: total, Triton)
-        "latent_quantize": ((z0, v0), lambda z, v: (lambda q: (q.z_q, q.loss_quantize, q.loss_commit))(
-            qkernels.latent_quantize(z, v)), (4, 4)),
+        "latent_quantize": (
+            (z0, v0),
+            lambda z, v: (lambda q: (q.z_q, q.loss_quantize, q.loss_commit))(qkernels.latent_quantize(z, v)),
+            (4, 4),
+        ),
         "gumbel_quantize": ((z0, v0[0]), lambda z, v: tuple(qkernels.gumbel_quantize(z, v, 0.5)), (4, 3)),  # + rand
         "categorical_latent": ((lg0,), lambda lg: tuple(qkernels.categorical_latent(lg)), (4, 3)),  # + rand
     }
@@ -507,10 +535,7 @@ def test_opcheck(suffix):
     for uniform, hard in [(u, False), (None, True)]:
         torch.library.opcheck(getattr(ops, "relaxed_categorical" + suffix), (lgr, vr2, uniform, 0.7, 1.0, hard))
     zz, y, kl = getattr(ops, "relaxed_categorical" + suffix)(lg, v, u, 0.7, 1.0, False)
-    torch.library.opcheck(
-        getattr(ops, "relaxed_categorical_backward" + suffix), (zz, y, kl, lg, v, u, y, 0.7, 1.0)
-    )
-
+    torch.library.opcheck(getattr(ops, "relaxed_categorical_backward" + suffix), (zz, y, kl, lg, v, u, y, 0.7, 1.0))
 
 
 @pytest.mark.skipif("triton" not in BACKENDS, reason="needs Triton (or its interpreter)")
@@ -595,8 +620,10 @@ def test_dtype_mismatch_messages_name_both_sides_and_the_fix():
     fix = r"z has dtype torch.float64 but values has dtype torch.float32: .*z.to\(torch.float32\) or values.to\("
     with pytest.raises(TypeError, match=fix):
         qkernels.latent_quantize(z64, v32)
-    fix = (r"z has dtype torch.float64 but the {}'s values have dtype torch.float32: convert z with "
-           r"z.to\(torch.float32\) or the module with quantizer.to\(torch.float64\)")
+    fix = (
+        r"z has dtype torch.float64 but the {}'s values have dtype torch.float32: convert z with "
+        r"z.to\(torch.float32\) or the module with quantizer.to\(torch.float64\)"
+    )
     for module in (qnn.LatentQuantizer(3, 5), qnn.GumbelQuantizer(5), qnn.GumbelQuantizer(5).eval()):
         with pytest.raises(TypeError, match=fix.format(type(module).__name__)):
             module(z64)

@@ -76,8 +76,13 @@ def declared_bad_calls(op: decl.Op, dev: str) -> list[tuple[str, int, object]]:
         t = tensors[name]
         shape = list(op.example_shape(t, env))
         shape[axis] += 1
-        out.append((f"{name} axis {axis} ({dim}) != {shape[axis] - 1}", op.index(name),
-                    _tensor(t, tuple(shape), env, dev, gen)))
+        out.append(
+            (
+                f"{name} axis {axis} ({dim}) != {shape[axis] - 1}",
+                op.index(name),
+                _tensor(t, tuple(shape), env, dev, gen),
+            )
+        )
     for rule in op.rules:
         for name, bad in rule.bad.items():
             if name in tensors and bad is not None:
@@ -162,14 +167,14 @@ def test_bad_input_raises_and_valid_input_runs(op, backend, dev):
             assert torch.isfinite(t).all(), f"{op}: valid call gave non-finite output"
     cases = list(_mutations(args, dev)) + declared_bad_calls(DECLARED[op], dev)
     for what, i, value in cases:
-        call = values[:i] + [value] + values[i + 1:]
+        call = values[:i] + [value] + values[i + 1 :]
         with pytest.raises(ERRORS):
             _call(op, backend, call)
             pytest.fail(f"{op} [{backend}, {dev}]: {what} of argument {i} was accepted")
     # non-contiguous tensors: the contiguous result
     for i, a in enumerate(args):
         if isinstance(a.value, torch.Tensor) and a.value.dim() >= 1 and a.value.shape[-1] > 1:
-            got = _call(op, backend, values[:i] + [_noncontiguous(a.value)] + values[i + 1:])
+            got = _call(op, backend, values[:i] + [_noncontiguous(a.value)] + values[i + 1 :])
             for g, w in zip(got, want, strict=True):
                 torch.testing.assert_close(g, w, equal_nan=True, msg=f"{op}: non-contiguous argument {i}")
 
@@ -192,7 +197,7 @@ def test_out_of_range_indices(op, backend, dev):
         for bad_value in (a.hi, -1):
             idx = a.value.clone()
             idx.view(-1)[0] = bad_value
-            call = values[:i] + [idx] + values[i + 1:]
+            call = values[:i] + [idx] + values[i + 1 :]
             if backend == "cpu":
                 with pytest.raises(ERRORS, match="must hold values in"):
                     _call(op, backend, call)

@@ -67,9 +67,11 @@ def test_torch_abi_audit_finds_only_stable_symbols_and_abi3():
 def test_only_c_functions_of_the_stable_shim_are_imported_from_torch():
     """Independent of the audit tool: no mangled at::, c10:: or torch:: C++ symbol (they change with each torch
     release); what _C takes from libtorch is aoti_torch_* / torch_* C functions."""
+
     def undefined(lib: str, *flags: str) -> list[str]:
-        out = subprocess.run(["nm", "-D", "--undefined-only", *flags, lib], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            ["nm", "-D", "--undefined-only", *flags, lib], capture_output=True, text=True, check=True
+        ).stdout
         return [line.split(None, 1)[-1].strip() for line in out.splitlines() if line.strip()]
 
     for lib in _libraries():

@@ -18,9 +18,20 @@ DISC = {"disc_width": 32, "disc_layers": 2}
 
 
 def tiny_cfg(model, out, **kw):
-    base = dict(model=model, dataset="sprites", image_size=16, steps=6, batch_size=8, out=str(out),
-                checkpoint_every=3, log_every=1, eval_samples=200, progress=False, eval_every=0,
-                model_kwargs=dict(DISC) if model.startswith("factor") else {})
+    base = dict(
+        model=model,
+        dataset="sprites",
+        image_size=16,
+        steps=6,
+        batch_size=8,
+        out=str(out),
+        checkpoint_every=3,
+        log_every=1,
+        eval_samples=200,
+        progress=False,
+        eval_every=0,
+        model_kwargs=dict(DISC) if model.startswith("factor") else {},
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -116,8 +127,11 @@ def test_weight_decay_groups_and_schedules(tmp_path):
     assert no_decay == {id(p) for n, p in named.items() if n.endswith(".bias") or n == "quantizer.values"}
     decayed = {n for n, p in named.items() if id(p) not in no_decay}
     assert "decoder.start" in decayed and any(".conv." in n and n.endswith(".weight") for n in decayed)
-    assert any(isinstance(m, torch.nn.InstanceNorm2d) and id(m.weight) not in no_decay
-               for m in tr.model.modules() if getattr(m, "weight", None) is not None)
+    assert any(
+        isinstance(m, torch.nn.InstanceNorm2d) and id(m.weight) not in no_decay
+        for m in tr.model.modules()
+        if getattr(m, "weight", None) is not None
+    )
     assert {id(p) for p in tr.clip_params} == {id(p) for p in groups[0]["params"]}
     # Tripod (configs/train_autoencoder.yaml): AdamW b2 0.999, lr 2e-4, no decay, clip 1.0 on every parameter
     tr = Trainer(tiny_cfg("tripod", tmp_path / "t"))
@@ -140,8 +154,14 @@ def _clone_optimizer(opt, src, dst, lr):
     """``opt`` (over ``src``'s parameters) rebuilt over the same-named parameters of ``dst``, at ``lr``."""
     name_of = {id(p): n for n, p in src.named_parameters()}
     params = dict(dst.named_parameters())
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "lr": lr,
-               "params": [params[name_of[id(p)]] for p in g["params"]]} for g in opt.param_groups]
+    groups = [
+        {
+            **{k: v for k, v in g.items() if k != "params"},
+            "lr": lr,
+            "params": [params[name_of[id(p)]] for p in g["params"]],
+        }
+        for g in opt.param_groups
+    ]
     return type(opt)(groups)
 
 
@@ -202,11 +222,35 @@ def test_discriminator_steps_after_model(tmp_path, model):
 
 def test_cli_train_eval_compare(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    rc = main(["train", "--model", "qlae", "--dataset", "sprites", "--image-size", "16", "--steps", "4",
-               "--batch-size", "8", "--eval-samples", "300", "--out", str(out)])
+    rc = main(
+        [
+            "train",
+            "--model",
+            "qlae",
+            "--dataset",
+            "sprites",
+            "--image-size",
+            "16",
+            "--steps",
+            "4",
+            "--batch-size",
+            "8",
+            "--eval-samples",
+            "300",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
-    for f in ("config.json", "log.jsonl", "checkpoint.pt", "metrics.json", "figures/reconstructions.png",
-              "figures/interventions.png", "figures/nmi.png"):
+    for f in (
+        "config.json",
+        "log.jsonl",
+        "checkpoint.pt",
+        "metrics.json",
+        "figures/reconstructions.png",
+        "figures/interventions.png",
+        "figures/nmi.png",
+    ):
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
     m = json.loads((out / "metrics.json").read_text())
     assert m["protocol"] == "qlae" and m["dci.preset"] == "qlae"  # the authors' protocol (InfoMEC and DCI)
@@ -232,8 +276,24 @@ def test_cli_cliff_ae_on_grid2d(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"dataset_kwargs": {"n": 300}, "batch_size": 100}))
     out = tmp_path / "cliff"
-    assert main(["train", "--model", "cliff_ae", "--dataset", "quantized_grid2d", "--steps", "3", "--config",
-                 str(cfg), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "cliff_ae",
+                "--dataset",
+                "quantized_grid2d",
+                "--steps",
+                "3",
+                "--config",
+                str(cfg),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert 0 <= m["mcc.mcc"] <= 1 and (out / "figures/latents.png").is_file()
 
@@ -299,8 +359,9 @@ def test_compare_table_cells_and_missing_metrics(tmp_path):
 
     for name, v in (("a", 0.12345), ("b", 12345.6)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "metrics.json").write_text(json.dumps(
-            {"model": "qlae", "dataset": "sprites", "step": 3, "mig.mig": v}))
+        (tmp_path / name / "metrics.json").write_text(
+            json.dumps({"model": "qlae", "dataset": "sprites", "step": 3, "mig.mig": v})
+        )
     lines = compare_runs([tmp_path / "a", tmp_path / "b"]).splitlines()
     assert lines[0].split() == ["run", "model", "dataset", "step", "mig.mig"]
     assert lines[2].split()[1:] == ["qlae", "sprites", "3", "0.123"]
@@ -336,25 +397,28 @@ def test_cli_config_precedence(tmp_path):
     assert cfg.dataset_kwargs == {"root": str(tmp_path)}
 
 
-@pytest.mark.parametrize("argv, code, says", [
-    (["train", "--dataset", "nosuch"], 2, "unknown dataset 'nosuch'"),
-    (["train", "--dataset", "shapes3d"], 2, "3dshapes.h5"),
-    (["train", "--device", "cuda"], 2, "--device cuda"),
-    (["train", "--device", "tpu:0"], 2, "--device tpu:0"),
-    (["train", "--data-root", "/tmp"], 2, "--data-root: shapes3d_procedural is procedural"),
-    (["train", "--image-size", "48"], 2, "image_size must be 4 * 2**k"),
-    (["eval", "NOWHERE"], 2, "NOWHERE: no config.json or checkpoint.pt"),
-    (["compare", "NOWHERE"], 2, "NOWHERE: no metrics.json"),
-    (["bench", "--hotpath", "nosuch"], 2, "choose from quantize, kde, hessian, overhead"),
-    (["train", "--steps", "0"], 2, "--steps: must be >= 1, got 0"),
-    (["train", "--steps", "-5"], 2, "--steps: must be >= 1, got -5"),
-    (["train", "--batch-size", "1"], 2, "--batch-size: must be >= 2, got 1"),
-    (["train", "--lr", "0"], 2, "--lr: must be > 0"),
-    (["train", "--stepz", "3"], 2, "unrecognized arguments: --stepz 3"),
-    (["nonsense"], 2, "invalid choice: 'nonsense'"),
-    # issue 39: it silently started a fresh 600-step run
-    (["train", "--resume", "--out", "empty"], 2, "--resume needs a run: --out empty holds none (no config.json)"),
-])
+@pytest.mark.parametrize(
+    "argv, code, says",
+    [
+        (["train", "--dataset", "nosuch"], 2, "unknown dataset 'nosuch'"),
+        (["train", "--dataset", "shapes3d"], 2, "3dshapes.h5"),
+        (["train", "--device", "cuda"], 2, "--device cuda"),
+        (["train", "--device", "tpu:0"], 2, "--device tpu:0"),
+        (["train", "--data-root", "/tmp"], 2, "--data-root: shapes3d_procedural is procedural"),
+        (["train", "--image-size", "48"], 2, "image_size must be 4 * 2**k"),
+        (["eval", "NOWHERE"], 2, "NOWHERE: no config.json or checkpoint.pt"),
+        (["compare", "NOWHERE"], 2, "NOWHERE: no metrics.json"),
+        (["bench", "--hotpath", "nosuch"], 2, "choose from quantize, kde, hessian, overhead"),
+        (["train", "--steps", "0"], 2, "--steps: must be >= 1, got 0"),
+        (["train", "--steps", "-5"], 2, "--steps: must be >= 1, got -5"),
+        (["train", "--batch-size", "1"], 2, "--batch-size: must be >= 2, got 1"),
+        (["train", "--lr", "0"], 2, "--lr: must be > 0"),
+        (["train", "--stepz", "3"], 2, "unrecognized arguments: --stepz 3"),
+        (["nonsense"], 2, "invalid choice: 'nonsense'"),
+        # issue 39: it silently started a fresh 600-step run
+        (["train", "--resume", "--out", "empty"], 2, "--resume needs a run: --out empty holds none (no config.json)"),
+    ],
+)
 def test_cli_errors_are_one_line(argv, code, says, tmp_path, monkeypatch, capsys):
     import torch
 
@@ -406,10 +470,12 @@ def test_python_dash_m_entry_point(tmp_path):
     r = subprocess.run([sys.executable, "-m", "qkernels", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and all(c in r.stdout for c in ("bench", "train", "eval", "compare"))
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "metrics.json").write_text(json.dumps({"model": "ae", "dataset": "sprites", "step": 1,
-                                                             "mig.mig": 0.5}))
-    r = subprocess.run([sys.executable, "-m", "qkernels", "compare", str(tmp_path / "a")], capture_output=True,
-                       text=True, timeout=120)
+    (tmp_path / "a" / "metrics.json").write_text(
+        json.dumps({"model": "ae", "dataset": "sprites", "step": 1, "mig.mig": 0.5})
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "qkernels", "compare", str(tmp_path / "a")], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and r.stdout.splitlines()[2].split()[1:] == ["ae", "sprites", "1", "0.500"]
 
 
@@ -427,21 +493,23 @@ def test_figures_label_columns_show_the_reconstruction_and_a_colour_bar():
     x = ds.observations_from_factors(ds.sample_factors(256, generator(4, 6)))[:1]
     with torch.no_grad():
         recon = model.decode(model.encode(x))[0]
-    values = model.latent_values(model.encode(ds.observations_from_factors(
-        ds.sample_factors(256, generator(4, 6)))).detach())
+    values = model.latent_values(
+        model.encode(ds.observations_from_factors(ds.sample_factors(256, generator(4, 6)))).detach()
+    )
     labels = [f"{float(v.min()):.2g} to {float(v.max()):.2g}" for v in values]  # each under its "zj" (issue 47)
     left, top, size, pad = 8 + 6 * max(map(len, labels)), 14, 64, figures.PAD  # 16 px tiles upscaled x4
     for col, img in ((0, x[0]), (1, recon)):
         x0, y0 = left + pad + col * (size + pad), top + pad
         want = np.asarray(figures._to_pil(img))
-        assert (im[y0:y0 + size, x0:x0 + size] == want).all(), col
+        assert (im[y0 : y0 + size, x0 : x0 + size] == want).all(), col
     assert (im[:top, left:] < 128).any()  # column labels drawn above the tiles
     heat = np.asarray(figures.nmi_heatmap([[0.0, 1.0], [0.5, 0.25]], ["a", "b"]))
     cell, hl, ht = 30, 90, 24
     assert tuple(heat[ht + 30 + 2, hl + 30 + 25]) == figures.colormap(0.25)  # cell (1, 1), off its text
     bar_x = hl + 2 * cell + 12 + 5
-    assert tuple(heat[ht, bar_x]) == figures.colormap(1.0) and tuple(heat[ht + 2 * cell - 1, bar_x]) == \
-        figures.colormap(0.0)
+    assert tuple(heat[ht, bar_x]) == figures.colormap(1.0) and tuple(
+        heat[ht + 2 * cell - 1, bar_x]
+    ) == figures.colormap(0.0)
 
 
 def test_log_lines_every_log_every_steps_and_at_the_end(tmp_path):
@@ -507,8 +575,11 @@ def test_periodic_evaluations_and_the_final_one_are_logged_once(tmp_path):
     # eval_every 3 over 6 steps: one evaluation at step 3, then the final one at step 6 (none twice)
     cfg = tiny_cfg("ae", tmp_path / "run", eval_every=3, metrics=("mig",), eval_samples=60)
     Trainer(cfg).run()
-    evals = [r["step"] for r in map(json.loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines())
-             if r["type"] == "eval"]
+    evals = [
+        r["step"]
+        for r in map(json.loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines())
+        if r["type"] == "eval"
+    ]
     assert evals == [3, 6]
 
 
@@ -536,6 +607,7 @@ def test_progress_line_rate_and_eta(monkeypatch, capsys):
 
 # ------------------------------------------------------------------ pre-audit 9 review: the trainer's reporting
 # paths, schedules and optimizer wiring pinned against hand-computed values
+
 
 def _np_seed(*keys):
     """derive_seed recomputed with numpy's SeedSequence (63 bits)."""
@@ -576,7 +648,8 @@ def test_logged_model_schedules_follow_the_step(tmp_path):
     default, whatever the run's length: tests/test_fidelity.py); the log line of step k shows step k - 1's. Guards:
     schedules(s + 1), the schedules not logged."""
     Trainer(tiny_cfg("dvae", tmp_path, steps=4, checkpoint_every=100, model_kwargs={"noise_steps": 4})).run(
-        final_eval=False)
+        final_eval=False
+    )
     c = math.cos(math.pi / 4)
     want = [0.5, 2 - 0.75 * (1 + c), 1.25, 2 - 0.75 * (1 - c)]
     lines = _log(tmp_path)
@@ -615,8 +688,11 @@ def test_qlae_step_is_adamw_on_decay_groups_with_the_decayed_group_clipped(tmp_p
     named = dict(m.named_parameters())
     undecayed = [p for n, p in named.items() if n.endswith(".bias") or n == "quantizer.values"]
     decayed = [p for n, p in named.items() if not (n.endswith(".bias") or n == "quantizer.values")]
-    opt = torch.optim.AdamW([{"params": decayed, "weight_decay": 0.1}, {"params": undecayed, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.999))
+    opt = torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": 0.1}, {"params": undecayed, "weight_decay": 0.0}],
+        lr=1e-3,
+        betas=(0.9, 0.999),
+    )
     big = 0.0
     for s in (0, 1):
         torch.manual_seed(derive_seed(0, s, 3))
@@ -655,6 +731,7 @@ def test_resume_restores_rng_step_and_optimizer_and_a_missing_checkpoint_starts_
 def test_non_finite_term_stops_the_run_and_a_run_with_a_checkpoint_keeps_its_files(tmp_path, monkeypatch):
     """Any non-finite logged term (not only the total) raises FloatingPointError naming the 1-based step; a run
     that fails after writing a checkpoint keeps config, log and checkpoint (a later --resume continues it)."""
+
     def fake(self, s):
         return {"total": 1.0, "recon": float("nan") if s == 2 else 0.5, "lr": 0.1}
 
@@ -704,10 +781,12 @@ def test_progress_on_a_tty_redraws_at_most_every_half_second(monkeypatch, capsys
         bar.update(s, {"total": 2.0})
     bar.close()
     err = capsys.readouterr().err
-    assert err == ("\rstep 1/5 | total 2 | - it/s | elapsed 0:00 | eta -\x1b[K"  # the first step: warm-up
-                   "\rstep 3/5 | total 2 | 4.00 it/s | elapsed 0:01 | eta 0:00\x1b[K"
-                   "\rstep 5/5 | total 2 | 4.00 it/s | elapsed 0:01 | eta 0:00\x1b[K\n"
-                   "trained 5 steps in 0:01 (4.00 it/s after the first step)\n")
+    assert err == (
+        "\rstep 1/5 | total 2 | - it/s | elapsed 0:00 | eta -\x1b[K"  # the first step: warm-up
+        "\rstep 3/5 | total 2 | 4.00 it/s | elapsed 0:01 | eta 0:00\x1b[K"
+        "\rstep 5/5 | total 2 | 4.00 it/s | elapsed 0:01 | eta 0:00\x1b[K\n"
+        "trained 5 steps in 0:01 (4.00 it/s after the first step)\n"
+    )
 
 
 def test_fixed_size_batches_are_slices_of_per_epoch_permutations():
@@ -722,7 +801,7 @@ def test_fixed_size_batches_are_slices_of_per_epoch_permutations():
         return torch.randperm(20, generator=torch.Generator().manual_seed(_np_seed(3, epoch, stream, 1)))
 
     for step, epoch, k in ((0, 0, 0), (1, 0, 1), (2, 1, 0), (5, 2, 1)):
-        assert torch.equal(get_batch(grid, 8, 3, step), grid.x[perm(epoch)[8 * k:8 * k + 8]]), step
+        assert torch.equal(get_batch(grid, 8, 3, step), grid.x[perm(epoch)[8 * k : 8 * k + 8]]), step
     assert torch.equal(get_batch(grid, 8, 3, 1, stream=1), grid.x[perm(0, 1)[8:16]])
     assert torch.equal(get_batch(grid, 32, 3, 3), grid.x[perm(3)])
 
@@ -735,23 +814,38 @@ def test_load_data_and_build_follow_the_config(tmp_path):
     from qkernels.models.registry import build_model
     from qkernels.train.run import build, load_data
 
-    assert load_data(TrainConfig(dataset="sprites", image_size=16, dataset_kwargs={"image_size": 8})
-                     ).observation_shape == (1, 8, 8)
+    assert load_data(
+        TrainConfig(dataset="sprites", image_size=16, dataset_kwargs={"image_size": 8})
+    ).observation_shape == (1, 8, 8)
     assert load_data(TrainConfig(dataset="sprites", image_size=None)).observation_shape == (1, 64, 64)
     assert load_data(TrainConfig(dataset="balls", seed=3, dataset_kwargs={"seed": 7, "n": 50})).seed == 7
     grid = load_data(TrainConfig(dataset="quantized_grid2d", seed=5, dataset_kwargs={"n": 50}))
     assert torch.equal(grid.x, QuantizedGrid2D(50).x)
-    cfg = TrainConfig(model="tripod", dataset="sprites", image_size=16, seed=4, steps=77, num_latents=3,
-                      model_kwargs={"lambda_nhp": 0.5})
+    cfg = TrainConfig(
+        model="tripod",
+        dataset="sprites",
+        image_size=16,
+        seed=4,
+        steps=77,
+        num_latents=3,
+        model_kwargs={"lambda_nhp": 0.5},
+    )
     model, _ = build(cfg)
     assert (model.num_latents, model.total_steps, model.lambda_nhp, model.lambda_klm) == (3, 77, 0.5, 1e-4)
     torch.manual_seed(_np_seed(4, 2**32 - 1))
-    ref = build_model("tripod", load_dataset("sprites", image_size=16).observation_shape, 3, arch="small",
-                      lambda_klm=1e-4, lambda_nhp=0.5)
+    ref = build_model(
+        "tripod",
+        load_dataset("sprites", image_size=16).observation_shape,
+        3,
+        arch="small",
+        lambda_klm=1e-4,
+        lambda_nhp=0.5,
+    )
     _assert_same(model.state_dict(), ref.state_dict())
     other, _ = build(TrainConfig(model="tripod", dataset="sprites", image_size=16, seed=5, num_latents=3))
-    assert any(not torch.equal(a, b) for a, b in zip(other.state_dict().values(), model.state_dict().values(),
-                                                      strict=True))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(other.state_dict().values(), model.state_dict().values(), strict=True)
+    )
 
 
 class _Half(torch.nn.Module):
@@ -799,8 +893,13 @@ def test_evaluate_model_wiring_and_reconstruction_scores(monkeypatch):
     model = _Half()
     res = evaluate_model(model, ds, cfg, num_samples=300)
     enc, kw = calls[0]
-    assert kw == {"protocol": cfg.eval_protocol(), "metrics": ("mig",), "num_samples": 300, "seed": 8,
-                  "batch_size": 256}
+    assert kw == {
+        "protocol": cfg.eval_protocol(),
+        "metrics": ("mig",),
+        "num_samples": 300,
+        "seed": 8,
+        "batch_size": 256,
+    }
     assert cfg.eval_protocol().name == "qlae"  # ae: its authors' (QLAE's) protocol
     assert res["mig.mig"] == 0.25 and res["mig.matrix"] == [[1.0, 0.0], [0.0, 1.0]] and model.training
     x = ds.observations_from_factors(ds.sample_factors(300, torch.Generator().manual_seed(8)))
@@ -835,9 +934,10 @@ def test_compare_table_is_aligned_and_formats_cells(tmp_path, monkeypatch):
     from qkernels.train.evaluate import compare_runs
 
     monkeypatch.chdir(tmp_path)
-    for name, m in (("a", {"model": "qlae", "dataset": "sprites", "step": 3, "mig.mig": -12345.6,
-                           "recon.mse": 1000.0}),
-                    ("bb", {"model": "ae", "step": 10, "mig.mig": 5})):
+    for name, m in (
+        ("a", {"model": "qlae", "dataset": "sprites", "step": 3, "mig.mig": -12345.6, "recon.mse": 1000.0}),
+        ("bb", {"model": "ae", "step": 10, "mig.mig": 5}),
+    ):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.json").write_text(json.dumps(m))
     assert compare_runs(["a", "bb"]).splitlines() == [
@@ -846,8 +946,10 @@ def test_compare_table_is_aligned_and_formats_cells(tmp_path, monkeypatch):
         "a    qlae   sprites  3     -1.235e+04  1000",
         "bb   ae              10    5           -",
     ]
-    assert compare_runs(["bb"], columns=["recon.mse", "mig.mig"]).splitlines()[0].split()[-2:] == \
-        ["recon.mse", "mig.mig"]
+    assert compare_runs(["bb"], columns=["recon.mse", "mig.mig"]).splitlines()[0].split()[-2:] == [
+        "recon.mse",
+        "mig.mig",
+    ]
     from qkernels.train.evaluate import _fmt
 
     assert (_fmt(999.9994), _fmt(-0.5), _fmt(None), _fmt(2)) == ("999.999", "-0.500", "-", "2")
@@ -879,10 +981,12 @@ def test_image_grid_canvas_and_tile_positions():
     im = image_grid([[black] * 3, [grey]], ["ab", "c"], ["u"])
     assert im.size == (20 + 3 * 66 + 2, 14 + 2 * 66 + 2)
     a = np.asarray(im)
-    assert tuple(a[14 + 2 + 66, 20 + 2]) == (128, 128, 128) and tuple(a[14 + 2 + 66 + 63, 20 + 2 + 63]) == \
-        (128, 128, 128)
-    assert tuple(a[14 + 2, 20 + 2 + 2 * 66 + 63]) == (0, 0, 0) and tuple(a[14 + 2 + 66, 20 + 2 + 66]) == \
-        (255, 255, 255)
+    assert tuple(a[14 + 2 + 66, 20 + 2]) == (128, 128, 128) and tuple(a[14 + 2 + 66 + 63, 20 + 2 + 63]) == (
+        128,
+        128,
+        128,
+    )
+    assert tuple(a[14 + 2, 20 + 2 + 2 * 66 + 63]) == (0, 0, 0) and tuple(a[14 + 2 + 66, 20 + 2 + 66]) == (255, 255, 255)
 
 
 def test_interventions_decode_each_latent_at_its_values():
@@ -985,8 +1089,8 @@ def test_reconstruction_figure_rows_are_data_then_recon():
     left = 8 + 6 * len("recon")
     for col in (0, 7):
         x0 = left + 2 + col * 66
-        assert (a[2:66, x0:x0 + 64] == np.asarray(_to_pil(x[col]))).all(), col
-        assert (a[68:132, x0:x0 + 64] == np.asarray(_to_pil(x[col] * 0.5))).all(), col
+        assert (a[2:66, x0 : x0 + 64] == np.asarray(_to_pil(x[col]))).all(), col
+        assert (a[68:132, x0 : x0 + 64] == np.asarray(_to_pil(x[col] * 0.5))).all(), col
 
 
 def test_config_defaults_are_the_documented_ones():
@@ -994,10 +1098,22 @@ def test_config_defaults_are_the_documented_ones():
     widths, method defaults for batch/lr/latents/data order, evaluation at the end with the authors' protocol
     (Tripod's: InfoMEC and DCI on 10,000 samples)."""
     cfg = TrainConfig()
-    assert (cfg.model, cfg.dataset, cfg.steps, cfg.image_size, cfg.arch, cfg.out) == \
-        ("tripod", "shapes3d_procedural", 600, 32, "small", "runs/tripod")
-    assert (cfg.batch_size, cfg.lr, cfg.num_latents, cfg.seed, cfg.eval_every, cfg.eval_samples) == \
-        (None, None, None, 0, "auto", None)
+    assert (cfg.model, cfg.dataset, cfg.steps, cfg.image_size, cfg.arch, cfg.out) == (
+        "tripod",
+        "shapes3d_procedural",
+        600,
+        32,
+        "small",
+        "runs/tripod",
+    )
+    assert (cfg.batch_size, cfg.lr, cfg.num_latents, cfg.seed, cfg.eval_every, cfg.eval_samples) == (
+        None,
+        None,
+        None,
+        0,
+        "auto",
+        None,
+    )
     assert cfg.resolve_defaults().eval_every == "tripod" and not cfg.paper  # Tripod's checkpoint cadence
     assert (cfg.protocol, cfg.data_order, cfg.metrics) == ("auto", "auto", None)
     assert cfg.eval_protocol().name == "tripod" and cfg.eval_protocol().num_samples() == 10_000
@@ -1013,13 +1129,58 @@ def test_cli_every_train_flag_reaches_its_config_field(tmp_path):
     def cfg_of(*argv):
         return _train_config(parser().parse_args(["train", *argv]))
 
-    cfg = cfg_of("--model", "dvae", "--dataset", "balls", "--steps", "7", "--batch-size", "6", "--seed", "3",
-                 "--lr", "0.5", "--arch", "paper", "--image-size", "16", "--num-latents", "4", "--eval-samples",
-                 "21", "--eval-every", "2", "--device", "cuda:1", "--out", "o", "--compile", "--amp",
-                 "--local-kde")
-    assert cfg == TrainConfig(model="dvae", dataset="balls", steps=7, batch_size=6, seed=3, lr=0.5, arch="paper",
-                              image_size=16, num_latents=4, eval_samples=21, eval_every=2, device="cuda:1",
-                              out="o", compile=True, amp=True, local_kde=True).resolve_defaults()
+    cfg = cfg_of(
+        "--model",
+        "dvae",
+        "--dataset",
+        "balls",
+        "--steps",
+        "7",
+        "--batch-size",
+        "6",
+        "--seed",
+        "3",
+        "--lr",
+        "0.5",
+        "--arch",
+        "paper",
+        "--image-size",
+        "16",
+        "--num-latents",
+        "4",
+        "--eval-samples",
+        "21",
+        "--eval-every",
+        "2",
+        "--device",
+        "cuda:1",
+        "--out",
+        "o",
+        "--compile",
+        "--amp",
+        "--local-kde",
+    )
+    assert (
+        cfg
+        == TrainConfig(
+            model="dvae",
+            dataset="balls",
+            steps=7,
+            batch_size=6,
+            seed=3,
+            lr=0.5,
+            arch="paper",
+            image_size=16,
+            num_latents=4,
+            eval_samples=21,
+            eval_every=2,
+            device="cuda:1",
+            out="o",
+            compile=True,
+            amp=True,
+            local_kde=True,
+        ).resolve_defaults()
+    )
     conf = tmp_path / "c.json"
     conf.write_text(json.dumps({"out": "x/y", "dataset": "shapes3d", "dataset_kwargs": {"seed": 5}}))
     cfg = cfg_of("--config", str(conf), "--data-root", "R")
@@ -1035,31 +1196,52 @@ def test_cli_every_train_flag_reaches_its_config_field(tmp_path):
         cfg_of("--resume", "--out", str(tmp_path / "new"), "--model", "ae")
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--steps", "x"], "--steps: expected an integer, got 'x'"),
-    (["--eval-samples", "19"], "--eval-samples: must be >= 20, got 19"),
-    (["--lr", "nan"], "--lr: must be > 0, got nan"),
-    (["--lr", "abc"], "--lr: expected a number, got 'abc'"),
-    (["--image-size", "7"], "--image-size: must be >= 8, got 7"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--steps", "x"], "--steps: expected an integer, got 'x'"),
+        (["--eval-samples", "19"], "--eval-samples: must be >= 20, got 19"),
+        (["--lr", "nan"], "--lr: must be > 0, got nan"),
+        (["--lr", "abc"], "--lr: expected a number, got 'abc'"),
+        (["--image-size", "7"], "--image-size: must be >= 8, got 7"),
+    ],
+)
 def test_cli_flag_bounds(argv, says, capsys):
     """The smallest accepted values pass (--steps 1, --batch-size 2, --eval-samples 20, --eval-every 0); the ones
     below fail with argparse's one line."""
     from qkernels.cli import parser
 
-    a = parser().parse_args(["train", "--steps", "1", "--batch-size", "2", "--eval-samples", "20",
-                             "--eval-every", "0", "--image-size", "8", "--lr", "1e-9"])
+    a = parser().parse_args(
+        [
+            "train",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--eval-samples",
+            "20",
+            "--eval-every",
+            "0",
+            "--image-size",
+            "8",
+            "--lr",
+            "1e-9",
+        ]
+    )
     assert (a.steps, a.batch_size, a.eval_samples, a.eval_every, a.image_size, a.lr) == (1, 2, 20, 0, 8, 1e-9)
     with pytest.raises(SystemExit):
         parser().parse_args(["train", *argv])
     assert says in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("content, says", [
-    ("{not json", "--config CONF: Expecting property name"),
-    ("[1, 2]", "--config CONF: expected a JSON object of TrainConfig fields"),
-    ('{"bogus": 1}', "--config CONF: unknown config keys ['bogus']"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("{not json", "--config CONF: Expecting property name"),
+        ("[1, 2]", "--config CONF: expected a JSON object of TrainConfig fields"),
+        ('{"bogus": 1}', "--config CONF: unknown config keys ['bogus']"),
+    ],
+)
 def test_cli_bad_config_file_is_a_usage_error(content, says, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "CONF").write_text(content)
@@ -1091,7 +1273,7 @@ def test_cli_train_passes_resume_and_prints_the_scalar_results(tmp_path, monkeyp
     assert main(["train", "--model", "ae", "--out", str(tmp_path / "o"), "--resume"]) == 0
     assert calls[0][1] is True and calls[0][0].model == "ae"
     out = capsys.readouterr().out
-    assert json.loads(out[:out.index("}") + 1]) == {"step": 2, "mig.mig": 0.5}
+    assert json.loads(out[: out.index("}") + 1]) == {"step": 2, "mig.mig": 0.5}
     assert out.strip().splitlines()[-1] == f"run directory: {tmp_path / 'o'}"
     assert main(["train", "--model", "ae", "--out", str(tmp_path / "o2")]) == 0 and calls[1][1] is False
     assert main(["train", "--model", "ae", "--dataset", "bad", "--out", str(tmp_path / "o3")]) == 2
@@ -1103,8 +1285,11 @@ def test_cli_eval_bench_compare_forward_their_flags(tmp_path, monkeypatch, capsy
     import qkernels.train
 
     seen = {}
-    monkeypatch.setattr(qkernels.train, "eval_run", lambda d, **kw: seen.update(eval=(d, kw)) or
-                        {"step": 4, "mig.mig": 0.5, "infomec.nmi": [[1.0]]})
+    monkeypatch.setattr(
+        qkernels.train,
+        "eval_run",
+        lambda d, **kw: seen.update(eval=(d, kw)) or {"step": 4, "mig.mig": 0.5, "infomec.nmi": [[1.0]]},
+    )
     monkeypatch.setattr(qkernels.bench, "run", lambda hp, **kw: seen.update(bench=(hp, kw)) or [])
     run = tmp_path / "run"
     run.mkdir()
@@ -1113,20 +1298,46 @@ def test_cli_eval_bench_compare_forward_their_flags(tmp_path, monkeypatch, capsy
     assert main(["eval", str(run), "--eval-samples", "25"]) == 0
     assert seen["eval"] == (str(run), {"num_samples": 25, "device": "cpu", "protocol": None, "progress": True})
     assert json.loads(capsys.readouterr().out) == {"step": 4, "mig.mig": 0.5}
-    assert main(["bench", "--hotpath", "kde", "--hotpath", "quantize", "--no-memory", "--all", "--min-time", "0.1",
-                 "--threads", "2", "--case", "klm", "--save", str(tmp_path / "saved")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--hotpath",
+                "kde",
+                "--hotpath",
+                "quantize",
+                "--no-memory",
+                "--all",
+                "--min-time",
+                "0.1",
+                "--threads",
+                "2",
+                "--case",
+                "klm",
+                "--save",
+                str(tmp_path / "saved"),
+            ]
+        )
+        == 0
+    )
     assert seen["bench"][0] == ("kde", "quantize") and callable(seen["bench"][1].pop("on_case"))  # saves each case
-    assert seen["bench"][1] == {"memory": False, "include_slow": True, "min_time": 0.1, "threads": 2,
-                                "only": ("klm",)}
+    assert seen["bench"][1] == {"memory": False, "include_slow": True, "min_time": 0.1, "threads": 2, "only": ("klm",)}
     assert main(["bench"]) == 0
-    assert seen["bench"] == (("quantize", "kde", "hessian", "overhead"), {"memory": True, "include_slow": False,
-                                                                           "min_time": 0.5, "threads": None,
-                                                                           "only": (), "on_case": None})
+    assert seen["bench"] == (
+        ("quantize", "kde", "hessian", "overhead"),
+        {"memory": True, "include_slow": False, "min_time": 0.5, "threads": None, "only": (), "on_case": None},
+    )
     (run / "metrics.json").write_text(json.dumps({"model": "ae", "step": 1, "mig.mig": 0.5, "recon.mse": 0.1}))
     capsys.readouterr()
     assert main(["compare", str(run), "--columns", "recon.mse", "mig.mig"]) == 0
-    assert capsys.readouterr().out.splitlines()[0].split() == ["run", "model", "dataset", "step", "recon.mse",
-                                                               "mig.mig"]
+    assert capsys.readouterr().out.splitlines()[0].split() == [
+        "run",
+        "model",
+        "dataset",
+        "step",
+        "recon.mse",
+        "mig.mig",
+    ]
 
 
 def test_cli_debug_before_or_after_the_subcommand_and_interrupts(tmp_path, monkeypatch, capsys):
@@ -1184,8 +1395,16 @@ def test_compile_flag_compiles_the_whole_loss_and_trains_as_eager(tmp_path):
 
     losses = {}
     for compiled in (False, True):
-        cfg = TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 300}, batch_size=100,
-                          steps=2, out=str(tmp_path / str(compiled)), progress=False, compile=compiled)
+        cfg = TrainConfig(
+            model="cliff_ae",
+            dataset="quantized_grid2d",
+            dataset_kwargs={"n": 300},
+            batch_size=100,
+            steps=2,
+            out=str(tmp_path / str(compiled)),
+            progress=False,
+            compile=compiled,
+        )
         tr = Trainer(cfg)
         assert (tr.model._compiled_call_impl is not None) == compiled
         with torch._inductor.config.patch(fallback_random=True):
@@ -1203,8 +1422,9 @@ def test_compare_table_wraps_to_120_columns(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("runs/tripod-shapes3d-long-name", "runs/qlae"):
         (tmp_path / name).mkdir(parents=True)
-        (tmp_path / name / "metrics.json").write_text(json.dumps(
-            {"model": "tripod", "dataset": "shapes3d_procedural", "step": 600, **{c: 0.5 for c in COLUMNS}}))
+        (tmp_path / name / "metrics.json").write_text(
+            json.dumps({"model": "tripod", "dataset": "shapes3d_procedural", "step": 600, **{c: 0.5 for c in COLUMNS}})
+        )
     text = compare_runs(["runs/tripod-shapes3d-long-name", "runs/qlae"])
     lines = text.splitlines()
     assert max(map(len, lines)) <= 120 and "" in lines  # wrapped into more than one table
@@ -1229,10 +1449,27 @@ def test_data_order_flag_reaches_the_trainers_batches(tmp_path, monkeypatch):
     seen = []
     real = loop.get_batch
     monkeypatch.setattr(loop, "get_batch", lambda *a, **kw: seen.append((kw["order"], kw["streams"])) or real(*a, **kw))
-    for model, flag, want in (("qlae", "auto", "epochs"), ("qlae", "iid", "iid"), ("qlae", "split", "split"),
-                              ("factorqvae", None, "split"), ("factorqvae", "epochs", "epochs")):
-        argv = ["train", "--model", model, "--dataset", "sprites", "--image-size", "16", "--batch-size", "8",
-                "--out", str(tmp_path / f"{model}-{flag}"), *(["--data-order", flag] if flag else [])]
+    for model, flag, want in (
+        ("qlae", "auto", "epochs"),
+        ("qlae", "iid", "iid"),
+        ("qlae", "split", "split"),
+        ("factorqvae", None, "split"),
+        ("factorqvae", "epochs", "epochs"),
+    ):
+        argv = [
+            "train",
+            "--model",
+            model,
+            "--dataset",
+            "sprites",
+            "--image-size",
+            "16",
+            "--batch-size",
+            "8",
+            "--out",
+            str(tmp_path / f"{model}-{flag}"),
+            *(["--data-order", flag] if flag else []),
+        ]
         cfg = _train_config(parser().parse_args(argv))
         assert cfg.data_order == (flag or "auto")
         if model == "factorqvae":
@@ -1250,7 +1487,7 @@ class _FlatIndexData:
 
     def __init__(self, sizes):
         self.factor_sizes = sizes
-        self.bases = torch.tensor([math.prod(sizes[i + 1:]) for i in range(len(sizes))])
+        self.bases = torch.tensor([math.prod(sizes[i + 1 :]) for i in range(len(sizes))])
 
     def sample_factors(self, n, generator):
         return torch.stack([torch.randint(0, k, (n,), generator=generator) for k in self.factor_sizes], 1)
@@ -1259,9 +1496,11 @@ class _FlatIndexData:
         return (f * self.bases).sum(1)[:, None]
 
 
-@pytest.mark.parametrize("sizes", [(10, 10, 10, 8, 4, 15), (4, 4, 2, 3, 3, 40, 40), (3, 8, 5, 4, 3, 4, 4, 4, 4, 2),
-                                   (4096,), (6144,), (7,)],
-                         ids=["shapes3d", "mpi3d-complex", "isaac3d", "balls", "sprites", "n=7"])
+@pytest.mark.parametrize(
+    "sizes",
+    [(10, 10, 10, 8, 4, 15), (4, 4, 2, 3, 3, 40, 40), (3, 8, 5, 4, 3, 4, 4, 4, 4, 2), (4096,), (6144,), (7,)],
+    ids=["shapes3d", "mpi3d-complex", "isaac3d", "balls", "sprites", "n=7"],
+)
 def test_split_order_reads_the_authors_random_split(sizes):
     """FactorQVAE data/shapes3d.py, mpi3d_complex.py, isaac3d.py: torch.utils.data.random_split(dataset, [0.8, 0.1,
     0.1], generator=torch.Generator().manual_seed(1)) (configs' train.seed 1), trained on the first part. The oracle is

@@ -30,8 +30,19 @@ from qkernels.train import threads as T
 from qkernels.train.files import RunExistsError, clear_run, run_files
 
 _REAL_BUSY_CORES = T.busy_cores  # the autouse fixture stubs the module's (it sleeps half a second)
-TINY = ["train", "--model", "qlae", "--dataset", "sprites", "--image-size", "16", "--batch-size", "8",
-        "--eval-samples", "50"]
+TINY = [
+    "train",
+    "--model",
+    "qlae",
+    "--dataset",
+    "sprites",
+    "--image-size",
+    "16",
+    "--batch-size",
+    "8",
+    "--eval-samples",
+    "50",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -83,8 +94,15 @@ def test_a_directory_holding_a_run_is_refused_and_force_replaces_only_its_files(
 def test_clear_run_deletes_exactly_a_runs_files_and_the_python_api(tmp_path):
     out = tmp_path / "r"
     (out / "figures").mkdir(parents=True)
-    ours = ["config.json", "log.jsonl", "checkpoint.pt", "metrics.json", "checkpoint.pt.tmp", "figures/nmi.png",
-            "figures/loss.png"]
+    ours = [
+        "config.json",
+        "log.jsonl",
+        "checkpoint.pt",
+        "metrics.json",
+        "checkpoint.pt.tmp",
+        "figures/nmi.png",
+        "figures/loss.png",
+    ]
     theirs = ["data.csv", "figures/sketch.png", "sub/config.json"]
     for name in ours + theirs:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
@@ -95,8 +113,7 @@ def test_clear_run_deletes_exactly_a_runs_files_and_the_python_api(tmp_path):
     clear_run(tmp_path / "none")  # nothing there: nothing to do
     # the Trainer: overwrite=False refuses before building or writing anything; the default (the Python API's
     # behaviour before) deletes the old run first, so its metrics and figures never sit beside the new run
-    cfg = TrainConfig(model="ae", dataset="sprites", image_size=16, steps=1, batch_size=8, out=str(out),
-                      progress=False)
+    cfg = TrainConfig(model="ae", dataset="sprites", image_size=16, steps=1, batch_size=8, out=str(out), progress=False)
     for name in ours:
         (out / name).write_text("old")
     with pytest.raises(RunExistsError, match="already holds a run") as exc:
@@ -177,8 +194,10 @@ def test_auto_threads_rule(monkeypatch):
         n, why = T.auto_threads()
         assert n == want and why.startswith("auto: 4 usable cores"), (busy, n, why)
         if want < 4:
-            assert f"{busy:.1f} of them busy with other work at the start: a step waits for its slowest thread, so " \
-                   f"{want} instead of 4; --threads N to choose" in why, why
+            assert (
+                f"{busy:.1f} of them busy with other work at the start: a step waits for its slowest thread, so "
+                f"{want} instead of 4; --threads N to choose" in why
+            ), why
         else:
             assert why == "auto: 4 usable cores; --threads N to choose"
     monkeypatch.setattr(T, "busy_cores", lambda interval=0.5: 0.0)
@@ -201,11 +220,15 @@ def test_a_run_started_on_a_busy_machine_takes_the_free_cores_unless_told(tmp_pa
     run = loop.Trainer.run
     monkeypatch.setattr(loop.Trainer, "run", lambda self, **kw: run(self, stop_after=0, final_eval=False))
     tiny = ["train", "--model", "cliff_ae", "--dataset", "quantized_grid2d", "--batch-size", "50", "--steps", "2"]
-    why = ("auto: 2 usable cores, 1.0 of them busy with other work at the start: a step waits for its slowest "
-           "thread, so 1 instead of 2; --threads N to choose (the count changes the run's bits)")
-    for name, extra, omp, want, said in (("auto", [], None, 1, f"1 thread ({why})"),
-                                         ("given", ["--threads", "2"], None, 2, "2 threads:"),
-                                         ("omp", [], "2", 2, "2 threads (OMP_NUM_THREADS):")):
+    why = (
+        "auto: 2 usable cores, 1.0 of them busy with other work at the start: a step waits for its slowest "
+        "thread, so 1 instead of 2; --threads N to choose (the count changes the run's bits)"
+    )
+    for name, extra, omp, want, said in (
+        ("auto", [], None, 1, f"1 thread ({why})"),
+        ("given", ["--threads", "2"], None, 2, "2 threads:"),
+        ("omp", [], "2", 2, "2 threads (OMP_NUM_THREADS):"),
+    ):
         if omp:
             monkeypatch.setenv("OMP_NUM_THREADS", omp)
         assert main([*tiny, "--out", str(tmp_path / name), *extra]) == 0
@@ -260,8 +283,14 @@ def test_eta_of_a_resumed_run_and_time_format():
     bar.update(60, {"total": 1.5})
     assert bar.eta(60) == pytest.approx(40.0)
     assert bar.line(60, {"total": 1.5}, 10.0) == "step 60/100 | total 1.5 | 1.00 it/s | elapsed 0:10 | eta 0:40"
-    assert [loop.hms(t) for t in (0, 59.4, 61, 3599, 3600, 86399)] == ["0:00", "0:59", "1:01", "59:59", "1:00:00",
-                                                                       "23:59:59"]
+    assert [loop.hms(t) for t in (0, 59.4, 61, 3599, 3600, 86399)] == [
+        "0:00",
+        "0:59",
+        "1:01",
+        "59:59",
+        "1:00:00",
+        "23:59:59",
+    ]
 
 
 # -------------------------------------------------------------------------------------------- 4. figures
@@ -270,8 +299,17 @@ def two_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
     runs = []
     for name, model, steps in (("a", "qlae", 4), ("b", "ae", 3)):
-        cfg = TrainConfig(model=model, dataset="sprites", image_size=16, steps=steps, batch_size=8, log_every=1,
-                          eval_samples=50, out=str(tmp / name), progress=False)
+        cfg = TrainConfig(
+            model=model,
+            dataset="sprites",
+            image_size=16,
+            steps=steps,
+            batch_size=8,
+            log_every=1,
+            eval_samples=50,
+            out=str(tmp / name),
+            progress=False,
+        )
         train(cfg)
         runs.append(tmp / name)
     return runs
@@ -296,23 +334,33 @@ def test_every_figure_is_titled_and_the_loss_curves_are_drawn(two_runs, monkeypa
     saved = []
     save = Image.Image.save
     monkeypatch.setattr(F, "titled", spy)
-    monkeypatch.setattr(Image.Image, "save", lambda self, fp, *args, **kw: (saved.append((fp, id(self))),
-                                                                            save(self, fp, *args, **kw))[1])
+    monkeypatch.setattr(
+        Image.Image,
+        "save",
+        lambda self, fp, *args, **kw: (saved.append((fp, id(self))), save(self, fp, *args, **kw))[1],
+    )
     assert main(["eval", str(a)]) == 0  # redraws every figure of the run
     # issue 57, item 2: it says what it does, with an estimate after the first batch and the time of each part
     err = capsys.readouterr().err.splitlines()
-    assert err[:2] == ["qkernels eval: loading torch, the run and its data ...",
-                       f"qkernels eval: {a} (qlae on sprites, step 4): qlae protocol, infomec, dci on 50 samples "
-                       "(reconstructions scored as they are encoded); then the figures"]
-    assert re.fullmatch(r"encoding 50 samples at \d+/s: about \d+:\d\d in all \(encoding \d+:\d\d, metrics "
-                        r"\d+:\d\d, figures \d+:\d\d\)", err[2]), err[2]
+    assert err[:2] == [
+        "qkernels eval: loading torch, the run and its data ...",
+        f"qkernels eval: {a} (qlae on sprites, step 4): qlae protocol, infomec, dci on 50 samples "
+        "(reconstructions scored as they are encoded); then the figures",
+    ]
+    assert re.fullmatch(
+        r"encoding 50 samples at \d+/s: about \d+:\d\d in all \(encoding \d+:\d\d, metrics "
+        r"\d+:\d\d, figures \d+:\d\d\)",
+        err[2],
+    ), err[2]
     assert err[3].startswith("encoded 50 samples in ")
     assert [re.sub(r"^\[\d+:\d\d\] ", "", ln) for ln in err[4:7]] == [
-        "infomec on 50 samples ...", "dci on 50 samples ...", "drawing the figures ..."]
+        "infomec on 50 samples ...",
+        "dci on 50 samples ...",
+        "drawing the figures ...",
+    ]
     assert err[7].startswith("evaluated in ") and len(err) == 8
     names = sorted(str(fp.relative_to(a)) for fp, _ in saved)
-    assert names == ["figures/interventions.png", "figures/loss.png", "figures/nmi.png",
-                     "figures/reconstructions.png"]
+    assert names == ["figures/interventions.png", "figures/loss.png", "figures/nmi.png", "figures/reconstructions.png"]
     for fp, ident in saved:  # each one went through titled(), with model, dataset and step
         assert titles[ident].startswith("qlae on sprites, step 4: "), (fp, titles.get(ident))
     # the loss curves: a panel per term that varies; the quantize/commit losses span decades -> log axis
@@ -340,14 +388,18 @@ def test_compare_draws_the_curves_of_several_runs_on_one_figure(two_runs, tmp_pa
     b = shutil.copytree(two_runs[1], tmp_path / "b")
     (b / "log.jsonl").unlink()
     assert main(["compare", str(two_runs[0]), str(b), "--curves", str(png)]) == 2
-    assert capsys.readouterr().err.strip() == (f"qkernels: error: {b}: no log.jsonl there; give a run directory "
-                                               "written by `qkernels train --out DIR`")
+    assert capsys.readouterr().err.strip() == (
+        f"qkernels: error: {b}: no log.jsonl there; give a run directory written by `qkernels train --out DIR`"
+    )
 
 
 # ------------------------------------------------------------------------------------------- 5. messages
 def test_fsq_levels_must_be_ints():
-    with pytest.raises(TypeError, match=r"FSQ levels must be an int >= 2 .* or a sequence of ints >= 2, one per "
-                                        r"latent .*got 5.0 \(float\); use FSQ\(5\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"FSQ levels must be an int >= 2 .* or a sequence of ints >= 2, one per "
+        r"latent .*got 5.0 \(float\); use FSQ\(5\)",
+    ):
         FSQ(5.0)
     for bad in ("5", [5.0, 3], None, True):
         with pytest.raises(TypeError, match="FSQ levels must be"):
@@ -361,10 +413,16 @@ def test_fsq_levels_must_be_ints():
 
 def test_channel_first_input_is_rejected_or_taken_with_dim():
     z = torch.randn(2, 12, 4, 4)
-    for module, name in ((LatentQuantizer(12, 5), "LatentQuantizer"), (FSQ([5] * 12), "FSQ"),
-                         (LatentQuantizer(12, 5, global_codebook=True), "LatentQuantizer")):
-        with pytest.raises(ValueError, match=rf"z has shape \(2, 12, 4, 4\): this {name} takes its 12 latents along "
-                                             rf"the last axis, which has size 4; .*pass dim=1 to {name}"):
+    for module, name in (
+        (LatentQuantizer(12, 5), "LatentQuantizer"),
+        (FSQ([5] * 12), "FSQ"),
+        (LatentQuantizer(12, 5, global_codebook=True), "LatentQuantizer"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=rf"z has shape \(2, 12, 4, 4\): this {name} takes its 12 latents along "
+            rf"the last axis, which has size 4; .*pass dim=1 to {name}",
+        ):
             module(z)
     with pytest.raises(ValueError, match=r"give z as \(\.\.\., 12\) or pick the axis with dim="):
         LatentQuantizer(12, 5)(torch.randn(2, 7, 4, 4))
@@ -372,8 +430,9 @@ def test_channel_first_input_is_rejected_or_taken_with_dim():
         CategoricalLatent(12, 5)(torch.randn(2, 12, 4, 4, 5))
     # dim=1: the same as moving the latents last, every output back in the input's layout, gradients through
     for module in (LatentQuantizer(12, 5, dim=1), FSQ([3, 5] * 6, dim=1)):
-        last = type(module)(**({"num_latents": 12, "num_values": 5} if isinstance(module, LatentQuantizer)
-                               else {"levels": [3, 5] * 6}))
+        last = type(module)(
+            **({"num_latents": 12, "num_values": 5} if isinstance(module, LatentQuantizer) else {"levels": [3, 5] * 6})
+        )
         last.load_state_dict(module.state_dict())
         zz = z.clone().requires_grad_()
         q, ref = module(zz), last(z.movedim(1, -1))
@@ -406,9 +465,20 @@ def test_python_api_resume_continues_and_the_refusal_only_guards_fresh_runs(tmp_
     """Trainer(cfg, resume=True) continues an existing run, with or without overwrite=False, and ends where the
     run left alone ends; overwrite=False refuses a FRESH run into that directory; the default overwrite=True
     replaces it."""
+
     def cfg(out, steps=6):
-        return TrainConfig(model="cliff_ae", dataset="quantized_grid2d", dataset_kwargs={"n": 300}, batch_size=50,
-                           steps=steps, checkpoint_every=2, log_every=1, out=str(out), progress=False, threads=1)
+        return TrainConfig(
+            model="cliff_ae",
+            dataset="quantized_grid2d",
+            dataset_kwargs={"n": 300},
+            batch_size=50,
+            steps=steps,
+            checkpoint_every=2,
+            log_every=1,
+            out=str(out),
+            progress=False,
+            threads=1,
+        )
 
     alone, part, part2 = tmp_path / "alone", tmp_path / "part", tmp_path / "part2"
     train(cfg(alone), final_eval=False)
@@ -427,15 +497,33 @@ def test_cli_run_killed_then_resumed_ends_as_the_run_left_alone(tmp_path):
     metrics equal to the same command left alone; beside it, the refusal of a fresh run into the directory and
     --force."""
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"dataset_kwargs": {"n": 300}, "batch_size": 50, "checkpoint_every": 5,
-                                  "log_every": 1}))
-    base = [sys.executable, "-m", "qkernels", "train", "--model", "cliff_ae", "--dataset", "quantized_grid2d",
-            "--config", str(config), "--steps", "300", "--eval-samples", "300", "--threads", "1"]
+    config.write_text(
+        json.dumps({"dataset_kwargs": {"n": 300}, "batch_size": 50, "checkpoint_every": 5, "log_every": 1})
+    )
+    base = [
+        sys.executable,
+        "-m",
+        "qkernels",
+        "train",
+        "--model",
+        "cliff_ae",
+        "--dataset",
+        "quantized_grid2d",
+        "--config",
+        str(config),
+        "--steps",
+        "300",
+        "--eval-samples",
+        "300",
+        "--threads",
+        "1",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     alone, killed = tmp_path / "alone", tmp_path / "killed"
     subprocess.run([*base, "--out", str(alone)], check=True, capture_output=True, env=env, timeout=600)
-    proc = subprocess.Popen([*base, "--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env)
+    proc = subprocess.Popen(
+        [*base, "--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
     try:
         log = killed / "log.jsonl"
         t0 = time.monotonic()  # poll until a checkpoint and a few steps beyond it exist
@@ -455,8 +543,9 @@ def test_cli_run_killed_then_resumed_ends_as_the_run_left_alone(tmp_path):
     subprocess.run([*base, "--out", str(killed), "--resume"], check=True, capture_output=True, env=env, timeout=600)
     _same_state(alone, killed)
     assert json.loads((alone / "metrics.json").read_text()) == json.loads((killed / "metrics.json").read_text())
-    subprocess.run([*base, "--out", str(killed), "--force", "--steps", "3"], check=True, capture_output=True,
-                   env=env, timeout=600)
+    subprocess.run(
+        [*base, "--out", str(killed), "--force", "--steps", "3"], check=True, capture_output=True, env=env, timeout=600
+    )
     assert torch.load(killed / "checkpoint.pt", weights_only=True)["step"] == 3  # --force: a new run
 
 
@@ -464,13 +553,24 @@ def test_cli_run_killed_then_resumed_ends_as_the_run_left_alone(tmp_path):
 def _metrics_json(name, **fields):
     path = Path(name)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "metrics.json").write_text(json.dumps({"model": "tripod", "dataset": "shapes3d_procedural", "step": 600,
-                                                   "infomec.infom": 0.65, "recon.psnr": 19.5, **fields}))
+    (path / "metrics.json").write_text(
+        json.dumps(
+            {
+                "model": "tripod",
+                "dataset": "shapes3d_procedural",
+                "step": 600,
+                "infomec.infom": 0.65,
+                "recon.psnr": 19.5,
+                **fields,
+            }
+        )
+    )
     return path
 
 
-def test_compare_shows_protocol_samples_both_psnrs_and_warns_when_runs_were_scored_differently(tmp_path, capsys,
-                                                                                              monkeypatch):
+def test_compare_shows_protocol_samples_both_psnrs_and_warns_when_runs_were_scored_differently(
+    tmp_path, capsys, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     tripod = {"protocol": "tripod", "infomec.num_samples": 10_000, "dci.num_samples": 10_000}
     old = _metrics_json("old", **tripod, **{"recon.psnr_uint8": 28.1})  # written before the rename
@@ -478,18 +578,32 @@ def test_compare_shows_protocol_samples_both_psnrs_and_warns_when_runs_were_scor
     fast = _metrics_json("fast", protocol="fast", **{"infomec.num_samples": 2000, "dci.num_samples": 2000})
     fqv = _metrics_json("fqv", protocol="factorqvae", **{"infomec.num_samples": 10_000, "dci.num_samples": 15_000})
     lines = compare_runs([old, new]).splitlines()
-    assert lines[0].split() == ["run", "model", "dataset", "step", "protocol", "samples", "infomec.infom",
-                                "recon.psnr", "recon.psnr_tripod"]
+    assert lines[0].split() == [
+        "run",
+        "model",
+        "dataset",
+        "step",
+        "protocol",
+        "samples",
+        "infomec.infom",
+        "recon.psnr",
+        "recon.psnr_tripod",
+    ]
     assert lines[2].split()[4:] == ["tripod", "10,000", "0.650", "19.500", "28.100"]  # the old key, read
     assert lines[3].split()[4:] == ["tripod", "10,000", "0.650", "19.500", "27.900"] and len(lines) == 4
     assert main(["compare", str(old), str(fast), str(fqv)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [ln.split()[4:6] for ln in out[2:5]] == [["tripod", "10,000"], ["fast", "2,000"],
-                                                   ["factorqvae", "10,000/15,000"]]
-    assert out[-1] == (f"warning: these runs were scored differently (tripod protocol on 10,000 samples: {old}; "
-                       f"fast protocol on 2,000 samples: {fast}; factorqvae protocol on 10,000/15,000 samples: "
-                       f"{fqv}): their metrics are not comparable. Score them alike with `qkernels eval RUN_DIR "
-                       "--protocol NAME --eval-samples N`")
+    assert [ln.split()[4:6] for ln in out[2:5]] == [
+        ["tripod", "10,000"],
+        ["fast", "2,000"],
+        ["factorqvae", "10,000/15,000"],
+    ]
+    assert out[-1] == (
+        f"warning: these runs were scored differently (tripod protocol on 10,000 samples: {old}; "
+        f"fast protocol on 2,000 samples: {fast}; factorqvae protocol on 10,000/15,000 samples: "
+        f"{fqv}): their metrics are not comparable. Score them alike with `qkernels eval RUN_DIR "
+        "--protocol NAME --eval-samples N`"
+    )
     # Tripod's checkpoint selection reads an old run's log under the new name too
     from qkernels.train.selection import eval_records
 
@@ -502,7 +616,7 @@ def test_an_evaluation_names_its_two_psnrs_and_the_readme_says_which_it_quotes(t
     assert "recon.psnr_uint8" not in m and m["recon.psnr_tripod"] >= 10 * math.log10(255) - 1e-9  # 24.07 dB
     assert m["recon.psnr_tripod"] > m["recon.psnr"]  # Tripod's wrapped uint8 arithmetic lifts the blurry ones
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    expect = readme[readme.index("What to expect after the default 600 steps"):][:600]
+    expect = readme[readme.index("What to expect after the default 600 steps") :][:600]
     assert "`recon.psnr`" in expect and "`recon.psnr_tripod`" in expect
 
 
@@ -548,15 +662,30 @@ print(rc, "torch" in sys.modules, "qkernels.train.loop" in sys.modules)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False", "False"], r.stdout + r.stderr
-    assert r.stderr.strip() == (f"qkernels: error: --out {tmp_path / 'run'} already holds a run (config.json): "
-                                "continue it with --resume, or delete those files and start over with --force")
+    assert r.stderr.strip() == (
+        f"qkernels: error: --out {tmp_path / 'run'} already holds a run (config.json): "
+        "continue it with --resume, or delete those files and start over with --force"
+    )
 
 
 def test_a_directory_in_use_is_refused_and_a_stale_lock_is_taken_over(tmp_path, capsys, monkeypatch):
     from qkernels.train.files import LOCK, RunInUseError, RunLock
 
-    tiny = ["train", "--model", "cliff_ae", "--dataset", "quantized_grid2d", "--batch-size", "50", "--steps", "2",
-            "--eval-samples", "300", "--threads", "1"]
+    tiny = [
+        "train",
+        "--model",
+        "cliff_ae",
+        "--dataset",
+        "quantized_grid2d",
+        "--batch-size",
+        "50",
+        "--steps",
+        "2",
+        "--eval-samples",
+        "300",
+        "--threads",
+        "1",
+    ]
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen(["sleep", "120"])  # a live process of this machine holds the directory
@@ -569,7 +698,8 @@ def test_a_directory_in_use_is_refused_and_a_stale_lock_is_taken_over(tmp_path, 
             assert main(argv) == 2
             assert capsys.readouterr().err.strip() == (
                 f"qkernels: error: {out} is in use by process {holder.pid} (qkernels train or eval): wait for it to "
-                f"end, or stop it (kill {holder.pid}), then run this again")
+                f"end, or stop it (kill {holder.pid}), then run this again"
+            )
             assert (out / LOCK).read_text().split()[0] == str(holder.pid)  # not touched
     finally:
         holder.kill()
@@ -579,8 +709,9 @@ def test_a_directory_in_use_is_refused_and_a_stale_lock_is_taken_over(tmp_path, 
     # its process has ended: the lock is stale, the run starts, holds the lock while it trains and drops it after
     held = []
     run = loop.Trainer.run
-    monkeypatch.setattr(loop.Trainer, "run", lambda self, **kw: (held.append((out / LOCK).read_text()),
-                                                                 run(self, **kw))[1])
+    monkeypatch.setattr(
+        loop.Trainer, "run", lambda self, **kw: (held.append((out / LOCK).read_text()), run(self, **kw))[1]
+    )
     assert main([*tiny, "--out", str(out)]) == 0
     assert held == [f"{os.getpid()} {socket.gethostname()}\n"] and not (out / LOCK).exists()
     (out / LOCK).write_text("1 elsewhere.example\n")  # another host's: respected, and the message says how to drop it

@@ -33,9 +33,11 @@ def test_subpackages_are_attributes_after_import_qkernels_loaded_lazily():
 
     import qkernels
 
-    code = ("import json, sys, qkernels; eager = [m for m in qkernels.SUBPACKAGES if 'qkernels.' + m in sys.modules]; "
-            "qkernels.nn.CliffLoss; qkernels.data.load_dataset; qkernels.metrics; qkernels.models; qkernels.train; "
-            "qkernels.compat; print(json.dumps([eager, 'qkernels.data' in sys.modules]))")
+    code = (
+        "import json, sys, qkernels; eager = [m for m in qkernels.SUBPACKAGES if 'qkernels.' + m in sys.modules]; "
+        "qkernels.nn.CliffLoss; qkernels.data.load_dataset; qkernels.metrics; qkernels.models; qkernels.train; "
+        "qkernels.compat; print(json.dumps([eager, 'qkernels.data' in sys.modules]))"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     eager, loaded = json.loads(res.stdout.strip().splitlines()[-1])

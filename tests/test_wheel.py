@@ -79,13 +79,14 @@ def test_wheel_installs_and_runs_without_a_compiler(tmp_path, source_tree_build)
     required = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
     light = ["numpy", "torch", *(["triton"] if torch.version.cuda else [])]  # the light install (setup.py REQUIRES)
     assert sorted(r.split(">")[0] for r in required if "extra ==" not in r) == light
-    assert any(r.startswith("scikit-learn") and "extra == \"train\"" in r for r in required)
+    assert any(r.startswith("scikit-learn") and 'extra == "train"' in r for r in required)
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     bindir = str(venv / "bin")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
-                                                            "QKERNELS_NO_EXT")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "QKERNELS_NO_EXT")
+    }
     env.update(PATH=bindir, CC="/nonexistent/cc", CXX="/nonexistent/c++")  # only the venv's own scripts
     found = [c for c in COMPILERS if shutil.which(c, path=bindir)]
     assert not found, f"compilers on the fresh venv's PATH: {found}"
@@ -95,18 +96,28 @@ def test_wheel_installs_and_runs_without_a_compiler(tmp_path, source_tree_build)
     pip = [py, "-m", "pip", "install", "-q", wheel, f"torch=={torch.__version__}"]
     r = subprocess.run(pip, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     if r.returncode != 0 and "+cpu" in torch.__version__:  # not local: where scripts/bootstrap.sh falls back to
-        r = subprocess.run(pip + ["--extra-index-url", "https://download.pytorch.org/whl/cpu"], env=env,
-                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        r = subprocess.run(
+            pip + ["--extra-index-url", "https://download.pytorch.org/whl/cpu"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     assert r.returncode == 0, r.stderr[-3000:]
 
-    out = _run([py, "-c", CHECK + "\nimport importlib.util; assert importlib.util.find_spec('sklearn') is None"],
-               env=env, cwd=tmp_path).stdout
+    out = _run(
+        [py, "-c", CHECK + "\nimport importlib.util; assert importlib.util.find_spec('sklearn') is None"],
+        env=env,
+        cwd=tmp_path,
+    ).stdout
     assert "cliff_loss cpu" in out  # the ops with torch and numpy only
     run = tmp_path / "run"
     train = [str(venv / "bin" / "qkernels"), "train", "--steps", "2", "--protocol", "fast", "--out", str(run)]
     r = subprocess.run(train, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
-        "qkernels: error: qkernels train needs scikit-learn: pip install 'qkernels[train]'")
+        "qkernels: error: qkernels train needs scikit-learn: pip install 'qkernels[train]'"
+    )
     _run([py, "-m", "pip", "install", "-q", f"{wheel}[train]"], env=env, cwd=tmp_path)
     _run(train, env=env, cwd=tmp_path)
     assert (run / "metrics.json").exists() and (run / "checkpoint.pt").exists()

@@ -168,8 +168,12 @@ def half_precision_case(case: Case, loss: Callable, plain: Callable, dtype=torch
 
     def make(scale: int):
         full = case.make(scale)
-        half = tuple(x.detach().to(dtype).requires_grad_(x.requires_grad)
-                     if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in full)
+        half = tuple(
+            x.detach().to(dtype).requires_grad_(x.requires_grad)
+            if isinstance(x, torch.Tensor) and x.is_floating_point()
+            else x
+            for x in full
+        )
         return (*half, *full)
 
     def sliced(fn: Callable, first: bool) -> Callable:
@@ -217,8 +221,15 @@ def cases(hotpath: str) -> list[Case]:
     return importlib.import_module(f"qkernels.bench.{hotpath}").cases()
 
 
-_SHORT = (("latent_quantize", "lq"), ("categorical_latent", "cat"), ("finite_difference_curvature", "fdc"),
-          ("per-dim", "pd"), ("materialized", "mat"), ("plain autocast", "autocast"), (",", ""))
+_SHORT = (
+    ("latent_quantize", "lq"),
+    ("categorical_latent", "cat"),
+    ("finite_difference_curvature", "fdc"),
+    ("per-dim", "pd"),
+    ("materialized", "mat"),
+    ("plain autocast", "autocast"),
+    (",", ""),
+)
 
 
 def short_id(case: Case, variant: str) -> str:
@@ -249,8 +260,14 @@ def _on_cuda(inputs: tuple) -> bool:
 
 
 def time_variants(
-    case: Case, names: list[str], *, min_time: float = 0.5, min_rounds: int = MIN_ROUNDS, max_rounds: int = 1000,
-    max_seconds: float = 20.0, warmup: float = WARMUP_S,
+    case: Case,
+    names: list[str],
+    *,
+    min_time: float = 0.5,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = 1000,
+    max_seconds: float = 20.0,
+    warmup: float = WARMUP_S,
 ) -> dict[str, list[float] | BaseException]:
     """Wall seconds of forward + backward runs of each variant, interleaved: round r runs every
     live variant once, in order, so drift in machine load hits all alike and ``times[v][r]`` of
@@ -340,10 +357,20 @@ def summarize(case: Case, times: dict[str, list[float] | BaseException]) -> list
         q1, q3 = quartiles(t)
         vb, vb_clear = vs(case.baseline, name)
         vc, vc_clear = vs("reference_compiled", name)
-        rows.append({
-            **row, "min_s": min(t), "median_s": statistics.median(t), "q1_s": q1, "q3_s": q3, "rounds": len(t),
-            "vs_baseline": vb, "vs_baseline_clear": vb_clear, "vs_compiled": vc, "vs_compiled_clear": vc_clear,
-        })
+        rows.append(
+            {
+                **row,
+                "min_s": min(t),
+                "median_s": statistics.median(t),
+                "q1_s": q1,
+                "q3_s": q3,
+                "rounds": len(t),
+                "vs_baseline": vb,
+                "vs_baseline_clear": vb_clear,
+                "vs_compiled": vc,
+                "vs_compiled_clear": vc_clear,
+            }
+        )
     return rows
 
 
@@ -510,8 +537,14 @@ def machine() -> str:
 
 
 def run(
-    hotpaths=DEFAULT_HOTPATHS, *, memory: bool = True, include_slow: bool = False, out=sys.stdout,
-    min_time: float = 0.5, threads: int | None = None, only: tuple[str, ...] = (),
+    hotpaths=DEFAULT_HOTPATHS,
+    *,
+    memory: bool = True,
+    include_slow: bool = False,
+    out=sys.stdout,
+    min_time: float = 0.5,
+    threads: int | None = None,
+    only: tuple[str, ...] = (),
     on_case: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """Benchmark every case of every hot path (slow ones only with ``include_slow``); print the plan
@@ -557,11 +590,17 @@ def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float, only,
             raise ValueError(f"--case: no case of {', '.join(hotpaths)} matches {' or '.join(map(repr, only))}")
     chosen = {h: [c for c in cs if include_slow or not c.slow] for h, cs in every.items()}
     left = [h for h in HOTPATHS if h not in hotpaths]
-    say(*plan_lines({h: (sum(len(c.variants) for c in cs), len(cs)) for h, cs in chosen.items()},
-                    [c.name for cs in every.values() for c in cs if c.slow and not include_slow],
-                    estimate_seconds([(c, v) for cs in chosen.values() for c in cs for v in c.variants],
-                                     memory=memory, min_time=min_time),
-                    "--all", left and f"not run: hot path {', '.join(left)} (--hotpath NAME)"))
+    say(
+        *plan_lines(
+            {h: (sum(len(c.variants) for c in cs), len(cs)) for h, cs in chosen.items()},
+            [c.name for cs in every.values() for c in cs if c.slow and not include_slow],
+            estimate_seconds(
+                [(c, v) for cs in chosen.values() for c in cs for v in c.variants], memory=memory, min_time=min_time
+            ),
+            "--all",
+            left and f"not run: hot path {', '.join(left)} (--hotpath NAME)",
+        )
+    )
     names: dict[str, list[str]] = {}
     for hotpath in hotpaths:
         title = getattr(importlib.import_module(f"qkernels.bench.{hotpath}"), "TITLE", "one forward + backward per run")
@@ -575,8 +614,11 @@ def _run(hotpaths, memory: bool, include_slow: bool, out, min_time: float, only,
                 continue
             times = time_variants(case, list(case.variants), min_time=min_time)
             case_rows = summarize(case, times)
-            peaks = {r["variant"]: peak_memory(case, r["variant"], warm=False) if memory and case.memory else None
-                     for r in case_rows if "error" not in r}
+            peaks = {
+                r["variant"]: peak_memory(case, r["variant"], warm=False) if memory and case.memory else None
+                for r in case_rows
+                if "error" not in r
+            }
             base = peaks.get(case.baseline)
             for r in case_rows:
                 if "error" not in r:

@@ -59,10 +59,12 @@ DECODERS = {"mlp": MLPDecoder, "conv": ConvDecoder}
 
 
 LEGEND = {
-    **{b: f"qkernels' batched penalty (one decoder call on the 4k n stacked rows), curvature reduction on "
-          f"the {b} backend" for b in ("reference", "cpu", "triton", "cuda")},
-    "reference_compiled": "torch.compile of qkernels' batched penalty on the reference backend (decoder "
-    "included)",
+    **{
+        b: f"qkernels' batched penalty (one decoder call on the 4k n stacked rows), curvature reduction on "
+        f"the {b} backend"
+        for b in ("reference", "cpu", "triton", "cuda")
+    },
+    "reference_compiled": "torch.compile of qkernels' batched penalty on the reference backend (decoder included)",
     "sequential": "the authors' penalty: one decoder call per perturbation (1 + 4k calls on n rows), torch "
     "ops (training steps: the step plus that penalty)",
     # training steps (benchmarks/test_hessian.py)
@@ -102,7 +104,6 @@ def batched_nhp(backend):
     return penalty
 
 
-
 def _make(model: str, device: str):
     def make(scale: int):
         torch.manual_seed(0)
@@ -132,6 +133,7 @@ def cases(device: str | None = None) -> list[Case]:
     for model in DECODERS:
         variants = backend_variants(_nhp_loss, device, "finite_difference_curvature")
         variants["sequential"] = variant(_loss(sequential_nhp))
-        out.append(Case("hessian", f"nhp {model} n={N} d={D} k={K}", _make(model, device), variants,
-                        baseline="sequential"))
+        out.append(
+            Case("hessian", f"nhp {model} n={N} d={D} k={K}", _make(model, device), variants, baseline="sequential")
+        )
     return out

@@ -168,8 +168,9 @@ def cases(device: str | None = None) -> list[Case]:
     klm = {s: _klm_case(s, device) for s in KLM if device == "cuda" or s not in GPU_ONLY}
     grid = [_kde_grid_case(s, device) for s in KDE_GRID]
     # bf16: the largest shape that runs in seconds, and the largest (slow, --all)
-    half = [half_precision_case(cliff[s], _cliff_loss, _plain_cliff)
-            for s in ((1024, 12, 64, 100), (4096, 32, 128, 128))]
+    half = [
+        half_precision_case(cliff[s], _cliff_loss, _plain_cliff) for s in ((1024, 12, 64, 100), (4096, 32, 128, 128))
+    ]
     half += [half_precision_case(klm[(1024, 32)], _klm_loss, _plain_klm)]
     half += [half_precision_case(grid[-1], _kde_grid_loss, _plain_kde_grid)]
     return [*cliff.values(), *klm.values(), *grid, *half]

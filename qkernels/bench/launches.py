@@ -35,11 +35,29 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 # aten ops that launch no kernel: allocation, aliasing and metadata (views are recognized by their
 # schema, OpOverload.is_view)
-FREE = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh",
-    "set_", "resize_", "is_same_size", "is_nonzero", "_has_compatible_shallow_copy_type", "sym_size",
-    "sym_stride", "sym_numel", "sym_storage_offset", "_local_scalar_dense", "record_stream",
-})
+FREE = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "detach",
+        "alias",
+        "lift_fresh",
+        "set_",
+        "resize_",
+        "is_same_size",
+        "is_nonzero",
+        "_has_compatible_shallow_copy_type",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "_local_scalar_dense",
+        "record_stream",
+    }
+)
 
 
 @dataclasses.dataclass

@@ -45,8 +45,11 @@ def _ops(device: str) -> dict[str, tuple]:
         ),
         "categorical_latent": (
             lambda z, v, lg: (lambda c: c.z.sum() + c.kl.sum())(qkernels.categorical_latent(lg, v, noise_scale=0.0)),
-            lambda b: lambda z, v, lg: (lambda c: c[0].sum() + c[2].sum())(
-                _raw("relaxed_categorical", b)(lg, v, None, 1.0, 0.0, False)),
+            lambda b: (
+                lambda z, v, lg: (lambda c: c[0].sum() + c[2].sum())(
+                    _raw("relaxed_categorical", b)(lg, v, None, 1.0, 0.0, False)
+                )
+            ),
         ),
         "kde_grid": (
             lambda z, v, lg: qkernels.kde_grid(v, z, 0.3).sum(),
@@ -62,17 +65,24 @@ def _ops(device: str) -> dict[str, tuple]:
         ),
         "finite_difference_curvature": (
             lambda z, v, lg: qkernels.finite_difference_curvature(lg.reshape(2 * 2 * 2 * 2, -1), 2, 2, 0.1).sum(),
-            lambda b: lambda z, v, lg: _raw("finite_difference_curvature", b)(
-                lg.reshape(16, -1), 2, 2, 0.1, 2, False, "mean")[0].sum(),
+            lambda b: (
+                lambda z, v, lg: _raw("finite_difference_curvature", b)(
+                    lg.reshape(16, -1), 2, 2, 0.1, 2, False, "mean"
+                )[0].sum()
+            ),
         ),
     }
 
 
 LEGEND = {
-    **{b: f"the public function on the {b} backend (validation, backend selection, autograd wrapper)"
-       for b in ("reference", "cpu", "triton", "cuda")},
-    **{f"{b} raw": f"the {b} backend's implementation called directly with prepared arguments"
-       for b in ("reference", "cpu", "triton", "cuda")},
+    **{
+        b: f"the public function on the {b} backend (validation, backend selection, autograd wrapper)"
+        for b in ("reference", "cpu", "triton", "cuda")
+    },
+    **{
+        f"{b} raw": f"the {b} backend's implementation called directly with prepared arguments"
+        for b in ("reference", "cpu", "triton", "cuda")
+    },
     "add": "one torch.add forward + backward (the baseline): the cost of a single PyTorch op",
 }
 
@@ -86,8 +96,12 @@ def cases(device: str | None = None) -> list[Case]:
     for op, (functional, raw) in _ops(device).items():
         for b in backends:
             if b in implementations(_RAW_OF.get(op, op)):
-                variants = {"add": variant(lambda z, v, lg: torch.add(z, z).sum()), b: variant(functional, b),
-                            f"{b} raw": variant(raw(b), b)}
-                out.append(Case("overhead", f"{op} n={N} d={D}, {b}", _inputs(device), variants, baseline="add",
-                                memory=False))
+                variants = {
+                    "add": variant(lambda z, v, lg: torch.add(z, z).sum()),
+                    b: variant(functional, b),
+                    f"{b} raw": variant(raw(b), b),
+                }
+                out.append(
+                    Case("overhead", f"{op} n={N} d={D}, {b}", _inputs(device), variants, baseline="add", memory=False)
+                )
     return out

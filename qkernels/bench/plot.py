@@ -19,21 +19,44 @@ from pathlib import Path
 
 from qkernels._extras import needs
 
-PANELS = (("vs_baseline", "speed-up over the baseline (x)"), ("vs_compiled", "speed-up over reference_compiled (x)"),
-          ("peak_bytes", "peak memory of one run (MiB)"))
+PANELS = (
+    ("vs_baseline", "speed-up over the baseline (x)"),
+    ("vs_compiled", "speed-up over reference_compiled (x)"),
+    ("peak_bytes", "peak memory of one run (MiB)"),
+)
 ORDER = ("quantize", "kde", "hessian", "step", "overhead")
-TITLES = {"quantize": "quantization", "kde": "KDE (Cliff, KLM)", "hessian": "Hessian penalty",
-          "step": "end-to-end training step", "overhead": "per-call overhead"}
+TITLES = {
+    "quantize": "quantization",
+    "kde": "KDE (Cliff, KLM)",
+    "hessian": "Hessian penalty",
+    "step": "end-to-end training step",
+    "overhead": "per-call overhead",
+}
 
 
 # one colour per variant name in every panel, figure and run (tab10 / tab20 colours); other names get one of
 # tab20's by a hash of the name, the same in every figure
 FIXED_COLOURS = {
-    "reference": "#1f77b4", "reference_compiled": "#ff7f0e", "cpu": "#2ca02c", "triton": "#d62728",
-    "cuda": "#9467bd", "materialized": "#8c564b", "materialized compiled": "#e377c2", "sequential": "#7f7f7f",
-    "auto": "#17becf", "auto_compiled": "#bcbd22", "reference_compiled_ro": "#ffbb78", "auto_compiled_ro": "#dbdb8d",
-    "triton high": "#ff9896", "add": "#c7c7c7", "float32": "#1f77b4", "bf16": "#98df8a", "plain autocast": "#ff7f0e",
-    "none": "#c7c7c7", "stacked": "#c49c94", "fused": "#17becf",
+    "reference": "#1f77b4",
+    "reference_compiled": "#ff7f0e",
+    "cpu": "#2ca02c",
+    "triton": "#d62728",
+    "cuda": "#9467bd",
+    "materialized": "#8c564b",
+    "materialized compiled": "#e377c2",
+    "sequential": "#7f7f7f",
+    "auto": "#17becf",
+    "auto_compiled": "#bcbd22",
+    "reference_compiled_ro": "#ffbb78",
+    "auto_compiled_ro": "#dbdb8d",
+    "triton high": "#ff9896",
+    "add": "#c7c7c7",
+    "float32": "#1f77b4",
+    "bf16": "#98df8a",
+    "plain autocast": "#ff7f0e",
+    "none": "#c7c7c7",
+    "stacked": "#c49c94",
+    "fused": "#17becf",
 }
 HEADLINE = (("vs eager", "#1f77b4"), ("vs torch.compile", "#ff7f0e"))
 
@@ -46,8 +69,18 @@ def colour(variant: str) -> str:
         return colour(variant[: -len(" raw")])
     import zlib
 
-    tab20 = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d",
-             "#9edae5")
+    tab20 = (
+        "#aec7e8",
+        "#ffbb78",
+        "#98df8a",
+        "#ff9896",
+        "#c5b0d5",
+        "#c49c94",
+        "#f7b6d2",
+        "#c7c7c7",
+        "#dbdb8d",
+        "#9edae5",
+    )
     return tab20[zlib.crc32(variant.encode()) % len(tab20)]
 
 
@@ -85,8 +118,10 @@ def _panel(ax, rows: list[dict], key: str, colours: dict, label: str) -> None:
     ticker = _ticker()
     cases = list(dict.fromkeys(r["case"] for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    skip = {"vs_baseline": lambda r: r["variant"] == r.get("baseline"),
-            "vs_compiled": lambda r: r["variant"] == "reference_compiled"}.get(key, lambda r: False)
+    skip = {
+        "vs_baseline": lambda r: r["variant"] == r.get("baseline"),
+        "vs_compiled": lambda r: r["variant"] == "reference_compiled",
+    }.get(key, lambda r: False)
     shown = [v for v in variants if any(r["variant"] == v and not skip(r) and r.get(key) for r in rows)]
     height = 0.8 / max(len(shown), 1)
     values = []
@@ -132,10 +167,13 @@ def figure(machine: str, hotpaths: dict[str, list[dict]], path: str | Path) -> P
         raise ValueError(f"no successful measurements of {machine} to plot")
     variants = list(dict.fromkeys(r["variant"] for h in names for r in rows[h]))
     colours = {v: colour(v) for v in variants}
-    heights = [max(2.2, 1.2 + 0.22 * len({r["case"] for r in rows[h]})
-                   * min(max(len({r["variant"] for r in rows[h]}), 2), 5)) for h in names]
-    fig, axes = plt.subplots(len(names), len(PANELS), figsize=(17, sum(heights) + 1.0), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    heights = [
+        max(2.2, 1.2 + 0.22 * len({r["case"] for r in rows[h]}) * min(max(len({r["variant"] for r in rows[h]}), 2), 5))
+        for h in names
+    ]
+    fig, axes = plt.subplots(
+        len(names), len(PANELS), figsize=(17, sum(heights) + 1.0), squeeze=False, gridspec_kw={"height_ratios": heights}
+    )
     for axrow, h in zip(axes, names, strict=True):
         for k, (ax, (key, label)) in enumerate(zip(axrow, PANELS, strict=True)):
             _panel(ax, rows[h], key, colours, label)
@@ -143,16 +181,24 @@ def figure(machine: str, hotpaths: dict[str, list[dict]], path: str | Path) -> P
                 ax.set_yticklabels([])
         axrow[0].set_title(f"{TITLES.get(h, h)} ({h})", loc="left", fontsize=11, fontweight="bold")
         present = list(dict.fromkeys(r["variant"] for r in rows[h]))
-        axrow[-1].legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[v]) for v in present], labels=present,
-                         fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        axrow[-1].legend(
+            handles=[plt.Rectangle((0, 0), 1, 1, color=colours[v]) for v in present],
+            labels=present,
+            fontsize=8,
+            loc="center left",
+            bbox_to_anchor=(1.01, 0.5),
+            frameon=False,
+        )
     first = next(iter(rows[names[0]]))
     dates = sorted({r["date"][:10] for h in names for r in rows[h]})
     loads = [r["load_avg"] for h in names for r in rows[h] if r.get("load_avg") is not None]
     hw = f"{first['cpu']}, {int(first['cores'])} cores" + (f", GPU {first['gpu']}" if first.get("gpu") else "")
-    fig.suptitle(f"qkernels bench on {machine}: {hw}\n{' to '.join([dates[0], dates[-1]] if len(dates) > 1 else dates)}"
-                 f", torch {first['torch']}, qkernels {first.get('qkernels_commit') or '?'}"
-                 + (f", load average measured by the runs {min(loads):.1f}-{max(loads):.1f}" if loads else ""),
-                 fontsize=12)
+    fig.suptitle(
+        f"qkernels bench on {machine}: {hw}\n{' to '.join([dates[0], dates[-1]] if len(dates) > 1 else dates)}"
+        f", torch {first['torch']}, qkernels {first.get('qkernels_commit') or '?'}"
+        + (f", load average measured by the runs {min(loads):.1f}-{max(loads):.1f}" if loads else ""),
+        fontsize=12,
+    )
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / (sum(heights) + 1.0)))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

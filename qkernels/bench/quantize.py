@@ -95,14 +95,33 @@ def cases(device: str | None = None) -> list[Case]:
             variants["materialized"] = variant(materialized_loss)
             variants["materialized compiled"] = variant(materialized_loss, compiled=True)
             kind = "global" if global_codebook else "per-dim"
-            out.append(Case("quantize", f"latent_quantize n={n} d={d} n_v={nv} {kind}",
-                            _make(n, d, nv, global_codebook, device), variants, slow=n >= SLOW_N and device == "cpu"))
+            out.append(
+                Case(
+                    "quantize",
+                    f"latent_quantize n={n} d={d} n_v={nv} {kind}",
+                    _make(n, d, nv, global_codebook, device),
+                    variants,
+                    slow=n >= SLOW_N and device == "cpu",
+                )
+            )
     for n, d, k in CATEGORICAL_SHAPES:
-        out.append(Case("quantize", f"categorical_latent n={n} d={d} K={k}", _make_categorical(n, d, k, device),
-                        backend_variants(_categorical_loss, device, "relaxed_categorical")))
+        out.append(
+            Case(
+                "quantize",
+                f"categorical_latent n={n} d={d} K={k}",
+                _make_categorical(n, d, k, device),
+                backend_variants(_categorical_loss, device, "relaxed_categorical"),
+            )
+        )
     for n, d, k in GUMBEL_SHAPES:
-        out.append(Case("quantize", f"gumbel_quantize n={n} d={d} K={k}", _make_gumbel(n, d, k, device),
-                        backend_variants(_gumbel_loss, device, "gumbel_quantize")))
+        out.append(
+            Case(
+                "quantize",
+                f"gumbel_quantize n={n} d={d} K={k}",
+                _make_gumbel(n, d, k, device),
+                backend_variants(_gumbel_loss, device, "gumbel_quantize"),
+            )
+        )
     # bf16: the largest shape of each op
     per_latent = next(c for c in out if c.name.startswith(f"latent_quantize n={SHAPES[-1][0]}"))
     categorical = next(c for c in out if c.name.startswith(f"categorical_latent n={CATEGORICAL_SHAPES[-1][0]}"))

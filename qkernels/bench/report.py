@@ -136,8 +136,11 @@ _ROW = "  {:<20}{:>8}{:>10}{:>6}{:>5} {:<13} {:<13}{:>8}  {:<11}"
 
 def header() -> str:
     """The column header of a table."""
-    return _fit(_ROW.format("variant", "min ms", "median ms", "IQR %", "lnch", "vs baseline", "vs compiled",
-                            "peak MiB", "mem vs base"))
+    return _fit(
+        _ROW.format(
+            "variant", "min ms", "median ms", "IQR %", "lnch", "vs baseline", "vs compiled", "peak MiB", "mem vs base"
+        )
+    )
 
 
 def case_lines(
@@ -161,21 +164,34 @@ def case_lines(
             lines.append(_fit(f"  {name:<20} {row['note']}"))
             continue
         peak, launches = row.get("peak_bytes"), row.get("launches")
-        lines.append(_fit(_ROW.format(
-            name if len(name) <= 20 else name[:19] + "~",
-            _ms(row.get("min_s")), _ms(row.get("median_s")), _pct(row), "-" if launches is None else launches,
-            ratio_text(row.get("vs_baseline"), clear=row.get("vs_baseline_clear", True)),
-            ratio_text(row.get("vs_compiled"), clear=row.get("vs_compiled_clear", True)),
-            "-" if peak is None else f"{peak / 2**20:.1f}",
-            memory_text(row.get("memory_ratio")),
-        )))
+        lines.append(
+            _fit(
+                _ROW.format(
+                    name if len(name) <= 20 else name[:19] + "~",
+                    _ms(row.get("min_s")),
+                    _ms(row.get("median_s")),
+                    _pct(row),
+                    "-" if launches is None else launches,
+                    ratio_text(row.get("vs_baseline"), clear=row.get("vs_baseline_clear", True)),
+                    ratio_text(row.get("vs_compiled"), clear=row.get("vs_compiled_clear", True)),
+                    "-" if peak is None else f"{peak / 2**20:.1f}",
+                    memory_text(row.get("memory_ratio")),
+                )
+            )
+        )
     return lines
 
 
 def wrap(text: str, indent: str = "") -> list[str]:
     """``text`` wrapped to :data:`WIDTH` columns, continuation lines indented by ``indent`` + 2."""
-    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
-                         break_long_words=True, break_on_hyphens=False)
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_long_words=True,
+        break_on_hyphens=False,
+    )
 
 
 def describe(variant: str, hotpath: str | None = None) -> str | None:
@@ -193,8 +209,9 @@ def describe(variant: str, hotpath: str | None = None) -> str | None:
     return None
 
 
-def legend_lines(variants: dict[str, list[str]], columns: str = COLUMNS,
-                 baselines: dict[str, list[str]] | None = None) -> list[str]:
+def legend_lines(
+    variants: dict[str, list[str]], columns: str = COLUMNS, baselines: dict[str, list[str]] | None = None
+) -> list[str]:
     """The legend, printed once after the last table: ``columns``, the baselines of each hot path
     (``baselines``: hot path -> its cases' baselines), then what each variant of ``variants`` (hot path ->
     variant names) means, once; a name that means different things in different hot paths (a module's
@@ -215,8 +232,15 @@ def legend_lines(variants: dict[str, list[str]], columns: str = COLUMNS,
     return lines
 
 
-def plan_lines(selected: dict[str, tuple[int, int]], skipped: list[str], seconds: float, include: str,
-               others: str | None = None, runs: str = "variants", load: float | None = None) -> list[str]:
+def plan_lines(
+    selected: dict[str, tuple[int, int]],
+    skipped: list[str],
+    seconds: float,
+    include: str,
+    others: str | None = None,
+    runs: str = "variants",
+    load: float | None = None,
+) -> list[str]:
     """What a run will do, printed before it starts: ``selected`` (hot path -> (``runs``, cases)), a
     rough duration (``seconds``, on a quiet machine; when the 1-minute ``load`` average (default: now) is over
     :data:`LOAD_FRACTION` of the CPUs, also the longer duration to expect: :func:`under_load`), the ``skipped``
@@ -235,8 +259,7 @@ def plan_lines(selected: dict[str, tuple[int, int]], skipped: list[str], seconds
         when += f" on a quiet machine, about {duration(under_load(seconds, load, cpus))} at the load now ({load:.1f})"
     lines = wrap(f"plan: {count} {runs} of {cases} cases ({parts}), {when}")
     if skipped:
-        lines += wrap(f"left out: {len(skipped)} slow cases (minutes each; {include} runs them): "
-                      + "; ".join(skipped))
+        lines += wrap(f"left out: {len(skipped)} slow cases (minutes each; {include} runs them): " + "; ".join(skipped))
     if others:
         lines += wrap(others)
     return lines
@@ -268,6 +291,8 @@ def distortion() -> str:
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else os.environ.get("OMP_NUM_THREADS", "").strip()
     return DISTORTION + ("." if str(threads) == "1" else " or with OMP_NUM_THREADS=1.")
+
+
 LOAD_FRACTION = 0.5  # warn when the 1-minute load average exceeds this fraction of the CPUs
 OTHERS_FRACTION = 0.25  # warn when other processes kept this fraction of the CPUs busy
 
@@ -283,8 +308,10 @@ def load_warning(load: float | None = None, cpus: int | None = None) -> str | No
             return None
     if load <= LOAD_FRACTION * cpus:
         return None
-    return (f"warning: load average {load:.1f} on {cpus} CPUs (over {LOAD_FRACTION:.0%} of them): other "
-            f"processes compete for the CPUs. {distortion()}")
+    return (
+        f"warning: load average {load:.1f} on {cpus} CPUs (over {LOAD_FRACTION:.0%} of them): other "
+        f"processes compete for the CPUs. {distortion()}"
+    )
 
 
 def cpu_clock() -> tuple[float, float] | None:
@@ -300,13 +327,22 @@ def cpu_clock() -> tuple[float, float] | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
     busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
+    own = sum(
+        getattr(resource.getrusage(who), f)
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        for f in ("ru_utime", "ru_stime")
+    )
     return busy, own
 
 
-def others_warning(before: tuple[float, float] | None, after: tuple[float, float] | None, seconds: float,
-                   cpus: int | None = None, *, what: str = "this table was") -> str | None:
+def others_warning(
+    before: tuple[float, float] | None,
+    after: tuple[float, float] | None,
+    seconds: float,
+    cpus: int | None = None,
+    *,
+    what: str = "this table was",
+) -> str | None:
     """A warning when processes other than this one kept more than :data:`OTHERS_FRACTION` of the
     CPUs busy between two :func:`cpu_clock` readings ``seconds`` apart (while ``what`` measured);
     None otherwise."""

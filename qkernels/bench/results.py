@@ -26,11 +26,39 @@ from pathlib import Path
 
 import torch
 
-MACHINE_FIELDS = ("date", "machine", "cpu", "cores", "threads", "gpu", "gpu_driver", "torch", "triton",
-                  "qkernels_commit", "load_avg")
-ROW_FIELDS = ("hotpath", "case", "variant", "baseline", "min_s", "median_s", "q1_s", "q3_s", "iqr_pct", "rounds",
-              "vs_baseline", "vs_baseline_clear", "vs_compiled", "vs_compiled_clear", "peak_bytes", "memory_ratio",
-              "launches", "error")
+MACHINE_FIELDS = (
+    "date",
+    "machine",
+    "cpu",
+    "cores",
+    "threads",
+    "gpu",
+    "gpu_driver",
+    "torch",
+    "triton",
+    "qkernels_commit",
+    "load_avg",
+)
+ROW_FIELDS = (
+    "hotpath",
+    "case",
+    "variant",
+    "baseline",
+    "min_s",
+    "median_s",
+    "q1_s",
+    "q3_s",
+    "iqr_pct",
+    "rounds",
+    "vs_baseline",
+    "vs_baseline_clear",
+    "vs_compiled",
+    "vs_compiled_clear",
+    "peak_bytes",
+    "memory_ratio",
+    "launches",
+    "error",
+)
 FIELDS = MACHINE_FIELDS + ROW_FIELDS
 
 
@@ -44,8 +72,12 @@ def cpu_model() -> str:
 
 def _gpu_driver() -> str:
     try:
-        res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        res = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         return res.stdout.strip().splitlines()[0] if res.returncode == 0 and res.stdout.strip() else ""
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -54,12 +86,17 @@ def _gpu_driver() -> str:
 def _commit() -> str:
     root = Path(__file__).resolve().parents[2]
     try:
-        res = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=20)
+        res = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=20
+        )
         if res.returncode != 0:
             return ""
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=20).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
         return res.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -88,9 +125,16 @@ def machine_info(load_avg: float | None = None) -> dict:
     cpu, cores = cpu_model(), os.cpu_count() or 1
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine_slug(cpu, cores, gpu), "cpu": cpu, "cores": cores, "threads": torch.get_num_threads(),
-        "gpu": gpu, "gpu_driver": _gpu_driver() if gpu else "", "torch": torch.__version__, "triton": triton_version,
-        "qkernels_commit": _commit(), "load_avg": None if load_avg is None else round(load_avg, 2),
+        "machine": machine_slug(cpu, cores, gpu),
+        "cpu": cpu,
+        "cores": cores,
+        "threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "gpu_driver": _gpu_driver() if gpu else "",
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "qkernels_commit": _commit(),
+        "load_avg": None if load_avg is None else round(load_avg, 2),
     }
 
 
@@ -128,13 +172,28 @@ def save(rows: list[dict], directory: str | os.PathLike, info: dict | None = Non
         w.writeheader()
         for rec in recs:
             w.writerow({k: "" if v is None else v for k, v in rec.items()})
-    path.with_suffix(".json").write_text(json.dumps({"machine": info, "rows": [
-        {k: rec[k] for k in ROW_FIELDS} for rec in recs]}, indent=1) + "\n")
+    path.with_suffix(".json").write_text(
+        json.dumps({"machine": info, "rows": [{k: rec[k] for k in ROW_FIELDS} for rec in recs]}, indent=1) + "\n"
+    )
     return path
 
 
-_NUMERIC = {"cores", "threads", "load_avg", "min_s", "median_s", "q1_s", "q3_s", "iqr_pct", "rounds", "vs_baseline",
-            "vs_compiled", "peak_bytes", "memory_ratio", "launches"}
+_NUMERIC = {
+    "cores",
+    "threads",
+    "load_avg",
+    "min_s",
+    "median_s",
+    "q1_s",
+    "q3_s",
+    "iqr_pct",
+    "rounds",
+    "vs_baseline",
+    "vs_compiled",
+    "peak_bytes",
+    "memory_ratio",
+    "launches",
+}
 
 
 def load(paths) -> list[dict]:

@@ -87,8 +87,14 @@ class Steps:
             from qkernels.train.config import TrainConfig
             from qkernels.train.loop import Trainer
 
-            cfg = TrainConfig(model=self.model, out=os.path.join(self._tmp.name, key), device=self.device,
-                              batch_size=self.batch_size, progress=False, checkpoint_every=10**9)
+            cfg = TrainConfig(
+                model=self.model,
+                out=os.path.join(self._tmp.name, key),
+                device=self.device,
+                batch_size=self.batch_size,
+                progress=False,
+                checkpoint_every=10**9,
+            )
             tr = Trainer(cfg)
             tr.model.train()
             if mode is not None:
@@ -127,9 +133,12 @@ def _case(model: str, device: str) -> Case:
             _CACHE[key] = Steps(model, device, b)
         return torch.empty(0, device=device), _CACHE[key]
 
-    variants = {"auto": _step_variant("auto", "auto"), "reference": _step_variant("reference", "reference"),
-                "reference_compiled": _step_variant("reference_compiled", "reference", "default"),
-                "auto_compiled": _step_variant("auto_compiled", "auto", "default")}
+    variants = {
+        "auto": _step_variant("auto", "auto"),
+        "reference": _step_variant("reference", "reference"),
+        "reference_compiled": _step_variant("reference_compiled", "reference", "default"),
+        "auto_compiled": _step_variant("auto_compiled", "auto", "default"),
+    }
     if device == "cuda":
         for backend in ("reference", "auto"):
             key = f"{backend}_compiled_ro"

@@ -76,23 +76,21 @@ _PROCEDURAL = {
 
 
 def _nvlabs_source(name: str, folder: str, labels: str) -> DataSource:
-    return DataSource(name, f"the folder {folder} (holding images/000000.png... and {labels})",
-                      NVLABS_URL)
+    return DataSource(name, f"the folder {folder} (holding images/000000.png... and {labels})", NVLABS_URL)
 
 
 def _mpi3d_source(variant: str) -> DataSource:
     file = MPI3D_FILES[variant]
     converted = converted_path(Path(file), "images").name
-    return DataSource("mpi3d", f"the file {file} (variant={variant!r}; or its memory-mappable "
-                      f"conversion {converted})", MPI3D_URL)
+    return DataSource(
+        "mpi3d", f"the file {file} (variant={variant!r}; or its memory-mappable conversion {converted})", MPI3D_URL
+    )
 
 
 #: what each file dataset reads and where it is published (mpi3d: per variant, _mpi3d_source).
 _SOURCES = {
-    "shapes3d": DataSource("shapes3d", f"the file {SHAPES3D_FILE}", SHAPES3D_URL,
-                           standin="shapes3d_procedural"),
-    "dsprites": DataSource("dsprites", f"the file {DSPRITES_FILE}", DSPRITES_URL,
-                           standin="sprites"),
+    "shapes3d": DataSource("shapes3d", f"the file {SHAPES3D_FILE}", SHAPES3D_URL, standin="shapes3d_procedural"),
+    "dsprites": DataSource("dsprites", f"the file {DSPRITES_FILE}", DSPRITES_URL, standin="sprites"),
     "falcor3d": _nvlabs_source("falcor3d", FALCOR3D_FOLDER, FALCOR3D_LABELS),
     "isaac3d": _nvlabs_source("isaac3d", ISAAC3D_FOLDER, ISAAC3D_LABELS),
 }
@@ -135,8 +133,10 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **kw):
     if name == "dsprites":
         return DSprites(require(base / DSPRITES_FILE, source), **kw)
     folder_name, labels, make = (
-        (FALCOR3D_FOLDER, FALCOR3D_LABELS, falcor3d) if name == "falcor3d"
-        else (ISAAC3D_FOLDER, ISAAC3D_LABELS, isaac3d))
+        (FALCOR3D_FOLDER, FALCOR3D_LABELS, falcor3d)
+        if name == "falcor3d"
+        else (ISAAC3D_FOLDER, ISAAC3D_LABELS, isaac3d)
+    )
     folder = require(base / folder_name, source, folder=True)
     require(folder / labels, source)
     return make(folder, **kw)

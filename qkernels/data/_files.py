@@ -56,8 +56,7 @@ def missing_data_message(source: DataSource, problem: str) -> str:
         f"as root=<folder> or by the environment variable {ENV_VAR}; published at {source.url}"
     )
     if source.standin:
-        msg += (f"; or use load_dataset({source.standin!r}), a procedural stand-in that needs "
-                f"no download")
+        msg += f"; or use load_dataset({source.standin!r}), a procedural stand-in that needs no download"
     return msg
 
 
@@ -67,8 +66,9 @@ def resolve_root(root: str | os.PathLike | None, source: DataSource) -> Path:
         root = os.environ.get(ENV_VAR)
         if not root:
             state = "unset" if root is None else "empty"
-            raise FileNotFoundError(missing_data_message(
-                source, f"no data folder given (root=None and ${ENV_VAR} is {state})"))
+            raise FileNotFoundError(
+                missing_data_message(source, f"no data folder given (root=None and ${ENV_VAR} is {state})")
+            )
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"root must be a path, got {type(root).__name__}")
     return Path(root)
@@ -95,8 +95,7 @@ def grid_from_labels(
     """
     if labels.ndim != 2 or labels.shape[1] != len(names):
         raise DatasetFormatError(
-            f"{file}: labels must have shape (N, {len(names)}) for factors {list(names)}, "
-            f"got {labels.shape}"
+            f"{file}: labels must have shape (N, {len(names)}) for factors {list(names)}, got {labels.shape}"
         )
     n = labels.shape[0]
     if n == 0:
@@ -155,8 +154,11 @@ def converted_path(npz_path: Path, key: str) -> Path:
 
 
 def convert_npz_to_npy(
-    npz_path: str | os.PathLike, key: str = "images", out: str | os.PathLike | None = None,
-    *, chunk_bytes: int = 64 << 20,
+    npz_path: str | os.PathLike,
+    key: str = "images",
+    out: str | os.PathLike | None = None,
+    *,
+    chunk_bytes: int = 64 << 20,
 ) -> Path:
     """One-time copy of npz member ``key`` to a raw ``.npy`` that ``np.load(mmap_mode="r")``
     can map.
@@ -179,9 +181,7 @@ def convert_npz_to_npy(
     with zipfile.ZipFile(npz_path) as zf:
         member = f"{key}.npy"
         if member not in zf.namelist():
-            raise DatasetFormatError(
-                f"{npz_path}: no array {key!r} (has {[m[:-4] for m in zf.namelist()]})"
-            )
+            raise DatasetFormatError(f"{npz_path}: no array {key!r} (has {[m[:-4] for m in zf.namelist()]})")
         with zf.open(member) as f:
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
@@ -191,8 +191,7 @@ def convert_npz_to_npy(
             if dtype.hasobject:
                 raise DatasetFormatError(f"{npz_path}: {key!r} is an object array; refusing")
             tmp = out.with_name(out.name + ".partial")
-            dst = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape,
-                                            fortran_order=fortran)
+            dst = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape, fortran_order=fortran)
             flat = dst.reshape(-1, order="F" if fortran else "C")
             step = max(1, chunk_bytes // max(1, dtype.itemsize))
             pos = 0
@@ -201,7 +200,7 @@ def convert_npz_to_npy(
                 buf = f.read(count * dtype.itemsize)
                 if len(buf) != count * dtype.itemsize:
                     raise DatasetFormatError(f"{npz_path}: member {key!r} is truncated")
-                flat[pos:pos + count] = np.frombuffer(buf, dtype=dtype)
+                flat[pos : pos + count] = np.frombuffer(buf, dtype=dtype)
                 pos += count
             dst.flush()
             del flat, dst

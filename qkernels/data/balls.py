@@ -53,10 +53,18 @@ class Balls(GroundTruthDataset):
         True
     """
 
-    def __init__(self, n: int = 20000, sampler: str = "iid", *, n_balls: int = 2, n_bins: int = 8,
-                 radius: float = 0.16, image_size: int = 64, seed: int = 0):
-        for name, v in (("n", n), ("n_balls", n_balls), ("n_bins", n_bins),
-                        ("image_size", image_size)):
+    def __init__(
+        self,
+        n: int = 20000,
+        sampler: str = "iid",
+        *,
+        n_balls: int = 2,
+        n_bins: int = 8,
+        radius: float = 0.16,
+        image_size: int = 64,
+        seed: int = 0,
+    ):
+        for name, v in (("n", n), ("n_balls", n_balls), ("n_bins", n_bins), ("image_size", image_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if sampler not in SAMPLERS:
@@ -74,8 +82,7 @@ class Balls(GroundTruthDataset):
         self.observation_shape = (3, image_size, image_size)
         self.colors = torch.tensor(BALL_COLORS[:n_balls], dtype=torch.float32) / 255.0
         g = torch.Generator().manual_seed(seed)
-        self.grids = [manhattan_uniform_params(g) for _ in range(n_balls)] \
-            if sampler == "quantized" else []
+        self.grids = [manhattan_uniform_params(g) for _ in range(n_balls)] if sampler == "quantized" else []
         self.latents = self.sample_latents(n, g)
         self.factors = self.discretize(self.latents)
         self._x, self._y = pixel_grid(image_size, image_size)
@@ -100,8 +107,7 @@ class Balls(GroundTruthDataset):
                 d = torch.cdist(c, c) + 4.0 * torch.eye(self.n_balls, dtype=z.dtype)
                 out = torch.cat([out, z[d.flatten(1).min(1).values >= 2 * self.radius]])
             else:
-                raise ValueError(f"radius {self.radius} leaves almost no room for "
-                                 f"{self.n_balls} non-overlapping balls")
+                raise ValueError(f"radius {self.radius} leaves almost no room for {self.n_balls} non-overlapping balls")
             out = out[:n]
         elif self.sampler == "quantized":
             cols = []
@@ -134,8 +140,9 @@ class Balls(GroundTruthDataset):
     def _check_latents(self, latents: object) -> None:
         k = 2 * self.n_balls
         if not isinstance(latents, torch.Tensor) or latents.dim() != 2 or latents.shape[1] != k:
-            raise ValueError(f"latents must be a tensor of shape (n, {k}), "
-                             f"got {getattr(latents, 'shape', type(latents).__name__)}")
+            raise ValueError(
+                f"latents must be a tensor of shape (n, {k}), got {getattr(latents, 'shape', type(latents).__name__)}"
+            )
         if not latents.is_floating_point():
             raise TypeError(f"latents must be floating point, got {latents.dtype}")
 
@@ -154,8 +161,7 @@ class Balls(GroundTruthDataset):
             over(img, self.colors[b].expand(z.shape[0], 3), alpha)
         return img.clamp_(0.0, 1.0)
 
-    def sample(self, n: int, generator: torch.Generator | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh draws: ``(images (n, 3, S, S), latents (n, 2 n_balls))``."""
         z = self.sample_latents(n, generator)
         return self.render(z), z

@@ -108,15 +108,11 @@ class GroundTruthDataset(Dataset, abc.ABC):
         """Validate an ``(n, n_factors)`` integer array of class indices; return int64 tensor."""
         f = as_long_tensor(name, factors)
         if f.dim() != 2 or f.shape[1] != self.num_factors:
-            raise ValueError(
-                f"{name} must have shape (n, {self.num_factors}), got {tuple(f.shape)}"
-            )
+            raise ValueError(f"{name} must have shape (n, {self.num_factors}), got {tuple(f.shape)}")
         if f.numel() and ((f < 0).any() or (f >= self._sizes).any()):
             bad = ((f < 0) | (f >= self._sizes)).any(0).nonzero().flatten().tolist()
             names = [self.factor_names[k] for k in bad]
-            raise ValueError(
-                f"{name} out of range for factor(s) {names}; sizes are {list(self.factor_sizes)}"
-            )
+            raise ValueError(f"{name} out of range for factor(s) {names}; sizes are {list(self.factor_sizes)}")
         return f
 
     def index_of(self, factors: object) -> torch.Tensor:

@@ -11,9 +11,17 @@ import torch
 from qkernels.data._files import pil_image
 
 
-def contact_sheet(dataset, path: str | os.PathLike, *, rows: int = 8, cols: int = 8,
-                  vary: int | None = None, scale: int = 2, pad: int = 2,
-                  generator: torch.Generator | None = None) -> Path:
+def contact_sheet(
+    dataset,
+    path: str | os.PathLike,
+    *,
+    rows: int = 8,
+    cols: int = 8,
+    vary: int | None = None,
+    scale: int = 2,
+    pad: int = 2,
+    generator: torch.Generator | None = None,
+) -> Path:
     """Write a ``rows x cols`` grid of ``dataset`` images to ``path`` (PNG); returns the path.
 
     ``vary=None``: random images (``dataset.sample_factors``). ``vary=k`` (a factor index):
@@ -40,17 +48,14 @@ def contact_sheet(dataset, path: str | os.PathLike, *, rows: int = 8, cols: int 
     path = Path(path)
     if not hasattr(dataset, "observations_from_factors"):
         if not hasattr(dataset, "sample"):
-            raise TypeError(f"dataset must be a GroundTruthDataset or have .sample, "
-                            f"got {type(dataset).__name__}")
+            raise TypeError(f"dataset must be a GroundTruthDataset or have .sample, got {type(dataset).__name__}")
         _scatter(dataset, path, size=64 * scale * 4, generator=g)
         return path
     if vary is None:
         factors = dataset.sample_factors(rows * cols, g)
     else:
-        if isinstance(vary, bool) or not isinstance(vary, int) or not 0 <= vary < len(
-                dataset.factor_sizes):
-            raise ValueError(f"vary must be a factor index in [0, {len(dataset.factor_sizes)}), "
-                             f"got {vary!r}")
+        if isinstance(vary, bool) or not isinstance(vary, int) or not 0 <= vary < len(dataset.factor_sizes):
+            raise ValueError(f"vary must be a factor index in [0, {len(dataset.factor_sizes)}), got {vary!r}")
         size = dataset.factor_sizes[vary]
         steps = torch.linspace(0, size - 1, min(cols, size)).round().long()
         cols = len(steps)
@@ -65,7 +70,7 @@ def contact_sheet(dataset, path: str | os.PathLike, *, rows: int = 8, cols: int 
     for i in range(n):
         r, c = divmod(i, cols)
         top, left = pad + r * (h + pad), pad + c * (w + pad)
-        sheet[:, top:top + h, left:left + w] = x[i]
+        sheet[:, top : top + h, left : left + w] = x[i]
     img = (sheet.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
     im = Image.fromarray(np.ascontiguousarray(img))
     if scale > 1:

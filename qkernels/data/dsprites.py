@@ -46,8 +46,7 @@ class DSprites(GroundTruthDataset):
         ((1, 1, 1, 2, 1), torch.Size([1, 4, 4]), tensor([0, 0, 0, 1, 0]))
     """
 
-    def __init__(self, path: str | os.PathLike, *, keep_color: bool = False,
-                 trust_pickle: bool = False, seed: int = 0):
+    def __init__(self, path: str | os.PathLike, *, keep_color: bool = False, trust_pickle: bool = False, seed: int = 0):
         self.path = Path(path)
         if not isinstance(keep_color, bool) or not isinstance(trust_pickle, bool):
             raise TypeError("keep_color and trust_pickle must be bools")
@@ -55,9 +54,7 @@ class DSprites(GroundTruthDataset):
             with np.load(self.path, allow_pickle=False) as z:
                 missing = {"imgs", "latents_classes", "latents_values"} - set(z.files)
                 if missing:
-                    raise DatasetFormatError(
-                        f"{self.path}: missing array(s) {sorted(missing)} (has {sorted(z.files)})"
-                    )
+                    raise DatasetFormatError(f"{self.path}: missing array(s) {sorted(missing)} (has {sorted(z.files)})")
                 classes, values = z["latents_classes"], z["latents_values"]
         except (OSError, ValueError) as err:
             if isinstance(err, DatasetFormatError):
@@ -65,19 +62,14 @@ class DSprites(GroundTruthDataset):
             raise DatasetFormatError(f"{self.path}: not a readable npz ({err})") from None
         imgs = load_npz_array(self.path, "imgs")
         if imgs.ndim != 3 or imgs.dtype != np.uint8:
-            raise DatasetFormatError(
-                f"{self.path}: imgs must be (N, H, W) uint8, got {imgs.shape} {imgs.dtype}"
-            )
+            raise DatasetFormatError(f"{self.path}: imgs must be (N, H, W) uint8, got {imgs.shape} {imgs.dtype}")
         if classes.dtype.kind not in "iu":
-            raise DatasetFormatError(
-                f"{self.path}: latents_classes must be integer, got {classes.dtype}"
-            )
+            raise DatasetFormatError(f"{self.path}: latents_classes must be integer, got {classes.dtype}")
         n = imgs.shape[0]
         for key, a in (("latents_classes", classes), ("latents_values", values)):
             if a.shape != (n, len(DSPRITES_FACTORS)):
                 raise DatasetFormatError(
-                    f"{self.path}: {key} must have shape ({n}, {len(DSPRITES_FACTORS)}) to match "
-                    f"imgs, got {a.shape}"
+                    f"{self.path}: {key} must have shape ({n}, {len(DSPRITES_FACTORS)}) to match imgs, got {a.shape}"
                 )
         sizes, class_ids = grid_from_labels(classes, self.path, DSPRITES_FACTORS)
         factor_values = []
@@ -87,14 +79,11 @@ class DSprites(GroundTruthDataset):
             per_class[cls] = values[:, k]
             if not np.allclose(per_class[cls], values[:, k], rtol=0, atol=1e-6):
                 raise DatasetFormatError(
-                    f"{self.path}: latents_values of {name} differ within one class of "
-                    "latents_classes"
+                    f"{self.path}: latents_values of {name} differ within one class of latents_classes"
                 )
             factor_values.append(per_class)
         if not keep_color and sizes[0] != 1:
-            raise ValueError(
-                f"{self.path}: color has {sizes[0]} classes; pass keep_color=True to keep it"
-            )
+            raise ValueError(f"{self.path}: color has {sizes[0]} classes; pass keep_color=True to keep it")
         keep = [k for k in range(6) if keep_color or k != 0]
         self._set_factors([DSPRITES_FACTORS[k] for k in keep], [sizes[k] for k in keep], seed)
         self.factor_values = [factor_values[k] for k in keep]

@@ -43,8 +43,7 @@ def _uniform(g: torch.Generator, shape, lo: float, hi: float) -> torch.Tensor:
 
 def _well_conditioned(g: torch.Generator) -> torch.Tensor:
     def rot(a):
-        return torch.stack([torch.stack([torch.cos(a), -torch.sin(a)]),
-                            torch.stack([torch.sin(a), torch.cos(a)])])
+        return torch.stack([torch.stack([torch.cos(a), -torch.sin(a)]), torch.stack([torch.sin(a), torch.cos(a)])])
 
     angles = _uniform(g, (2,), 0.0, 2 * math.pi)
     s = _uniform(g, (2,), *SINGULAR_RANGE)
@@ -59,17 +58,16 @@ def manhattan_uniform_params(g: torch.Generator) -> tuple[torch.Tensor, torch.Te
     return thresholds, u / u.sum()
 
 
-def sample_manhattan_uniform(thresholds: torch.Tensor, priors: torch.Tensor, n: int,
-                             generator: torch.Generator | None = None
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_manhattan_uniform(
+    thresholds: torch.Tensor, priors: torch.Tensor, n: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` points: float32 (n, 2) uniform inside cells drawn from ``priors``, and the int64
     (n, 2) cell coordinates ``(k % 4, k // 4)``."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    k = torch.multinomial(priors, n, replacement=True, generator=generator) if n else \
-        torch.zeros(0, dtype=torch.int64)
+    k = torch.multinomial(priors, n, replacement=True, generator=generator) if n else torch.zeros(0, dtype=torch.int64)
     cell = torch.stack([k % N_BINS, k // N_BINS], dim=1)
     lo = torch.gather(thresholds, 1, cell.T).T
     hi = torch.gather(thresholds, 1, cell.T + 1).T
@@ -133,8 +131,7 @@ class QuantizedGrid2D(Dataset):
             x = torch.tanh((0.5 * zc) @ self.A.T) @ self.B.T
         return x.to(torch.float32)
 
-    def sample(self, n: int, generator: torch.Generator | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh pairs: ``(x, z)``, both float32 (n, 2)."""
         z = self.sample_latents(n, generator)
         return self.mix(z), z

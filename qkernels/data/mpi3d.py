@@ -13,8 +13,15 @@ from qkernels.data._files import DatasetFormatError, load_npz_array, uint8_hwc_t
 from qkernels.data.base import GroundTruthDataset
 
 MPI3D_URL = "https://github.com/rr-learning/disentanglement_dataset"
-MPI3D_FACTORS = ("object_color", "object_shape", "object_size", "camera_height",
-                 "background_color", "horizontal_axis", "vertical_axis")
+MPI3D_FACTORS = (
+    "object_color",
+    "object_shape",
+    "object_size",
+    "camera_height",
+    "background_color",
+    "horizontal_axis",
+    "vertical_axis",
+)
 #: file name per variant; "complex" is the "MPI3D" of the QLAE / Tripod / FactorQVAE papers.
 MPI3D_FILES = {
     "toy": "mpi3d_toy.npz",
@@ -58,8 +65,7 @@ class MPI3D(GroundTruthDataset):
         (2, torch.Size([3, 4, 4]), 1.0, tensor([0, 0, 0, 0, 0, 0, 1]))
     """
 
-    def __init__(self, path: str | os.PathLike, *, factor_sizes: Sequence[int] | None = None,
-                 seed: int = 0):
+    def __init__(self, path: str | os.PathLike, *, factor_sizes: Sequence[int] | None = None, seed: int = 0):
         self.path = Path(path)
         try:
             images = load_npz_array(self.path, "images")
@@ -76,23 +82,19 @@ class MPI3D(GroundTruthDataset):
             try:
                 sizes = mpi3d_sizes(n)
             except ValueError as err:
-                raise DatasetFormatError(
-                    f"{self.path}: {err}; pass factor_sizes=... for a sub-grid file"
-                ) from None
+                raise DatasetFormatError(f"{self.path}: {err}; pass factor_sizes=... for a sub-grid file") from None
         else:
             sizes = tuple(factor_sizes)
             if len(sizes) != len(MPI3D_FACTORS):
-                raise ValueError(
-                    f"factor_sizes must have {len(MPI3D_FACTORS)} entries, got {sizes}"
-                )
+                raise ValueError(f"factor_sizes must have {len(MPI3D_FACTORS)} entries, got {sizes}")
             if int(np.prod(sizes)) != n:
                 raise DatasetFormatError(
-                    f"{self.path}: {n} images but factor_sizes {list(sizes)} give "
-                    f"{int(np.prod(sizes))}"
+                    f"{self.path}: {n} images but factor_sizes {list(sizes)} give {int(np.prod(sizes))}"
                 )
         self._set_factors(MPI3D_FACTORS, sizes, seed)
-        self.variant = "complex" if sizes[0] == 4 and n == 460_800 else (
-            "toy/realistic/real" if n == 1_036_800 else "subgrid")
+        self.variant = (
+            "complex" if sizes[0] == 4 and n == 460_800 else ("toy/realistic/real" if n == 1_036_800 else "subgrid")
+        )
         self.observation_shape = (3, int(images.shape[1]), int(images.shape[2]))
         self._images_array: np.ndarray | None = images
 

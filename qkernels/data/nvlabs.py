@@ -16,10 +16,18 @@ from qkernels.data.base import GroundTruthDataset
 NVLABS_URL = "https://github.com/NVlabs/High-res-disentanglement-datasets"
 FALCOR3D_FOLDER, FALCOR3D_LABELS = "Falcor3D_down128", "train-rec.labels"
 ISAAC3D_FOLDER, ISAAC3D_LABELS = "Isaac3D_down128", "labels.npy"
-FALCOR3D_FACTORS = ("lighting_intensity", "lighting_x", "lighting_y", "lighting_z",
-                    "camera_x", "camera_y", "camera_z")
-ISAAC3D_FACTORS = ("object_shape", "robot_x", "robot_y", "camera_height", "object_scale",
-                   "lighting_intensity", "lighting_direction", "object_color", "wall_color")
+FALCOR3D_FACTORS = ("lighting_intensity", "lighting_x", "lighting_y", "lighting_z", "camera_x", "camera_y", "camera_z")
+ISAAC3D_FACTORS = (
+    "object_shape",
+    "robot_x",
+    "robot_y",
+    "camera_height",
+    "object_scale",
+    "lighting_intensity",
+    "lighting_direction",
+    "object_color",
+    "wall_color",
+)
 
 
 class NVLabs3D(GroundTruthDataset):
@@ -47,12 +55,20 @@ class NVLabs3D(GroundTruthDataset):
         (2, torch.Size([3, 4, 4]), 1.0, tensor([1]))
     """
 
-    def __init__(self, folder: str | os.PathLike, labels_file: str, factor_names: Sequence[str],
-                 *, image_size: int | None = 64, seed: int = 0):
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        labels_file: str,
+        factor_names: Sequence[str],
+        *,
+        image_size: int | None = 64,
+        seed: int = 0,
+    ):
         self.folder = Path(folder)
         self.labels_path = self.folder / labels_file
-        if image_size is not None and (isinstance(image_size, bool)
-                                       or not isinstance(image_size, int) or image_size < 1):
+        if image_size is not None and (
+            isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1
+        ):
             raise ValueError(f"image_size must be a positive int or None, got {image_size!r}")
         try:
             labels = np.load(self.labels_path, allow_pickle=False)
@@ -63,9 +79,7 @@ class NVLabs3D(GroundTruthDataset):
         n = labels.shape[0]
         for i in (0, n - 1):  # cheap completeness check; every read checks its own files
             if not self._png(i).is_file():
-                raise DatasetFormatError(
-                    f"{self._png(i)}: missing, but {self.labels_path} has {n} rows"
-                )
+                raise DatasetFormatError(f"{self._png(i)}: missing, but {self.labels_path} has {n} rows")
         with pil_image("qkernels.data.NVLabs3D").open(self._png(0)) as im:
             self.stored_size = im.size
         side = image_size or self.stored_size[0]
@@ -80,9 +94,7 @@ class NVLabs3D(GroundTruthDataset):
         try:
             with Image.open(path) as im:
                 if im.size != self.stored_size:
-                    raise DatasetFormatError(
-                        f"{path}: size {im.size}, expected {self.stored_size} like image 000000"
-                    )
+                    raise DatasetFormatError(f"{path}: size {im.size}, expected {self.stored_size} like image 000000")
                 im = im.convert("RGB")
                 if self.image_size is not None and im.size != (self.image_size,) * 2:
                     im = im.resize((self.image_size, self.image_size), Image.Resampling.BICUBIC)
@@ -93,8 +105,7 @@ class NVLabs3D(GroundTruthDataset):
     def _observations(self, factors: torch.Tensor) -> torch.Tensor:
         idx = (factors @ self._bases).tolist()
         cache: dict[int, np.ndarray] = {}
-        raw = np.stack([cache[i] if i in cache else cache.setdefault(i, self._load(i))
-                        for i in idx])
+        raw = np.stack([cache[i] if i in cache else cache.setdefault(i, self._load(i)) for i in idx])
         x = torch.from_numpy(raw).permute(0, 3, 1, 2).to(torch.float32) / 255.0
         return x.contiguous()
 

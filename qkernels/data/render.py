@@ -12,8 +12,9 @@ import torch
 
 def pixel_grid(height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Column and row coordinates of pixel centres: two float32 (1, H, W) tensors ``(x, y)``."""
-    y, x = torch.meshgrid(torch.arange(height, dtype=torch.float32),
-                          torch.arange(width, dtype=torch.float32), indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(height, dtype=torch.float32), torch.arange(width, dtype=torch.float32), indexing="ij"
+    )
     return x.unsqueeze(0), y.unsqueeze(0)
 
 
@@ -32,8 +33,7 @@ def over(canvas: torch.Tensor, color: torch.Tensor, alpha: torch.Tensor) -> torc
     return canvas
 
 
-def hsv_to_rgb(h: torch.Tensor, s: float | torch.Tensor = 1.0,
-               v: float | torch.Tensor = 1.0) -> torch.Tensor:
+def hsv_to_rgb(h: torch.Tensor, s: float | torch.Tensor = 1.0, v: float | torch.Tensor = 1.0) -> torch.Tensor:
     """HSV (hue in [0, 1), cyclic) -> RGB in [0, 1]; output shape ``h.shape + (3,)``."""
     k = (torch.tensor([5.0, 3.0, 1.0], dtype=h.dtype) + h.unsqueeze(-1) * 6.0) % 6.0
     s = torch.as_tensor(s, dtype=h.dtype)
@@ -45,16 +45,16 @@ def hsv_to_rgb(h: torch.Tensor, s: float | torch.Tensor = 1.0,
     return v - v * s * torch.minimum(k, 4.0 - k).clamp(0.0, 1.0)
 
 
-def segment_distance(x: torch.Tensor, y: torch.Tensor, ax: torch.Tensor, ay: torch.Tensor,
-                     bx: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
+def segment_distance(
+    x: torch.Tensor, y: torch.Tensor, ax: torch.Tensor, ay: torch.Tensor, bx: torch.Tensor, by: torch.Tensor
+) -> torch.Tensor:
     """Distance from points (x, y) to segments a-b (endpoints broadcast as (n, 1, 1))."""
     dx, dy = bx - ax, by - ay
     t = (((x - ax) * dx + (y - ay) * dy) / (dx * dx + dy * dy).clamp_min(1e-12)).clamp(0.0, 1.0)
     return torch.hypot(x - ax - t * dx, y - ay - t * dy)
 
 
-def convex_polygon_distance(x: torch.Tensor, y: torch.Tensor, px: torch.Tensor,
-                            py: torch.Tensor) -> torch.Tensor:
+def convex_polygon_distance(x: torch.Tensor, y: torch.Tensor, px: torch.Tensor, py: torch.Tensor) -> torch.Tensor:
     """Approximate signed distance (max over edge half-planes) to convex polygons.
 
     ``px``, ``py``: (n, V) vertices in counter-clockwise order on screen (x right, y down means
@@ -71,7 +71,6 @@ def convex_polygon_distance(x: torch.Tensor, y: torch.Tensor, px: torch.Tensor,
     nx, ny = sign * ey / length, -sign * ex / length  # outward normals
     d = torch.where(area.abs() < 1e-6, 1e4, -1e4)[:, :, None].expand(-1, *x.shape[1:]).clone()
     for v in range(px.shape[1]):
-        dv = ((x - px[:, v, None, None]) * nx[:, v, None, None]
-              + (y - py[:, v, None, None]) * ny[:, v, None, None])
+        dv = (x - px[:, v, None, None]) * nx[:, v, None, None] + (y - py[:, v, None, None]) * ny[:, v, None, None]
         d = torch.maximum(d, dv)
     return d

@@ -23,9 +23,7 @@ if TYPE_CHECKING:
     import h5py
 
 SHAPES3D_FILE = "3dshapes.h5"
-SHAPES3D_URL = (
-    "https://storage.googleapis.com/3d-shapes/3dshapes.h5 (github.com/deepmind/3d-shapes)"
-)
+SHAPES3D_URL = "https://storage.googleapis.com/3d-shapes/3dshapes.h5 (github.com/deepmind/3d-shapes)"
 SHAPES3D_FACTORS = ("floor_hue", "wall_hue", "object_hue", "scale", "shape", "orientation")
 
 
@@ -66,21 +64,15 @@ class Shapes3D(GroundTruthDataset):
             with _h5py().File(self.path, "r") as f:
                 for key in ("images", "labels"):
                     if key not in f:
-                        raise DatasetFormatError(
-                            f"{self.path}: missing dataset {key!r} (has {sorted(f.keys())})"
-                        )
+                        raise DatasetFormatError(f"{self.path}: missing dataset {key!r} (has {sorted(f.keys())})")
                 images, labels = f["images"], f["labels"][()]
                 img_shape, img_dtype = images.shape, images.dtype
         except OSError as err:
             raise DatasetFormatError(f"{self.path}: not a readable HDF5 file ({err})") from None
         if len(img_shape) != 4 or img_shape[3] != 3 or img_dtype != np.uint8:
-            raise DatasetFormatError(
-                f"{self.path}: images must be (N, H, W, 3) uint8, got {img_shape} {img_dtype}"
-            )
+            raise DatasetFormatError(f"{self.path}: images must be (N, H, W, 3) uint8, got {img_shape} {img_dtype}")
         if img_shape[0] != labels.shape[0]:
-            raise DatasetFormatError(
-                f"{self.path}: {img_shape[0]} images but {labels.shape[0]} label rows"
-            )
+            raise DatasetFormatError(f"{self.path}: {img_shape[0]} images but {labels.shape[0]} label rows")
         sizes, self.factor_values = grid_from_labels(labels, self.path, SHAPES3D_FACTORS)
         self._set_factors(SHAPES3D_FACTORS, sizes, seed)
         self.observation_shape = (3, int(img_shape[1]), int(img_shape[2]))

@@ -71,8 +71,12 @@ class Shapes3DProcedural(GroundTruthDataset):
         self.image_size = image_size
         self.observation_shape = (3, image_size, image_size)
         self.factor_values = [
-            torch.arange(10) / 10.0, torch.arange(10) / 10.0, torch.arange(10) / 10.0,
-            torch.linspace(0.75, 1.25, 8), torch.arange(4.0), torch.linspace(-30.0, 30.0, 15),
+            torch.arange(10) / 10.0,
+            torch.arange(10) / 10.0,
+            torch.arange(10) / 10.0,
+            torch.linspace(0.75, 1.25, 8),
+            torch.arange(4.0),
+            torch.linspace(-30.0, 30.0, 15),
         ]
         self._hues = hsv_to_rgb(torch.arange(10) / 10.0)  # (10, 3)
         self._build_maps()
@@ -137,8 +141,7 @@ class Shapes3DProcedural(GroundTruthDataset):
         bottom = BASE_ROW - ELEVATION * wz - 0.3 * hx  # base sits a little above the base row
         top = bottom - 2 * hx
         dists, shades = [convex_polygon_distance(x, y, px, top)], []
-        shades.append(_lambert(torch.zeros(()), torch.ones(()), torch.zeros(()), light)
-                      .expand(-1, *x.shape[1:]))
+        shades.append(_lambert(torch.zeros(()), torch.ones(()), torch.zeros(()), light).expand(-1, *x.shape[1:]))
         big = torch.full_like(dists[0], 1e4)
         for f in range(4):
             g = (f + 1) % 4

@@ -65,17 +65,32 @@ class Sprites(GroundTruthDataset):
         (torch.Size([1, 16, 16]), tensor([1, 1, 1, 1, 1]))
     """
 
-    def __init__(self, *, n_shapes: int = 3, n_scales: int = 4, n_orientations: int = 8,
-                 n_x: int = 8, n_y: int = 8, image_size: int = 64, seed: int = 0):
-        for name, v in (("n_shapes", n_shapes), ("n_scales", n_scales),
-                        ("n_orientations", n_orientations), ("n_x", n_x), ("n_y", n_y),
-                        ("image_size", image_size)):
+    def __init__(
+        self,
+        *,
+        n_shapes: int = 3,
+        n_scales: int = 4,
+        n_orientations: int = 8,
+        n_x: int = 8,
+        n_y: int = 8,
+        image_size: int = 64,
+        seed: int = 0,
+    ):
+        for name, v in (
+            ("n_shapes", n_shapes),
+            ("n_scales", n_scales),
+            ("n_orientations", n_orientations),
+            ("n_x", n_x),
+            ("n_y", n_y),
+            ("image_size", image_size),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if n_shapes > len(SHAPES):
             raise ValueError(f"n_shapes must be <= {len(SHAPES)}, got {n_shapes}")
-        self._set_factors(("shape", "scale", "orientation", "pos_x", "pos_y"),
-                          (n_shapes, n_scales, n_orientations, n_x, n_y), seed)
+        self._set_factors(
+            ("shape", "scale", "orientation", "pos_x", "pos_y"), (n_shapes, n_scales, n_orientations, n_x, n_y), seed
+        )
         self.shapes = SHAPES[:n_shapes]
         self.image_size = image_size
         self.observation_shape = (1, image_size, image_size)

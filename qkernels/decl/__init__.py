@@ -35,8 +35,22 @@ from qkernels.decl._core import (
 )
 
 __all__ = [
-    "FLOAT_DTYPES", "ROLES", "SCALAR_TYPES", "Backward", "Framework", "Op", "Out", "Rule", "Scalar", "Tensor",
-    "all_ops", "backward_wiring", "by_name", "hessian", "kde", "quantize",
+    "FLOAT_DTYPES",
+    "ROLES",
+    "SCALAR_TYPES",
+    "Backward",
+    "Framework",
+    "Op",
+    "Out",
+    "Rule",
+    "Scalar",
+    "Tensor",
+    "all_ops",
+    "backward_wiring",
+    "by_name",
+    "hessian",
+    "kde",
+    "quantize",
 ]
 
 

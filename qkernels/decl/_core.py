@@ -113,8 +113,9 @@ class Op:
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: argument names repeat: {names}")
         object.__setattr__(self, "_rules", tuple(compile(r.expr, f"<{self.name} rule>", "eval") for r in self.rules))
-        object.__setattr__(self, "_shapes", tuple(compile(o.shape, f"<{self.name} {o.name}>", "eval")
-                                                  for o in self.outputs))
+        object.__setattr__(
+            self, "_shapes", tuple(compile(o.shape, f"<{self.name} {o.name}>", "eval") for o in self.outputs)
+        )
 
     # ------------------------------------------------------------------ schema
 
@@ -159,8 +160,9 @@ class Op:
                 raise TypeError(f"{op}: {t.name} must be a tensor, got {type(x).__name__}")
             self._check_dtype(op, t, x, data, fw)
             if data is not None and x is not data and fw.device(x) != fw.device(data):
-                raise ValueError(f"{op}: {t.name} is on {fw.device(x)} but {self.tensors[0].name} is on "
-                                 f"{fw.device(data)}")
+                raise ValueError(
+                    f"{op}: {t.name} is on {fw.device(x)} but {self.tensors[0].name} is on {fw.device(data)}"
+                )
             self._check_shape(op, t, tuple(x.shape), env)
         for rule, code in zip(self.rules, self._rules, strict=True):  # type: ignore[attr-defined]
             if not eval(code, _GLOBALS, env):
@@ -176,8 +178,9 @@ class Op:
             if dtype not in FLOAT_DTYPES:
                 raise TypeError(f"{op}: {t.name} must be float32 or float64, got {dtype}")
             if data is not None and dtype != fw.dtype(data):
-                raise TypeError(f"{op}: {t.name} has dtype {dtype} but {self.tensors[0].name} has dtype "
-                                f"{fw.dtype(data)}")
+                raise TypeError(
+                    f"{op}: {t.name} has dtype {dtype} but {self.tensors[0].name} has dtype {fw.dtype(data)}"
+                )
 
     def _check_shape(self, op: str, t: Tensor, shape: tuple[int, ...], env: dict[str, Any]) -> None:
         if t.role == "grad":
@@ -335,8 +338,9 @@ def backward_wiring(fwd: Op) -> Backward:
             plan.append(("grad", out))
             grad_optional.append(isinstance(a, Tensor) and a.optional)
         else:
-            raise ValueError(f"{bwd.name}: argument {a.name!r} is neither grad_<output>, an input nor an output of "
-                             f"{fwd.name}")
+            raise ValueError(
+                f"{bwd.name}: argument {a.name!r} is neither grad_<output>, an input nor an output of {fwd.name}"
+            )
     results = {o.name: i for i, o in enumerate(bwd.outputs)}
     returns = tuple(results.get(f"grad_{a.name}") if isinstance(a, Tensor) else None for a in fwd.args)
     unknown = set(results) - {f"grad_{a.name}" for a in fwd.tensors}

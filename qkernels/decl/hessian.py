@@ -7,8 +7,12 @@ from qkernels.decl._core import Op, Out, Rule, Scalar, Tensor
 
 # the stacked activations (R, M) of n samples: 2 k rows per sample and group, plus optionally the n centers
 _FD_SCALARS = (
-    Scalar("n", "SymInt", 2), Scalar("num_perturbations", "int", 2), Scalar("eps", "float", 0.1),
-    Scalar("groups", "int", 2), Scalar("unbiased", "bool", False), Scalar("reduce", "str", "mean"),
+    Scalar("n", "SymInt", 2),
+    Scalar("num_perturbations", "int", 2),
+    Scalar("eps", "float", 0.1),
+    Scalar("groups", "int", 2),
+    Scalar("unbiased", "bool", False),
+    Scalar("reduce", "str", "mean"),
 )
 _FD_RULES = (
     Rule("n >= 1", {"n": 0}),
@@ -27,8 +31,12 @@ FINITE_DIFFERENCE_CURVATURE = Op(
     sizes={"R": 16, "M": 3},
     backward=Op(
         "finite_difference_curvature_backward",
-        args=(Tensor("grad", "groups, n", role="dgrad"), Tensor("stacked", "R, M"),
-              Tensor("argmax", "groups, n", role="index"), *_FD_SCALARS),
+        args=(
+            Tensor("grad", "groups, n", role="dgrad"),
+            Tensor("stacked", "R, M"),
+            Tensor("argmax", "groups, n", role="index"),
+            *_FD_SCALARS,
+        ),
         outputs=(Out("grad_stacked", "(R, M)"),),
         unnamed_output=True,
         rules=_FD_RULES,
@@ -82,8 +90,7 @@ CURVATURE_PENALTY = Op(
     sizes={"groups": 2, "n": 5},
     backward=Op(
         "curvature_penalty_backward",
-        args=(Tensor("grad", _PENALTY, role="dgrad"), Tensor("values", "groups, n", example="uniform"),
-              *_CP_SCALARS),
+        args=(Tensor("grad", _PENALTY, role="dgrad"), Tensor("values", "groups, n", example="uniform"), *_CP_SCALARS),
         outputs=(Out("grad_values", "(groups, n)"),),
         unnamed_output=True,
         rules=_CP_RULES,

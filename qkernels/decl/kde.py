@@ -9,16 +9,25 @@ _SIGMA = Rule("sigma > 0", {"sigma": 0.0})
 
 KDE_GRID = Op(
     "kde_grid",
-    args=(Tensor("points", "d, K"), Tensor("samples", "n, d"), Scalar("sigma", "float", 0.3),
-          Scalar("derivative", "bool", True)),
+    args=(
+        Tensor("points", "d, K"),
+        Tensor("samples", "n, d"),
+        Scalar("sigma", "float", 0.3),
+        Scalar("derivative", "bool", True),
+    ),
     outputs=(Out("out", "(d, K)"),),
     unnamed_output=True,
     rules=(_SIGMA,),
     sizes={"d": 3, "K": 7, "n": 5},
     backward=Op(
         "kde_grid_backward",
-        args=(Tensor("grad", "d, K", role="dgrad"), Tensor("points", "d, K"), Tensor("samples", "n, d"),
-              Scalar("sigma", "float", 0.3), Scalar("derivative", "bool", True)),
+        args=(
+            Tensor("grad", "d, K", role="dgrad"),
+            Tensor("points", "d, K"),
+            Tensor("samples", "n, d"),
+            Scalar("sigma", "float", 0.3),
+            Scalar("derivative", "bool", True),
+        ),
         outputs=(Out("grad_points", "(d, K)"), Out("grad_samples", "(n, d)")),
         rules=(_SIGMA,),
         sizes={"d": 3, "K": 7, "n": 5},
@@ -28,8 +37,12 @@ KDE_GRID = Op(
 # the whole Cliff criterion of raw latents, standardization, grids and weighting included (one op, so that a backend
 # can fuse all of it); the backward recomputes kernel values instead of saving (d, M, n) or (d, d, M, K) tensors
 _CLIFF_SCALARS = (
-    Scalar("sigma", "float", 0.4), Scalar("a", "float", -3.0), Scalar("b", "float", 3.0),
-    Scalar("num_points", "int", 8), Scalar("lambda_uni", "float", 0.5), Scalar("lambda_biv", "float", 1.0),
+    Scalar("sigma", "float", 0.4),
+    Scalar("a", "float", -3.0),
+    Scalar("b", "float", 3.0),
+    Scalar("num_points", "int", 8),
+    Scalar("lambda_uni", "float", 0.5),
+    Scalar("lambda_biv", "float", 1.0),
     Scalar("lambda_kl", "float", 0.7),
 )
 _CLIFF_RULES = (
@@ -47,8 +60,11 @@ CLIFF_LOSS = Op(
     sizes={"n": 6, "d": 3, "M": 2},
     backward=Op(
         "cliff_loss_backward",
-        args=(*(Tensor(f"grad_{t}", role="grad", optional=True) for t in ("total", "uni", "biv", "kl")),
-              *_CLIFF_INPUTS, *_CLIFF_SCALARS),
+        args=(
+            *(Tensor(f"grad_{t}", role="grad", optional=True) for t in ("total", "uni", "biv", "kl")),
+            *_CLIFF_INPUTS,
+            *_CLIFF_SCALARS,
+        ),
         outputs=(Out("grad_z", "(n, d)"),),
         rules=_CLIFF_RULES,
         sizes={"n": 6, "d": 3, "M": 2},
@@ -64,8 +80,12 @@ KLM = Op(
     sizes={"n": 6, "d": 3},
     backward=Op(
         "klm_backward",
-        args=(Tensor("grad_loss", role="grad"), Tensor("z", "n, d"),
-              Tensor("std", "d", optional=True, example="positive"), Tensor("lse", "n, d + 1")),
+        args=(
+            Tensor("grad_loss", role="grad"),
+            Tensor("z", "n, d"),
+            Tensor("std", "d", optional=True, example="positive"),
+            Tensor("lse", "n, d + 1"),
+        ),
         outputs=(Out("grad_z", "(n, d)"), Out("grad_std", "(0,) if std is None else (d,)")),
         sizes={"n": 6, "d": 3},
     ),

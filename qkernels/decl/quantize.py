@@ -12,15 +12,24 @@ _LQ_SIZES = {"N": 5, "d": 3, "G": 3, "n_v": 4}
 LATENT_QUANTIZE = Op(
     "latent_quantize",
     args=(Tensor("z", "N, d"), Tensor("values", "G, n_v")),
-    outputs=(Out("z_q", "(N, d)"), Out("indices", "(N, d)", "index"), Out("loss_quantize", "()"),
-             Out("loss_commit", "()")),
+    outputs=(
+        Out("z_q", "(N, d)"),
+        Out("indices", "(N, d)", "index"),
+        Out("loss_quantize", "()"),
+        Out("loss_commit", "()"),
+    ),
     rules=(_CODEBOOK,),
     sizes=_LQ_SIZES,
     backward=Op(
         "latent_quantize_backward",
-        args=(Tensor("grad_z_q", "N, d", role="dgrad"), Tensor("grad_loss_quantize", role="grad"),
-              Tensor("grad_loss_commit", role="grad"), Tensor("z", "N, d"), Tensor("values", "G, n_v"),
-              Tensor("indices", "N, d", role="index", hi="n_v")),
+        args=(
+            Tensor("grad_z_q", "N, d", role="dgrad"),
+            Tensor("grad_loss_quantize", role="grad"),
+            Tensor("grad_loss_commit", role="grad"),
+            Tensor("z", "N, d"),
+            Tensor("values", "G, n_v"),
+            Tensor("indices", "N, d", role="index", hi="n_v"),
+        ),
         outputs=(Out("grad_z", "(N, d)"), Out("grad_values", "(G, n_v)")),
         rules=(_CODEBOOK,),
         sizes=_LQ_SIZES,
@@ -29,8 +38,11 @@ LATENT_QUANTIZE = Op(
 
 _CAT_SIZES = {"N": 5, "d": 3, "G": 1, "K": 4}
 _RC_SCALARS = (Scalar("tau", "float", 0.7), Scalar("noise_scale", "float", 1.0))
-_RC_INPUTS = (Tensor("logits", "N, d, K"), Tensor("values", "G, K"),
-              Tensor("uniform", "N, d, K", optional=True, example="uniform"))
+_RC_INPUTS = (
+    Tensor("logits", "N, d, K"),
+    Tensor("values", "G, K"),
+    Tensor("uniform", "N, d, K", optional=True, example="uniform"),
+)
 
 RELAXED_CATEGORICAL = Op(
     "relaxed_categorical",
@@ -40,8 +52,14 @@ RELAXED_CATEGORICAL = Op(
     sizes=_CAT_SIZES,
     backward=Op(
         "relaxed_categorical_backward",
-        args=(Tensor("grad_z", "N, d", role="dgrad"), Tensor("grad_y", "N, d, K", role="dgrad"),
-              Tensor("grad_kl", "N, d", role="dgrad"), *_RC_INPUTS, Tensor("y", "N, d, K"), *_RC_SCALARS),
+        args=(
+            Tensor("grad_z", "N, d", role="dgrad"),
+            Tensor("grad_y", "N, d, K", role="dgrad"),
+            Tensor("grad_kl", "N, d", role="dgrad"),
+            *_RC_INPUTS,
+            Tensor("y", "N, d, K"),
+            *_RC_SCALARS,
+        ),
         outputs=(Out("grad_logits", "(N, d, K)"), Out("grad_values", "(G, K)")),
         rules=(_CODEBOOK,),
         sizes=_CAT_SIZES,
@@ -50,8 +68,11 @@ RELAXED_CATEGORICAL = Op(
 
 # relaxed_categorical of logits = -(z - values)^2. No C++ kernel: a cpu / cuda backend composes torch logits with its
 # relaxed_categorical kernel
-_GQ_INPUTS = (Tensor("z", "N, d"), Tensor("values", "G, K"),
-              Tensor("uniform", "N, d, K", optional=True, example="uniform"))
+_GQ_INPUTS = (
+    Tensor("z", "N, d"),
+    Tensor("values", "G, K"),
+    Tensor("uniform", "N, d, K", optional=True, example="uniform"),
+)
 _TAU = Rule("tau > 0", {"tau": 0.0})
 
 GUMBEL_QUANTIZE = Op(
@@ -62,11 +83,15 @@ GUMBEL_QUANTIZE = Op(
     sizes=_CAT_SIZES,
     backward=Op(
         "gumbel_quantize_backward",
-        args=(Tensor("grad_z_q", "N, d", role="dgrad", optional=True),
-              Tensor("grad_y", "N, d, K", role="dgrad", optional=True),
-              Tensor("grad_logits", "N, d, K", role="dgrad", optional=True),
-              Tensor("grad_kl", "N, d", role="dgrad", optional=True),
-              *_GQ_INPUTS, Tensor("y", "N, d, K"), Scalar("tau", "float", 0.7)),
+        args=(
+            Tensor("grad_z_q", "N, d", role="dgrad", optional=True),
+            Tensor("grad_y", "N, d, K", role="dgrad", optional=True),
+            Tensor("grad_logits", "N, d, K", role="dgrad", optional=True),
+            Tensor("grad_kl", "N, d", role="dgrad", optional=True),
+            *_GQ_INPUTS,
+            Tensor("y", "N, d, K"),
+            Scalar("tau", "float", 0.7),
+        ),
         outputs=(Out("grad_z", "(N, d)"), Out("grad_values", "(G, K)")),
         rules=(_CODEBOOK, _TAU),
         sizes=_CAT_SIZES,

@@ -98,9 +98,7 @@ def entropy(codes: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.log(n) - _sum_xlogx_blocks(counts, starts) / n
 
 
-def discrete_mutual_info(
-    a: np.ndarray, a_sizes: np.ndarray, b: np.ndarray, b_sizes: np.ndarray
-) -> np.ndarray:
+def discrete_mutual_info(a: np.ndarray, a_sizes: np.ndarray, b: np.ndarray, b_sizes: np.ndarray) -> np.ndarray:
     """Plug-in mutual information (nats) for all column pairs of two code matrices.
 
     ``a`` ``(N, p)`` with codes in ``0..a_sizes-1``, ``b`` ``(N, q)`` likewise -> ``(p, q)``.

@@ -131,8 +131,10 @@ def dci(
     if searched:
         depths = _check_depths(DEFAULT_MAX_DEPTHS if max_depths is None else max_depths)
     elif max_depths is not None:
-        raise ValueError(f"max_depths applies to the presets that search the depth (depth_search, qlae, "
-                         f"qlae_validation), got preset={preset!r}")
+        raise ValueError(
+            f"max_depths applies to the presets that search the depth (depth_search, qlae, "
+            f"qlae_validation), got preset={preset!r}"
+        )
     s_codes, _ = label_encode(s)
     if preset in ("tripod", "qlae", "qlae_validation"):
         tr, te = split_test_fraction(n, TRIPOD_TEST_FRACTION, seed)
@@ -243,10 +245,7 @@ def _depth_scores(x_fit, y_fit, x_eval, y_eval, depths, seed, n_jobs):
     col = np.searchsorted(forest.classes_, y_eval).clip(0, forest.n_classes_ - 1)
     col = np.where(forest.classes_[col] == y_eval, col, -1)
     rows = np.arange(y_eval.size)
-    nll = [
-        float(-np.mean(np.log(np.where(col >= 0, p[rows, col], 0.0).clip(1e-15, None))))
-        for p in proba
-    ]
+    nll = [float(-np.mean(np.log(np.where(col >= 0, p[rows, col], 0.0).clip(1e-15, None)))) for p in proba]
     return acc, nll, imps
 
 

@@ -92,14 +92,10 @@ def evaluate(
         metrics = proto.metrics if proto is not None else ("infomec", "dci")
     unknown = [m for m in metrics if m not in METRICS]
     if isinstance(metrics, str) or unknown:
-        raise ValueError(
-            f"metrics must be a sequence of names from {sorted(METRICS)}, got {metrics!r}"
-        )
+        raise ValueError(f"metrics must be a sequence of names from {sorted(METRICS)}, got {metrics!r}")
     options = dict(options or {})
     if set(options) - set(metrics):
-        raise ValueError(
-            f"options has entries for metrics not requested: {sorted(set(options) - set(metrics))}"
-        )
+        raise ValueError(f"options has entries for metrics not requested: {sorted(set(options) - set(metrics))}")
     for name, v in (("num_samples", num_samples), ("batch_size", batch_size)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -178,9 +174,7 @@ def encode_dataset(
     chunks = []
     with torch.no_grad():
         for start in range(0, num_samples, batch_size):
-            obs = torch.as_tensor(
-                dataset.observations_from_factors(factors[start : start + batch_size])
-            )
+            obs = torch.as_tensor(dataset.observations_from_factors(factors[start : start + batch_size]))
             z = torch.as_tensor(encode(obs))
             if z.ndim != 2 or z.shape[0] != obs.shape[0]:
                 raise ValueError(f"encode must return (B, n_z) latents, got shape {tuple(z.shape)}")

@@ -46,10 +46,7 @@ def mig(sources, latents, *, num_bins: int = 20) -> dict:
     """
     mi, h = binned_mutual_info(sources, latents, num_bins)
     if np.any(h <= 0):
-        raise ValueError(
-            f"sources columns {np.flatnonzero(h <= 0).tolist()} are constant: "
-            "MIG divides by H(source)"
-        )
+        raise ValueError(f"sources columns {np.flatnonzero(h <= 0).tolist()} are constant: MIG divides by H(source)")
     top = -np.sort(-mi, axis=1)
     second = top[:, 1] if top.shape[1] > 1 else np.zeros(top.shape[0])
     return {"mig": float(np.mean((top[:, 0] - second) / h))}

@@ -78,36 +78,86 @@ class Protocol:
 
 PROTOCOLS: dict[str, Protocol] = {
     "qlae": Protocol(
-        "qlae", ("infomec", "dci"), {"infomec": 10_000, "dci": 10_000},
-        {"infomec": {"k": 10, "prune": "range", "prune_threshold": 1 / 20, "class_weight": "balanced",
-                     "max_iter": 100, **AUTHORS_INFOMEC},
-         "dci": {"preset": "qlae"}},
-        "codes", "latent_quantization disentangle/metrics/infomec.py; QLAE paper App. C.5"),
+        "qlae",
+        ("infomec", "dci"),
+        {"infomec": 10_000, "dci": 10_000},
+        {
+            "infomec": {
+                "k": 10,
+                "prune": "range",
+                "prune_threshold": 1 / 20,
+                "class_weight": "balanced",
+                "max_iter": 100,
+                **AUTHORS_INFOMEC,
+            },
+            "dci": {"preset": "qlae"},
+        },
+        "codes",
+        "latent_quantization disentangle/metrics/infomec.py; QLAE paper App. C.5",
+    ),
     "tripod": Protocol(
-        "tripod", ("infomec", "dci"), {"infomec": 10_000, "dci": 10_000},
-        {"infomec": {"k": 10, "prune": "iqr", "class_weight": "balanced", "max_iter": 100, **AUTHORS_INFOMEC},
-         "dci": {"preset": "tripod"}},
-        "values", "tripod disentangle/metrics/infomec.py, dci.py; configs/train_autoencoder.yaml; the paper's "
-        "checkpoint selection (experiments section; App. B.1, Table 2)", selection="tripod"),
+        "tripod",
+        ("infomec", "dci"),
+        {"infomec": 10_000, "dci": 10_000},
+        {
+            "infomec": {"k": 10, "prune": "iqr", "class_weight": "balanced", "max_iter": 100, **AUTHORS_INFOMEC},
+            "dci": {"preset": "tripod"},
+        },
+        "values",
+        "tripod disentangle/metrics/infomec.py, dci.py; configs/train_autoencoder.yaml; the paper's "
+        "checkpoint selection (experiments section; App. B.1, Table 2)",
+        selection="tripod",
+    ),
     "factorqvae": Protocol(
-        "factorqvae", ("infomec", "dci"), {"infomec": 10_000, "dci": 15_000},
-        {"infomec": {"k": 3, "prune": "range", "prune_threshold": 1 / 20, "class_weight": "balanced",
-                     "max_iter": 500, **AUTHORS_INFOMEC},
-         "dci": {"preset": "dlib"}},
-        "codes", "FactorQVAE metrics/infomec.py, metrics/dci.py, metrics/utils.py"),
+        "factorqvae",
+        ("infomec", "dci"),
+        {"infomec": 10_000, "dci": 15_000},
+        {
+            "infomec": {
+                "k": 3,
+                "prune": "range",
+                "prune_threshold": 1 / 20,
+                "class_weight": "balanced",
+                "max_iter": 500,
+                **AUTHORS_INFOMEC,
+            },
+            "dci": {"preset": "dlib"},
+        },
+        "codes",
+        "FactorQVAE metrics/infomec.py, metrics/dci.py, metrics/utils.py",
+    ),
     "dlib": Protocol(
-        "dlib", ("dci", "mig"), {"dci": 15_000, "mig": 10_000, "infomec": 10_000},
+        "dlib",
+        ("dci", "mig"),
+        {"dci": 15_000, "mig": 10_000, "infomec": 10_000},
         {"dci": {"preset": "dlib"}, "mig": {"num_bins": 20}},
-        "codes", "disentanglement_lib defaults (Locatello et al., 2019)"),
-    "fast": Protocol("fast", ("infomec", "dci"), {"infomec": 2_000, "dci": 2_000, "mig": 2_000},
-                     {"dci": {"preset": "tripod"}}, "codes", "qkernels' CPU demo"),
+        "codes",
+        "disentanglement_lib defaults (Locatello et al., 2019)",
+    ),
+    "fast": Protocol(
+        "fast",
+        ("infomec", "dci"),
+        {"infomec": 2_000, "dci": 2_000, "mig": 2_000},
+        {"dci": {"preset": "tripod"}},
+        "codes",
+        "qkernels' CPU demo",
+    ),
 }
 
 #: each method's authors' protocol (``qkernels train`` default)
 METHOD_PROTOCOL: dict[str, str] = {
-    "ae": "qlae", "qlae": "qlae", "tripod": "tripod", "qvae": "factorqvae", "factorqvae": "factorqvae",
-    "dvae": "dlib", "factordvae": "dlib", "beta_vae": "dlib", "beta_tcvae": "dlib", "factorvae": "dlib",
-    "cliff_vae": "dlib", "cliff_ae": "dlib",
+    "ae": "qlae",
+    "qlae": "qlae",
+    "tripod": "tripod",
+    "qvae": "factorqvae",
+    "factorqvae": "factorqvae",
+    "dvae": "dlib",
+    "factordvae": "dlib",
+    "beta_vae": "dlib",
+    "beta_tcvae": "dlib",
+    "factorvae": "dlib",
+    "cliff_vae": "dlib",
+    "cliff_ae": "dlib",
 }
 
 

@@ -59,9 +59,7 @@ def sap(
         score = np.zeros((s.shape[1], z.shape[1]))
         for i in range(s.shape[1]):
             for j in range(z.shape[1]):
-                score[i, j] = _svc_accuracy(
-                    z[tr, j], s_codes[tr, i], z[te, j], s_codes[te, i], seed
-                )
+                score[i, j] = _svc_accuracy(z[tr, j], s_codes[tr, i], z[te, j], s_codes[te, i], seed)
     top = -np.sort(-score, axis=1)
     second = top[:, 1] if top.shape[1] > 1 else np.zeros(top.shape[0])
     return {"sap": float(np.mean(top[:, 0] - second))}

@@ -25,8 +25,9 @@ class AE(Method):
         ['recon', 'total']
     """
 
-    def __init__(self, obs_shape, num_latents: int, *, arch: str = "small", family: str = "qlae",
-                 recon: str = "bce_mean") -> None:
+    def __init__(
+        self, obs_shape, num_latents: int, *, arch: str = "small", family: str = "qlae", recon: str = "bce_mean"
+    ) -> None:
         super().__init__()
         self.num_latents, self.recon = num_latents, recon
         self.encoder, self.decoder = build_encoder_decoder(family, arch, tuple(obs_shape), num_latents, num_latents)
@@ -59,8 +60,17 @@ class QLAE(QuantizedAutoencoder):
         True
     """
 
-    def __init__(self, obs_shape, num_latents: int, *, num_values: int = 10, arch: str = "small",
-                 weight_quantize: float = 0.01, weight_commit: float = 0.01, recon: str = "bce_mean") -> None:
+    def __init__(
+        self,
+        obs_shape,
+        num_latents: int,
+        *,
+        num_values: int = 10,
+        arch: str = "small",
+        weight_quantize: float = 0.01,
+        weight_commit: float = 0.01,
+        recon: str = "bce_mean",
+    ) -> None:
         super().__init__()
         self.num_latents, self.recon = num_latents, recon
         self.weight_quantize, self.weight_commit = weight_quantize, weight_commit

@@ -90,20 +90,36 @@ class QLAEEncoder(nn.Module):
         torch.Size([2, 6])
     """
 
-    def __init__(self, in_channels: int, image_size: int, out_dim: int, *, widths: Sequence[int] = (32, 64, 128, 256),
-                 dense: int = 256) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        image_size: int,
+        out_dim: int,
+        *,
+        widths: Sequence[int] = (32, 64, 128, 256),
+        dense: int = 256,
+    ) -> None:
         super().__init__()
         _check_widths(widths, image_size)
         layers: list[nn.Module] = []
         c = in_channels
         for w in widths:
             for k, s, p in ((3, 1, 1), (3, 1, 1), (4, 2, 1)):
-                layers += [nn.Conv2d(c, w, k, s, p, bias=False), nn.InstanceNorm2d(w, eps=1e-6, affine=True),
-                           nn.LeakyReLU(0.2)]
+                layers += [
+                    nn.Conv2d(c, w, k, s, p, bias=False),
+                    nn.InstanceNorm2d(w, eps=1e-6, affine=True),
+                    nn.LeakyReLU(0.2),
+                ]
                 c = w
         self.conv = nn.Sequential(*layers)
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(c * 16, dense), nn.ReLU(), nn.Linear(dense, dense),
-                                  nn.ReLU(), nn.Linear(dense, out_dim))
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(c * 16, dense),
+            nn.ReLU(),
+            nn.Linear(dense, dense),
+            nn.ReLU(),
+            nn.Linear(dense, out_dim),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.conv(x))
@@ -141,8 +157,15 @@ class AdaINDecoder(nn.Module):
         torch.Size([2, 3, 16, 16])
     """
 
-    def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
-                 widths: Sequence[int] = (256, 128, 64, 32), dense: int = 256) -> None:
+    def __init__(
+        self,
+        latent_dim: int,
+        out_channels: int,
+        image_size: int,
+        *,
+        widths: Sequence[int] = (256, 128, 64, 32),
+        dense: int = 256,
+    ) -> None:
         super().__init__()
         _check_widths(widths, image_size)
         self.mapping = nn.Sequential(nn.Linear(latent_dim, dense), nn.ReLU(), nn.Linear(dense, dense), nn.ReLU())
@@ -150,8 +173,11 @@ class AdaINDecoder(nn.Module):
         layers: list[StyleLayer] = []
         c = widths[0]
         for w in widths:
-            layers += [StyleLayer(c, w, dense, 3, 1, 1), StyleLayer(w, w, dense, 3, 1, 1),
-                       StyleLayer(w, w, dense, 4, 2, 1)]
+            layers += [
+                StyleLayer(c, w, dense, 3, 1, 1),
+                StyleLayer(w, w, dense, 3, 1, 1),
+                StyleLayer(w, w, dense, 4, 2, 1),
+            ]
             c = w
         self.layers = nn.ModuleList(layers)
         self.out = nn.Conv2d(c, out_channels, 3, 1, 1, bias=False)
@@ -230,8 +256,9 @@ class ResidualEncoder(nn.Module):
         torch.Size([2, 6])
     """
 
-    def __init__(self, in_channels: int, image_size: int, out_dim: int, *,
-                 widths: Sequence[int] = (32, 64, 128, 256)) -> None:
+    def __init__(
+        self, in_channels: int, image_size: int, out_dim: int, *, widths: Sequence[int] = (32, 64, 128, 256)
+    ) -> None:
         super().__init__()
         _check_widths(widths, image_size)
         layers: list[nn.Module] = []
@@ -266,17 +293,31 @@ class ResidualDecoder(nn.Module):
         ['block0', 'cond']
     """
 
-    def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
-                 widths: Sequence[int] = (512, 256, 128, 64), dense: int = 256) -> None:
+    def __init__(
+        self,
+        latent_dim: int,
+        out_channels: int,
+        image_size: int,
+        *,
+        widths: Sequence[int] = (512, 256, 128, 64),
+        dense: int = 256,
+    ) -> None:
         super().__init__()
         _check_widths(widths, image_size)
         self.cond = nn.Sequential(_linear_ln_gelu(latent_dim, dense), _linear_ln_gelu(dense, dense))
         self.start = nn.Parameter(torch.ones(widths[0], 4, 4))
         outs = [*widths[1:], out_channels]
         self.blocks = nn.ModuleList(
-            nn.ModuleList([_ResCondBlock(dense, w), _ResCondBlock(dense, w), nn.Upsample(scale_factor=2.0),
-                           nn.Conv2d(w, o, 3, 1, 1)])
-            for w, o in zip(widths, outs, strict=True))
+            nn.ModuleList(
+                [
+                    _ResCondBlock(dense, w),
+                    _ResCondBlock(dense, w),
+                    nn.Upsample(scale_factor=2.0),
+                    nn.Conv2d(w, o, 3, 1, 1),
+                ]
+            )
+            for w, o in zip(widths, outs, strict=True)
+        )
 
     def forward(self, z: torch.Tensor, return_activations: bool = False):
         cond = self.cond(z)
@@ -301,8 +342,16 @@ class DLibEncoder(nn.Module):
         torch.Size([2, 6])
     """
 
-    def __init__(self, in_channels: int, image_size: int, out_dim: int, *, widths: Sequence[int] = (32, 32, 64, 64),
-                 dense: int = 256, kernels: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        image_size: int,
+        out_dim: int,
+        *,
+        widths: Sequence[int] = (32, 32, 64, 64),
+        dense: int = 256,
+        kernels: Sequence[int] | None = None,
+    ) -> None:
         super().__init__()
         _check_widths(widths, image_size)
         kernels = (4,) * len(widths) if kernels is None else tuple(kernels)
@@ -332,9 +381,16 @@ class DLibDecoder(nn.Module):
         torch.Size([2, 1, 16, 16])
     """
 
-    def __init__(self, latent_dim: int, out_channels: int, image_size: int, *,
-                 widths: Sequence[int] = (32, 32, 64, 64), dense: int = 256, kernels: Sequence[int] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        latent_dim: int,
+        out_channels: int,
+        image_size: int,
+        *,
+        widths: Sequence[int] = (32, 32, 64, 64),
+        dense: int = 256,
+        kernels: Sequence[int] | None = None,
+    ) -> None:
         super().__init__()
         _check_widths(widths, image_size)
         del kernels  # the encoder's (one preset() dict builds both); every dlib family's upconvs are 4 x 4
@@ -438,16 +494,32 @@ class DalleEncoder(nn.Module):
     channel * 2^g, 2x2 max-pool after every group but the last; flatten, ReLU, Linear to ``hidden``,
     ReLU, Linear, ReLU, Linear to out_dim. Paper: channel 128, 3 groups x 2 blocks, hidden 128."""
 
-    def __init__(self, in_channels: int, image_size: int, out_dim: int, *, channel: int = 128, groups: int = 3,
-                 blocks: int = 2, hidden: int = 128) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        image_size: int,
+        out_dim: int,
+        *,
+        channel: int = 128,
+        groups: int = 3,
+        blocks: int = 2,
+        hidden: int = 128,
+    ) -> None:
         super().__init__()
         if groups < 2 or image_size % 2 ** (groups - 1):
             raise ValueError(f"image_size {image_size} must be divisible by 2**(groups - 1) = {2 ** (groups - 1)}")
         widths = [channel * 2**g for g in range(groups)]
         layers, c = _dalle_stack(channel, widths, blocks, False, lambda: nn.MaxPool2d(2))
         side = image_size // 2 ** (groups - 1)
-        head = [nn.Flatten(), nn.ReLU(), nn.Linear(c * side * side, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
-                nn.ReLU(), nn.Linear(hidden, out_dim)]
+        head = [
+            nn.Flatten(),
+            nn.ReLU(),
+            nn.Linear(c * side * side, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, out_dim),
+        ]
         self.net = nn.Sequential(nn.Conv2d(in_channels, channel, 3, padding=1), *layers, *head)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -460,16 +532,26 @@ class DalleDecoder(nn.Module):
     widths channel * 2^g from the widest down, nearest 2x upsampling after every group but the last, ReLU,
     1x1 conv to C. Paper: channel 128, 3 groups x 2 blocks, input_channel 64."""
 
-    def __init__(self, latent_dim: int, out_channels: int, image_size: int, *, channel: int = 128, groups: int = 3,
-                 blocks: int = 2, input_channel: int = 64) -> None:
+    def __init__(
+        self,
+        latent_dim: int,
+        out_channels: int,
+        image_size: int,
+        *,
+        channel: int = 128,
+        groups: int = 3,
+        blocks: int = 2,
+        input_channel: int = 64,
+    ) -> None:
         super().__init__()
         if groups < 2 or image_size % 2 ** (groups - 1):
             raise ValueError(f"image_size {image_size} must be divisible by 2**(groups - 1) = {2 ** (groups - 1)}")
         widths = [channel * 2**g for g in range(groups)][::-1]
         self.side, self.c0 = image_size // 2 ** (groups - 1), input_channel
         self.fc = nn.Linear(latent_dim, input_channel * self.side**2)
-        layers, c = _dalle_stack(input_channel, widths, blocks, True, lambda: nn.Upsample(scale_factor=2,
-                                                                                            mode="nearest"))
+        layers, c = _dalle_stack(
+            input_channel, widths, blocks, True, lambda: nn.Upsample(scale_factor=2, mode="nearest")
+        )
         self.net = nn.Sequential(*layers, nn.ReLU(), nn.Conv2d(c, out_channels, 1))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:

@@ -32,19 +32,36 @@ class CliffAE(Method):
 
     recon = "mse_mean"
 
-    def __init__(self, obs_shape=(2,), num_latents: int = 2, *, hidden=(50, 100, 50), sigma: float = 0.1,
-                 lambda_uni: float = 0.0, lambda_biv: float = 1.0, lambda_kl: float = 1.0, num_cond: int = 10,
-                 fit_decoder: bool = True) -> None:
+    def __init__(
+        self,
+        obs_shape=(2,),
+        num_latents: int = 2,
+        *,
+        hidden=(50, 100, 50),
+        sigma: float = 0.1,
+        lambda_uni: float = 0.0,
+        lambda_biv: float = 1.0,
+        lambda_kl: float = 1.0,
+        num_cond: int = 10,
+        fit_decoder: bool = True,
+    ) -> None:
         super().__init__()
         if len(tuple(obs_shape)) != 1:
-            raise ValueError(f"cliff_ae takes vector observations (dim,), e.g. --dataset quantized_grid2d, "
-                             f"not images: got {tuple(obs_shape)}")
+            raise ValueError(
+                f"cliff_ae takes vector observations (dim,), e.g. --dataset quantized_grid2d, "
+                f"not images: got {tuple(obs_shape)}"
+            )
         (dim,) = tuple(obs_shape)
         self.num_latents, self.fit_decoder = num_latents, fit_decoder
         self.encoder = MLP((dim, *hidden, num_latents))
         self.decoder = MLP((num_latents, *hidden[::-1], dim))
-        self.cliff_kw = {"sigma": sigma, "lambda_uni": lambda_uni, "lambda_biv": lambda_biv, "lambda_kl": lambda_kl,
-                         "num_cond": num_cond}
+        self.cliff_kw = {
+            "sigma": sigma,
+            "lambda_uni": lambda_uni,
+            "lambda_biv": lambda_biv,
+            "lambda_kl": lambda_kl,
+            "num_cond": num_cond,
+        }
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return self.encoder(self.inputs(x))

@@ -23,8 +23,9 @@ class Discriminator(nn.Module):
         torch.Size([8, 2])
     """
 
-    def __init__(self, in_dim: int, *, width: int = 1000, layers: int = 6, slope: float = 0.2,
-                 init_std: float | None = None) -> None:
+    def __init__(
+        self, in_dim: int, *, width: int = 1000, layers: int = 6, slope: float = 0.2, init_std: float | None = None
+    ) -> None:
         super().__init__()
         mods: list[nn.Module] = []
         c = in_dim

@@ -49,16 +49,27 @@ class DVAE(Method):
         (['kl', 'recon', 'total'], torch.Size([4, 3]))
     """
 
-    def __init__(self, obs_shape, num_latents: int = 10, *, num_values: int = 64, beta: float = 1.0,
-                 noise_start: float = 0.5, noise_end: float = 2.0, noise_steps: int = NOISE_STEPS, arch: str = "small",
-                 recon: str = "bce_sum") -> None:
+    def __init__(
+        self,
+        obs_shape,
+        num_latents: int = 10,
+        *,
+        num_values: int = 64,
+        beta: float = 1.0,
+        noise_start: float = 0.5,
+        noise_end: float = 2.0,
+        noise_steps: int = NOISE_STEPS,
+        arch: str = "small",
+        recon: str = "bce_sum",
+    ) -> None:
         super().__init__()
         if isinstance(noise_steps, bool) or not isinstance(noise_steps, int) or noise_steps < 1:
             raise ValueError(f"noise_steps must be an integer >= 1, got {noise_steps!r}")
         self.num_latents, self.num_values, self.beta, self.recon = num_latents, num_values, beta, recon
         self.noise_start, self.noise_end, self.noise_steps = noise_start, noise_end, noise_steps
         self.encoder, self.decoder = build_encoder_decoder(
-            "dlib", arch, tuple(obs_shape), num_latents * num_values, num_latents)
+            "dlib", arch, tuple(obs_shape), num_latents * num_values, num_latents
+        )
         init_haiku_(self.encoder), init_haiku_(self.decoder)
         self.latent = CategoricalLatent(num_latents, num_values)
 
@@ -112,8 +123,16 @@ class FactorDVAE(DVAE):
         (['kl', 'recon', 'tc', 'total'], ['disc', 'total'])
     """
 
-    def __init__(self, obs_shape, num_latents: int = 10, *, gamma: float = 10.0, disc_width: int = 1000,
-                 disc_layers: int = 6, **kw) -> None:
+    def __init__(
+        self,
+        obs_shape,
+        num_latents: int = 10,
+        *,
+        gamma: float = 10.0,
+        disc_width: int = 1000,
+        disc_layers: int = 6,
+        **kw,
+    ) -> None:
         super().__init__(obs_shape, num_latents, **kw)
         self.gamma = gamma
         self.discriminator = init_haiku_(Discriminator(num_latents, width=disc_width, layers=disc_layers, slope=0.01))

@@ -49,8 +49,17 @@ class QVAE(Method):
     recon = "mse_mean"
     input_map = "centered"
 
-    def __init__(self, obs_shape, num_latents: int, *, num_values: int = 64, beta: float = 1e-3,
-                 tau_rate: float = TAU_RATE["qvae"], arch: str = "small", recon: str = "mse_mean") -> None:
+    def __init__(
+        self,
+        obs_shape,
+        num_latents: int,
+        *,
+        num_values: int = 64,
+        beta: float = 1e-3,
+        tau_rate: float = TAU_RATE["qvae"],
+        arch: str = "small",
+        recon: str = "mse_mean",
+    ) -> None:
         super().__init__()
         self.num_latents, self.beta, self.tau_rate, self.recon = num_latents, beta, tau_rate, recon
         family = "dalle" if arch == "paper" else "dlib_4x4"  # small: a CPU stand-in of ours, not the authors
@@ -110,13 +119,24 @@ class FactorQVAE(QVAE):
         (['kl', 'recon', 'tc', 'total'], ['disc', 'total'])
     """
 
-    def __init__(self, obs_shape, num_latents: int, *, num_values: int = 64, beta: float = 1e-3, gamma: float = 1e-4,
-                 disc_width: int = 1000, disc_layers: int = 5, tau_rate: float = TAU_RATE["factorqvae"],
-                 **kw) -> None:
+    def __init__(
+        self,
+        obs_shape,
+        num_latents: int,
+        *,
+        num_values: int = 64,
+        beta: float = 1e-3,
+        gamma: float = 1e-4,
+        disc_width: int = 1000,
+        disc_layers: int = 5,
+        tau_rate: float = TAU_RATE["factorqvae"],
+        **kw,
+    ) -> None:
         super().__init__(obs_shape, num_latents, num_values=num_values, beta=beta, tau_rate=tau_rate, **kw)
         self.gamma = gamma
-        self.discriminator = Discriminator(num_latents * num_values, width=disc_width, layers=disc_layers,
-                                           init_std=0.02)
+        self.discriminator = Discriminator(
+            num_latents * num_values, width=disc_width, layers=disc_layers, init_std=0.02
+        )
         self._real: torch.Tensor | None = None
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:

@@ -92,14 +92,21 @@ METHODS: dict[str, MethodSpec] = {
     # latent_quantization configs/params/ae/ae_shapes3d.yaml (l2: 0.001) and models/ae.py, as QLAE's optimizer: the
     # weight-decayed "regularized" group (every non-bias parameter) clipped elementwise at 1, the biases plain Adam,
     # unclipped; configs/train_ae.yaml trains it as QLAE: optim.num_steps 2e5
-    "ae": MethodSpec(AE, OptimSpec("adamw", 1e-3, (0.9, 0.999), 0.001, "value", 1.0, clip_undecayed=False), 128,
-                     "twice_sources", paper_steps=200_000, data_order="epochs"),
+    "ae": MethodSpec(
+        AE,
+        OptimSpec("adamw", 1e-3, (0.9, 0.999), 0.001, "value", 1.0, clip_undecayed=False),
+        128,
+        "twice_sources",
+        paper_steps=200_000,
+        data_order="epochs",
+    ),
     # latent_quantization configs/train_ae.yaml: optim.num_steps 2e5; tripod configs/train_autoencoder.yaml: 250000
     "qlae": MethodSpec(QLAE, _QLAE_OPT, 128, "twice_sources", paper_steps=200_000, data_order="epochs"),
     "tripod": MethodSpec(Tripod, _TRIPOD_OPT, 64, "twice_sources", paper_steps=250_000, data_order="epochs"),
     "qvae": MethodSpec(QVAE, _FQ_OPT, 256, "twice_sources", paper_steps=100_000, data_order="split"),
-    "factorqvae": MethodSpec(FactorQVAE, _FQ_OPT, 256, "twice_sources", disc_optim=_FQ_OPT, paper_steps=50_000,
-                             data_order="split"),
+    "factorqvae": MethodSpec(
+        FactorQVAE, _FQ_OPT, 256, "twice_sources", disc_optim=_FQ_OPT, paper_steps=50_000, data_order="split"
+    ),
     # lddr run.py line 57: num_train_steps 300000 (both; the noise schedule's horizon, qkernels.models.dvae)
     "dvae": MethodSpec(DVAE, _DLIB_OPT, 64, "ten", paper_steps=300_000),
     "factordvae": MethodSpec(FactorDVAE, _DLIB_OPT, 64, "ten", disc_optim=_DISC_OPT, paper_steps=300_000),
@@ -136,15 +143,22 @@ DATASET_SETTINGS: dict[str, dict[str, dict]] = {
     # latent_quantization configs/params/ae/ae_shapes3d.yaml, ae_mpi3d.yaml (l2: 0.001)
     "ae": {"shapes3d": {"weight_decay": 0.001}, "mpi3d": {"weight_decay": 0.001}},
     # latent_quantization configs/params/quantized_ae/{shapes3d,mpi3d,falcor3d,isaac3d}.yaml (lambdas.l2)
-    "qlae": {"shapes3d": {"weight_decay": 0.1}, "mpi3d": {"weight_decay": 0.001}, "falcor3d": {"weight_decay": 0.1},
-             "isaac3d": {"weight_decay": 0.1}},
+    "qlae": {
+        "shapes3d": {"weight_decay": 0.1},
+        "mpi3d": {"weight_decay": 0.001},
+        "falcor3d": {"weight_decay": 0.1},
+        "isaac3d": {"weight_decay": 0.1},
+    },
     # tripod configs/train_autoencoder.yaml (the sweep and its "good hyperparameters for other datasets")
     "tripod": {d: {"lambda_klm": k, "lambda_nhp": n} for d, (k, n) in TRIPOD_LAMBDAS.items() if d not in STAND_INS},
     # FactorQVAE configs/{Shapes3D,Isaac3D,MPI3DComplex}/qvae.yaml (quantizer.kl_weight)
     "qvae": {"shapes3d": {"beta": 1e-3}, "isaac3d": {"beta": 5e-5}, "mpi3d": {"beta": 5e-5}},
     # FactorQVAE configs/{Shapes3D,Isaac3D,MPI3DComplex}/factorqvae.yaml (kl_weight, discriminator.gamma)
-    "factorqvae": {"shapes3d": {"beta": 1e-3, "gamma": 1e-4}, "isaac3d": {"beta": 5e-5, "gamma": 5e-5},
-                   "mpi3d": {"beta": 5e-5, "gamma": 1e-6}},
+    "factorqvae": {
+        "shapes3d": {"beta": 1e-3, "gamma": 1e-4},
+        "isaac3d": {"beta": 5e-5, "gamma": 5e-5},
+        "mpi3d": {"beta": 5e-5, "gamma": 1e-6},
+    },
 }
 _OPTIM_FIELDS = frozenset(f.name for f in fields(OptimSpec))
 
@@ -207,8 +221,9 @@ def paper_steps(name: str) -> int:
     steps = METHODS[name].paper_steps
     if not steps:
         known = ", ".join(f"{n} {s.paper_steps:,}" for n, s in METHODS.items() if s.paper_steps)
-        raise ValueError(f"steps='paper': the authors of {name} state no run length; give a number of steps "
-                         f"(stated: {known})")
+        raise ValueError(
+            f"steps='paper': the authors of {name} state no run length; give a number of steps (stated: {known})"
+        )
     return steps
 
 

@@ -54,9 +54,19 @@ class Tripod(QuantizedAutoencoder):
 
     input_map = "signed"
 
-    def __init__(self, obs_shape, num_latents: int, *, levels: int = 12, lambda_klm: float = 1e-4,
-                 lambda_nhp: float = 1e-2, num_perturbations: int = 2, eps: float = 0.1, arch: str = "small",
-                 recon: str = "bce_mean") -> None:
+    def __init__(
+        self,
+        obs_shape,
+        num_latents: int,
+        *,
+        levels: int = 12,
+        lambda_klm: float = 1e-4,
+        lambda_nhp: float = 1e-2,
+        num_perturbations: int = 2,
+        eps: float = 0.1,
+        arch: str = "small",
+        recon: str = "bce_mean",
+    ) -> None:
         super().__init__()
         self.num_latents, self.recon, self.levels = num_latents, recon, levels
         self.lambda_klm, self.lambda_nhp = lambda_klm, lambda_nhp
@@ -81,8 +91,13 @@ class Tripod(QuantizedAutoencoder):
             total = total + self.lambda_klm * terms["klm"]
         if self.lambda_nhp > 0:
             terms["nhp"] = normalized_hessian_penalty(
-                lambda u: self.decoder(u, return_activations=True)[1], z_q, std,
-                num_perturbations=self.num_perturbations, eps=self.eps, group=self.dp_group)
+                lambda u: self.decoder(u, return_activations=True)[1],
+                z_q,
+                std,
+                num_perturbations=self.num_perturbations,
+                eps=self.eps,
+                group=self.dp_group,
+            )
             total = total + self.lambda_nhp * terms["nhp"]
         terms["total"] = total
         return terms

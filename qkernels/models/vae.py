@@ -35,12 +35,14 @@ class BetaVAE(Method):
 
     backbone = "dlib"
 
-    def __init__(self, obs_shape, num_latents: int = 10, *, beta: float = 16.0, arch: str = "small",
-                 recon: str = "bce_sum") -> None:
+    def __init__(
+        self, obs_shape, num_latents: int = 10, *, beta: float = 16.0, arch: str = "small", recon: str = "bce_sum"
+    ) -> None:
         super().__init__()
         self.num_latents, self.beta, self.recon = num_latents, beta, recon
-        self.encoder, self.decoder = build_encoder_decoder(self.backbone, arch, tuple(obs_shape), 2 * num_latents,
-                                                           num_latents)
+        self.encoder, self.decoder = build_encoder_decoder(
+            self.backbone, arch, tuple(obs_shape), 2 * num_latents, num_latents
+        )
 
     def posterior(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x -> (mu, logvar), each (n, d)."""
@@ -101,8 +103,16 @@ class FactorVAE(BetaVAE):
         (['kl', 'recon', 'tc', 'total'], ['disc', 'total'])
     """
 
-    def __init__(self, obs_shape, num_latents: int = 10, *, gamma: float = 10.0, disc_width: int = 1000,
-                 disc_layers: int = 6, **kw) -> None:
+    def __init__(
+        self,
+        obs_shape,
+        num_latents: int = 10,
+        *,
+        gamma: float = 10.0,
+        disc_width: int = 1000,
+        disc_layers: int = 6,
+        **kw,
+    ) -> None:
         super().__init__(obs_shape, num_latents, beta=1.0, **kw)
         self.gamma = gamma
         self.discriminator = Discriminator(num_latents, width=disc_width, layers=disc_layers)
@@ -137,13 +147,29 @@ class CliffVAE(BetaVAE):
 
     backbone = "dlib_4x4"  # Cliff App. G.3: "4 x 4 conv" for all four convolutions
 
-    def __init__(self, obs_shape, num_latents: int = 10, *, beta: float = 10.0, lambda_a: float = 1.0,
-                 sigma: float = 0.1, lambda_uni: float = 0.5, lambda_biv: float = 1.0, lambda_kl: float = 0.7,
-                 num_cond: int = 10, **kw) -> None:
+    def __init__(
+        self,
+        obs_shape,
+        num_latents: int = 10,
+        *,
+        beta: float = 10.0,
+        lambda_a: float = 1.0,
+        sigma: float = 0.1,
+        lambda_uni: float = 0.5,
+        lambda_biv: float = 1.0,
+        lambda_kl: float = 0.7,
+        num_cond: int = 10,
+        **kw,
+    ) -> None:
         super().__init__(obs_shape, num_latents, beta=beta, **kw)
         self.lambda_a = lambda_a
-        self.cliff_kw = {"sigma": sigma, "lambda_uni": lambda_uni, "lambda_biv": lambda_biv, "lambda_kl": lambda_kl,
-                         "num_cond": num_cond}
+        self.cliff_kw = {
+            "sigma": sigma,
+            "lambda_uni": lambda_uni,
+            "lambda_biv": lambda_biv,
+            "lambda_kl": lambda_kl,
+            "num_cond": num_cond,
+        }
 
     def loss(self, x: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         mu, _, _, rec, kl = self._forward(x)

@@ -20,8 +20,13 @@ class _Penalty(nn.Module):
         self.reduction, self.chunk_size = reduction, chunk_size
 
     def _settings(self, generator: torch.Generator | None) -> dict[str, Any]:
-        return dict(num_perturbations=self.num_perturbations, eps=self.eps, generator=generator,
-                    reduction=self.reduction, chunk_size=self.chunk_size)
+        return dict(
+            num_perturbations=self.num_perturbations,
+            eps=self.eps,
+            generator=generator,
+            reduction=self.reduction,
+            chunk_size=self.chunk_size,
+        )
 
     def extra_repr(self) -> str:
         return f"num_perturbations={self.num_perturbations}, eps={self.eps}, reduction={self.reduction!r}"

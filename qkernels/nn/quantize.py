@@ -67,27 +67,44 @@ def _latent_axis(name: str, x: torch.Tensor, module: nn.Module, d: int, dim: int
         raise ValueError(f"{kind}(dim={dim}) does not fit {name} of shape {tuple(x.shape)}")
     axis = dim % nd
     if x.shape[axis] == d:
-        if (nd >= 3 and axis == nd - 1 and x.shape[1] == d and not getattr(module, "_dim_chosen", True)
-                and not getattr(module, "_warned_layout", False) and not torch.compiler.is_compiling()):
+        if (
+            nd >= 3
+            and axis == nd - 1
+            and x.shape[1] == d
+            and not getattr(module, "_dim_chosen", True)
+            and not getattr(module, "_warned_layout", False)
+            and not torch.compiler.is_compiling()
+        ):
             object.__setattr__(module, "_warned_layout", True)  # once per module (a flag: not a tensor or module)
-            warnings.warn(f"{name} of shape {tuple(x.shape)} has {d} entries along axis 1 and along its last axis: "
-                          f"this {kind} quantizes the last axis (the default, dim=-1); pass dim=1 for a "
-                          f"channel-first (B, {d}, H, W) input, or dim=-1 to say so and silence this warning",
-                          stacklevel=4)
+            warnings.warn(
+                f"{name} of shape {tuple(x.shape)} has {d} entries along axis 1 and along its last axis: "
+                f"this {kind} quantizes the last axis (the default, dim=-1); pass dim=1 for a "
+                f"channel-first (B, {d}, H, W) input, or dim=-1 to say so and silence this warning",
+                stacklevel=4,
+            )
         return axis
     others = [a for a in range(nd) if x.shape[a] == d]
     last = -1 - trailing
     if others:
         k = others[0]
         hint = f"the latents look like axis {k}: " + (
-            f"move them there with {name}.movedim({k}, {last})" if trailing else
-            f"pass dim={k} to {kind}" + (f", or move them last with {name}.movedim({k}, -1)" if dim == -1 else ""))
+            f"move them there with {name}.movedim({k}, {last})"
+            if trailing
+            else f"pass dim={k} to {kind}" + (f", or move them last with {name}.movedim({k}, -1)" if dim == -1 else "")
+        )
     else:
         hint = f"give {name} as (..., {d}, K)" if trailing else f"give {name} as (..., {d}) or pick the axis with dim="
-    where = ("the second-to-last axis (logits are (..., d, K))" if trailing else
-             "the last axis" if dim == -1 else f"axis {axis} (dim={dim})")
-    raise ValueError(f"{name} has shape {tuple(x.shape)}: this {kind} takes its {d} latents along {where}, which "
-                     f"has size {x.shape[axis]}; {hint}")
+    where = (
+        "the second-to-last axis (logits are (..., d, K))"
+        if trailing
+        else "the last axis"
+        if dim == -1
+        else f"axis {axis} (dim={dim})"
+    )
+    raise ValueError(
+        f"{name} has shape {tuple(x.shape)}: this {kind} takes its {d} latents along {where}, which "
+        f"has size {x.shape[axis]}; {hint}"
+    )
 
 
 def _to_last(t: torch.Tensor, axis: int) -> torch.Tensor:
@@ -187,14 +204,20 @@ def _check_dim(dim: object) -> tuple[int, bool]:
 
 def _fsq_levels(levels: object) -> int | list[int] | torch.Tensor:
     """FSQ's ``levels`` as the op takes them, or a TypeError that says what they must be."""
-    what = ("FSQ levels must be an int >= 2 (the same number of levels for every latent, e.g. FSQ(5)) or a "
-            "sequence of ints >= 2, one per latent (e.g. FSQ([8, 5, 5]))")
+    what = (
+        "FSQ levels must be an int >= 2 (the same number of levels for every latent, e.g. FSQ(5)) or a "
+        "sequence of ints >= 2, one per latent (e.g. FSQ([8, 5, 5]))"
+    )
     if isinstance(levels, torch.Tensor):
         return levels
     if isinstance(levels, numbers.Integral) and not isinstance(levels, bool):
         return int(levels)
-    if isinstance(levels, Sequence) and not isinstance(levels, (str, bytes)) and len(levels) and all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in levels):
+    if (
+        isinstance(levels, Sequence)
+        and not isinstance(levels, (str, bytes))
+        and len(levels)
+        and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in levels)
+    ):
         return [int(v) for v in levels]
     hint = f"; use FSQ({int(levels)})" if isinstance(levels, float) and levels.is_integer() else ""
     raise TypeError(f"{what}, got {levels!r} ({type(levels).__name__}){hint}")
@@ -256,9 +279,11 @@ class FSQ(nn.Module):
 
     def indices_to_values(self, indices: torch.Tensor) -> torch.Tensor:
         """indices (latents along ``dim``) in [0, L-1] -> values 2 i / (L - 1) - 1 (float32)."""
+
         def f(i: torch.Tensor) -> torch.Tensor:
             top = self._top(i)
             return 2 * i.to(top.dtype) / top - 1
+
         return self._along(indices, f)
 
     def values_to_indices(self, values: torch.Tensor) -> torch.Tensor:
@@ -377,8 +402,12 @@ class CategoricalLatent(nn.Module):
         if noise_scale is None:
             noise_scale = 1.0 if self.training else 0.0
         return categorical_latent(
-            logits, self.values.to(logits.dtype), tau=self.tau, noise_scale=noise_scale,
-            hard=hard, generator=generator,
+            logits,
+            self.values.to(logits.dtype),
+            tau=self.tau,
+            noise_scale=noise_scale,
+            hard=hard,
+            generator=generator,
         )
 
     def indices_to_values(self, indices: torch.Tensor) -> torch.Tensor:

@@ -93,8 +93,11 @@ def _plain(args: tuple[Any, ...]) -> bool:
     """Eager arguments a launch function can take as they are: no compile, fake, functional or functorch tensors."""
     if torch.compiler.is_compiling():
         return False
-    return all(type(a) in (torch.Tensor, torch.nn.Parameter) and not torch._C._functorch.is_functorch_wrapped_tensor(a)
-               for a in args if isinstance(a, torch.Tensor))
+    return all(
+        type(a) in (torch.Tensor, torch.nn.Parameter) and not torch._C._functorch.is_functorch_wrapped_tensor(a)
+        for a in args
+        if isinstance(a, torch.Tensor)
+    )
 
 
 def op_callable(name: str) -> Kernel:
@@ -137,8 +140,10 @@ def thin_autograd(fwd: str, op: Kernel) -> Kernel:
 
     # named after the op: its backward node shows as "<op>_nodeBackward" in grad_fn and profiles
     Node: type[torch.autograd.Function] = type(
-        f"{fwd.split('::')[1]}_node", (torch.autograd.Function,),
-        {"forward": staticmethod(forward), "backward": staticmethod(node_backward)})
+        f"{fwd.split('::')[1]}_node",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(node_backward)},
+    )
 
     def run(*args: Any) -> Any:
         if torch.compiler.is_compiling():
@@ -201,12 +206,14 @@ def formula_source(op: decl.Op) -> str:
     saved = [f"inputs[{i}]" for i in w.saved_inputs] + [out(j) for j in w.saved_outputs]
     scalars = [k for kind, k in w.plan if kind == "scalar"]
     # the data tensor whose dtype and device zeros take: the first saved data input
-    data = next(k for k, i in enumerate(w.saved_inputs)
-                if isinstance(a := op.args[i], decl.Tensor) and a.role == "data")
+    data = next(
+        k for k, i in enumerate(w.saved_inputs) if isinstance(a := op.args[i], decl.Tensor) and a.role == "data"
+    )
     grads = [k for kind, k in w.plan if kind == "grad"]
     zeros = [k for k, opt in zip(grads, w.grad_optional, strict=True) if not opt]
-    optional_inputs = [i for i, r in enumerate(w.returns)
-                       if r is not None and isinstance(a := op.args[i], decl.Tensor) and a.optional]
+    optional_inputs = [
+        i for i, r in enumerate(w.returns) if r is not None and isinstance(a := op.args[i], decl.Tensor) and a.optional
+    ]
     nondiff = [j for j in w.non_differentiable if op.outputs[j].dtype != "index"]  # int outputs are never
     setup = [f"    ctx.save_for_backward({', '.join(saved)})"]
     if scalars:
@@ -221,8 +228,16 @@ def formula_source(op: decl.Op) -> str:
     body = ["    s = ctx.saved_tensors"]
     body += [f"    if g{k} is None:\n        g{k} = _zeros(ctx.shapes[{zeros.index(k)}], s[{data}])" for k in zeros]
     n_in = len(w.saved_inputs)
-    args = [f"g{k}" if kind == "grad" else f"s[{k}]" if kind == "input" else f"s[{n_in + k}]" if kind == "output"
-            else f"ctx.scalars[{scalars.index(k)}]" for kind, k in w.plan]
+    args = [
+        f"g{k}"
+        if kind == "grad"
+        else f"s[{k}]"
+        if kind == "input"
+        else f"s[{n_in + k}]"
+        if kind == "output"
+        else f"ctx.scalars[{scalars.index(k)}]"
+        for kind, k in w.plan
+    ]
     body.append(f"    r = backward_op({', '.join(args)})")
     single = len(op.backward.outputs) == 1
     results = []
@@ -232,10 +247,16 @@ def formula_source(op: decl.Op) -> str:
             value = f"({value} if ctx.given[{optional_inputs.index(i)}] else None)"
         results.append(value)
     body.append(f"    return ({', '.join(results)},)")
-    return "\n".join([
-        "def setup_context(ctx, inputs, output):", *setup, "",
-        f"def backward(ctx, {', '.join(f'g{j}' for j in range(outs))}):", *body, "",
-    ])
+    return "\n".join(
+        [
+            "def setup_context(ctx, inputs, output):",
+            *setup,
+            "",
+            f"def backward(ctx, {', '.join(f'g{j}' for j in range(outs))}):",
+            *body,
+            "",
+        ]
+    )
 
 
 def _zeros(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
@@ -272,8 +293,9 @@ def define_backends(op: decl.Op, *, reference: Kernel, triton: tuple[Kernel, Ker
     if triton is not None:
         fwd, bwd = f"qkernels::{op.name}_triton", f"qkernels::{op.backward.name}_triton"
         forward = torch.library.custom_op(fwd, _checked(op, triton[0]), mutates_args=(), schema=op.schema(name=False))
-        torch.library.custom_op(bwd, _checked(op.backward, triton[1]), mutates_args=(),
-                                schema=op.backward.schema(name=False))
+        torch.library.custom_op(
+            bwd, _checked(op.backward, triton[1]), mutates_args=(), schema=op.backward.schema(name=False)
+        )
         _LAUNCHERS[fwd], _LAUNCHERS[bwd] = triton
         wire(fwd, bwd, op)
         register(op.name, "triton")(thin_autograd(fwd, forward))

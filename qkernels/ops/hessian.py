@@ -63,13 +63,20 @@ _FLOOR_CHECK = {"warned": False, "device": False}
 
 _tk = lib.triton_kernels("hessian")
 lib.define_backends(
-    decl.FINITE_DIFFERENCE_CURVATURE, reference=ref.finite_difference_curvature,
+    decl.FINITE_DIFFERENCE_CURVATURE,
+    reference=ref.finite_difference_curvature,
     triton=None if _tk is None else (_tk.finite_difference_curvature, _tk.finite_difference_curvature_backward),
 )
-lib.define_backends(decl.PERTURBED_BATCH, reference=ref.perturbed_batch,
-                    triton=None if _tk is None else (_tk.perturbed_batch, _tk.perturbed_batch_backward))
-lib.define_backends(decl.CURVATURE_PENALTY, reference=ref.curvature_penalty,
-                    triton=None if _tk is None else (_tk.curvature_penalty, _tk.curvature_penalty_backward))
+lib.define_backends(
+    decl.PERTURBED_BATCH,
+    reference=ref.perturbed_batch,
+    triton=None if _tk is None else (_tk.perturbed_batch, _tk.perturbed_batch_backward),
+)
+lib.define_backends(
+    decl.CURVATURE_PENALTY,
+    reference=ref.curvature_penalty,
+    triton=None if _tk is None else (_tk.curvature_penalty, _tk.curvature_penalty_backward),
+)
 
 
 # ----------------------------------------------------------------------------- validation helpers
@@ -90,9 +97,7 @@ def _op(op: str, backend: str) -> Kernel:
     return impls.get(backend, impls["reference"])
 
 
-def _curvature(
-    a: torch.Tensor, n: int, k: int, eps: float, groups: int, unbiased: bool, reduce: str
-) -> torch.Tensor:
+def _curvature(a: torch.Tensor, n: int, k: int, eps: float, groups: int, unbiased: bool, reduce: str) -> torch.Tensor:
     _, impl = select("finite_difference_curvature", a.device, a.dtype)
     values: torch.Tensor = impl(a, n, k, eps, groups, unbiased, reduce)[0]
     return values
@@ -132,7 +137,8 @@ def _warn_at_floor(values: torch.Tensor, name: str) -> None:
             "there is the numerator divided by that constant (1e5-1e9 values), not a property of fn. fn is most "
             "likely piecewise linear (ReLU, LeakyReLU) at the scale eps * std: use a smooth activation (GELU, as "
             "Tripod) or a larger eps. (Warned once per process.)",
-            RuntimeWarning, stacklevel=3,
+            RuntimeWarning,
+            stacklevel=3,
         )
 
 
@@ -191,9 +197,7 @@ def finite_difference_curvature(
     check_tensor("stacked", stacked, min_ndim=1, finite=False)
     check_fd_dtype("stacked", _dtype_name(stacked))
     k, eps = check_curvature(stacked.shape[0], n, num_perturbations, eps, groups, reduce)
-    return _curvature(
-        stacked.reshape(stacked.shape[0], -1), n, k, eps, groups, bool(unbiased), reduce
-    )
+    return _curvature(stacked.reshape(stacked.shape[0], -1), n, k, eps, groups, bool(unbiased), reduce)
 
 
 # ----------------------------------------------------------------------------- penalties
@@ -210,9 +214,7 @@ def _call_fn(
     keys = parts[0][0]
     for kp, ep in parts[1:]:
         if kp != keys or len(ep) != len(parts[0][1]):
-            raise ValueError(
-                "fn must return the same structure (tensor / list / dict) for every chunk"
-            )
+            raise ValueError("fn must return the same structure (tensor / list / dict) for every chunk")
     entries = [torch.cat([p[1][e] for p in parts]) for e in range(len(parts[0][1]))]
     return keys, entries
 
@@ -224,9 +226,7 @@ def _flatten(out: object) -> tuple[Any, list[torch.Tensor]]:
         return tuple(out.keys()), list(out.values())
     if isinstance(out, Sequence) and not isinstance(out, str):
         return len(out), list(out)
-    raise TypeError(
-        f"fn must return a tensor, a list/tuple or a dict of tensors, got {type(out).__name__}"
-    )
+    raise TypeError(f"fn must return a tensor, a list/tuple or a dict of tensors, got {type(out).__name__}")
 
 
 def _unflatten(keys: Any, values: list[torch.Tensor]) -> PerSample:
@@ -237,9 +237,7 @@ def _unflatten(keys: Any, values: list[torch.Tensor]) -> PerSample:
     return values
 
 
-def _check_outputs(
-    keys: Any, entries: list[torch.Tensor], rows: int, z: torch.Tensor
-) -> list[torch.Tensor]:
+def _check_outputs(keys: Any, entries: list[torch.Tensor], rows: int, z: torch.Tensor) -> list[torch.Tensor]:
     if not entries:
         raise ValueError("fn returned no tensors")
     names = (
@@ -440,8 +438,11 @@ def normalized_hessian_penalty(
     scale = "population" if std is None else "std"  # population: std(z) + 1e-6 inside the op
     stacked = _op("perturbed_batch", _backend(z))(z, draws, std, eps, k, scale)
     keys, entries = _call_fn(fn, stacked, chunk_size)
-    names = ["fn's output"] if keys is None else [f"fn's entry {e!r}" for e in (
-        keys if isinstance(keys, tuple) else range(keys))]
+    names = (
+        ["fn's output"]
+        if keys is None
+        else [f"fn's entry {e!r}" for e in (keys if isinstance(keys, tuple) else range(keys))]
+    )
     per = []
     for name, a in zip(names, _check_outputs(keys, entries, 4 * k * n, z), strict=True):
         values = _curvature(a, n, k, eps, 2, False, "mean")

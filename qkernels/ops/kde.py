@@ -65,10 +65,14 @@ class CliffTerms(NamedTuple):
 # (signatures, fake implementations, autograd and raw-argument checks: the declarations in qkernels.decl.kde)
 
 _grid, _cliff, _klm = (lib.triton_kernels(m) for m in ("kde.grid", "kde.cliff", "kde.klm"))
-lib.define_backends(decl.KDE_GRID, reference=ref.kde_grid,
-                    triton=None if _grid is None else (_grid.kde_grid, _grid.kde_grid_backward))
-lib.define_backends(decl.CLIFF_LOSS, reference=ref.cliff_loss,
-                    triton=None if _cliff is None else (_cliff.cliff_loss, _cliff.cliff_loss_backward))
+lib.define_backends(
+    decl.KDE_GRID, reference=ref.kde_grid, triton=None if _grid is None else (_grid.kde_grid, _grid.kde_grid_backward)
+)
+lib.define_backends(
+    decl.CLIFF_LOSS,
+    reference=ref.cliff_loss,
+    triton=None if _cliff is None else (_cliff.cliff_loss, _cliff.cliff_loss_backward),
+)
 lib.define_backends(decl.KLM, reference=ref.klm, triton=None if _klm is None else (_klm.klm, _klm.klm_backward))
 
 
@@ -122,7 +126,11 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, *, deriv
 
 
 def _cond_index(
-    cond_index: torch.Tensor | None, num_cond: int, generator: torch.Generator | None, n: int, d: int,
+    cond_index: torch.Tensor | None,
+    num_cond: int,
+    generator: torch.Generator | None,
+    n: int,
+    d: int,
     device: torch.device,
 ) -> torch.Tensor:
     """(d, M) conditioning rows: drawn, or the user's (metadata checked here, values by the caller)."""
@@ -300,8 +308,9 @@ def cliff_loss(
         if cond_index is not None and value_checks(idx) and not in_range(idx, n):
             raise ValueError(f"cond_index must hold row indices in [0, {n}), got values outside")
     with no_autocast(z.device):
-        total, uni, biv, kl = impl(upcast(z, dt), idx, sigma, a, b, k, float(lambda_uni), float(lambda_biv),
-                                   float(lambda_kl))
+        total, uni, biv, kl = impl(
+            upcast(z, dt), idx, sigma, a, b, k, float(lambda_uni), float(lambda_biv), float(lambda_kl)
+        )
     return CliffTerms(total, uni, biv, kl) if return_terms else total
 
 

@@ -102,12 +102,21 @@ class CategoricalSample(NamedTuple):
 # (signatures, fake implementations, autograd and raw-argument checks: the declarations in qkernels.decl.quantize)
 
 _tk = lib.triton_kernels("quantize")
-lib.define_backends(decl.LATENT_QUANTIZE, reference=ref.latent_quantize,
-                    triton=None if _tk is None else (_tk.latent_quantize, _tk.latent_quantize_backward))
-lib.define_backends(decl.RELAXED_CATEGORICAL, reference=ref.relaxed_categorical,
-                    triton=None if _tk is None else (_tk.relaxed_categorical, _tk.relaxed_categorical_backward))
-lib.define_backends(decl.GUMBEL_QUANTIZE, reference=ref.gumbel_quantize,
-                    triton=None if _tk is None else (_tk.gumbel_quantize, _tk.gumbel_quantize_backward))
+lib.define_backends(
+    decl.LATENT_QUANTIZE,
+    reference=ref.latent_quantize,
+    triton=None if _tk is None else (_tk.latent_quantize, _tk.latent_quantize_backward),
+)
+lib.define_backends(
+    decl.RELAXED_CATEGORICAL,
+    reference=ref.relaxed_categorical,
+    triton=None if _tk is None else (_tk.relaxed_categorical, _tk.relaxed_categorical_backward),
+)
+lib.define_backends(
+    decl.GUMBEL_QUANTIZE,
+    reference=ref.gumbel_quantize,
+    triton=None if _tk is None else (_tk.gumbel_quantize, _tk.gumbel_quantize_backward),
+)
 # no C++ kernel of its own: a forced cpu / cuda backend composes torch logits with its
 # relaxed_categorical kernel (auto picks it on a CPU, as for relaxed_categorical)
 for _name, _relaxed_impl in implementations("relaxed_categorical").items():
@@ -118,8 +127,9 @@ for _name, _relaxed_impl in implementations("relaxed_categorical").items():
 # ----------------------------------------------------------------------------- functional API
 
 
-def _codebook(name: str, values: torch.Tensor, d: int, *, finite: bool = True, z: torch.Tensor | None = None
-              ) -> torch.Tensor:
+def _codebook(
+    name: str, values: torch.Tensor, d: int, *, finite: bool = True, z: torch.Tensor | None = None
+) -> torch.Tensor:
     """(n_v,) or (d, n_v) -> (G, n_v) (values checked unless ``finite`` is False); ``z``: the (..., d) latents,
     blamed when 1-D (one sample, most likely a batch without its latent dimension)."""
     check_tensor(name, values, ndim=(1, 2), finite=finite)
@@ -228,9 +238,11 @@ def fsq(z: torch.Tensor, levels: int | Sequence[int] | torch.Tensor) -> Quantize
         if not axes:
             raise
         k = 1 if 1 in axes else axes[-1]
-        raise ValueError(f"{err}; z has shape {tuple(z.shape)} and d is its last axis: if its {n} latents are "
-                         f"along axis {k}, move them last with z.movedim({k}, -1) or use "
-                         f"qkernels.nn.FSQ(levels, dim={k})") from None
+        raise ValueError(
+            f"{err}; z has shape {tuple(z.shape)} and d is its last axis: if its {n} latents are "
+            f"along axis {k}, move them last with z.movedim({k}, -1) or use "
+            f"qkernels.nn.FSQ(levels, dim={k})"
+        ) from None
     z_q, indices = ref.fsq(z.reshape(-1, z.shape[-1]), lv)
     zero = z.new_zeros(())
     return Quantized(z_q.reshape(z.shape), indices.reshape(z.shape), zero, zero.clone())
@@ -389,8 +401,9 @@ def categorical_latent(
     given = values is not None
     if values is None:
         # made once per (K, dtype, device)
-        values = lib.constant("linspace", logits, lambda: torch.linspace(
-            -1, 1, k, device=logits.device, dtype=logits.dtype), k)
+        values = lib.constant(
+            "linspace", logits, lambda: torch.linspace(-1, 1, k, device=logits.device, dtype=logits.dtype), k
+        )
     vals = _codebook("values", values, logits.shape[-2], finite=False)
     check_same("logits", logits, "values", values, dtype=False)
     if vals.shape[-1] != k:
@@ -412,11 +425,16 @@ def categorical_latent(
         if given:  # the default values are ours
             check_finite("values", values)
     with no_autocast(lg.device):
-        z, y, kl = impl(upcast(lg, dt), upcast(vals, dt), None if u is None else upcast(u, dt), float(tau),
-                        float(noise_scale), bool(hard))
+        z, y, kl = impl(
+            upcast(lg, dt),
+            upcast(vals, dt),
+            None if u is None else upcast(u, dt),
+            float(tau),
+            float(noise_scale),
+            bool(hard),
+        )
     z, y = upcast(z, logits.dtype), upcast(y, logits.dtype)  # kl in the compute dtype
     if logits.dim() == 3:
         return CategoricalSample(z, y, kl)
     lead = logits.shape[:-1]
     return CategoricalSample(z.reshape(lead), y.reshape(logits.shape), kl.reshape(lead))
-

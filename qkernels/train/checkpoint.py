@@ -43,9 +43,11 @@ def check_safe(obj, where: str = "checkpoint") -> None:
         for i, v in enumerate(obj):
             check_safe(v, f"{where}[{i}]")
         return
-    raise TypeError(f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be stored in a checkpoint "
-                    "(only tensors, numbers, strings, None, lists, tuples and dicts; it must load with "
-                    "torch.load(weights_only=True))")
+    raise TypeError(
+        f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be stored in a checkpoint "
+        "(only tensors, numbers, strings, None, lists, tuples and dicts; it must load with "
+        "torch.load(weights_only=True))"
+    )
 
 
 def save_atomic(obj, path: str | Path) -> None:

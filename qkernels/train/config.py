@@ -127,13 +127,16 @@ class TrainConfig:
             self.weight_decay = optim.weight_decay
         elif optim.name != "adamw" and self.weight_decay:
             adamw = ", ".join(n for n, s in METHODS.items() if s.optim.name == "adamw")
-            raise ValueError(f"weight_decay: {self.model} trains with {optim.name}, which has no weight decay "
-                             f"(the AdamW methods: {adamw})")
+            raise ValueError(
+                f"weight_decay: {self.model} trains with {optim.name}, which has no weight decay "
+                f"(the AdamW methods: {adamw})"
+            )
         self.model_kwargs = {**method_defaults(self.model, self.dataset), **self.model_kwargs}
         if self.eval_every == "auto":
             self.eval_every = "tripod" if self.selection_rule() == "tripod" else 0
-        elif self.eval_every != "tripod" and (isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int)
-                                              or self.eval_every < 0):
+        elif self.eval_every != "tripod" and (
+            isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0
+        ):
             raise ValueError(f"eval_every must be an integer >= 0, 'tripod' or 'auto', got {self.eval_every!r}")
         return self
 

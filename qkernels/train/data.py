@@ -54,8 +54,17 @@ def num_sources(ds) -> int:
     return len(ds.factor_sizes)
 
 
-def get_batch(ds, batch_size: int, seed: int, step: int, stream: int = 0, shard: tuple[int, int] = (0, 1), *,
-              order: str = "iid", streams: int = 1) -> torch.Tensor:
+def get_batch(
+    ds,
+    batch_size: int,
+    seed: int,
+    step: int,
+    stream: int = 0,
+    shard: tuple[int, int] = (0, 1),
+    *,
+    order: str = "iid",
+    streams: int = 1,
+) -> torch.Tensor:
     """Observations of batch ``step`` (stream 0: model step; 1: the discriminator's second batch).
     ``shard`` = (rank, world size): that rank's equal block of rows of the (global) batch, rendered alone.
     ``order``: how a ground-truth dataset is read (module docstring); ``streams``: batches per step."""
@@ -68,13 +77,15 @@ def get_batch(ds, batch_size: int, seed: int, step: int, stream: int = 0, shard:
     if is_ground_truth(ds):
         sizes = tuple(int(k) for k in ds.factor_sizes)
         pool = _pool(sizes, order == "split")
-        idx = _epoch_block(pool.shape[0], batch_size, seed, step, stream, streams,
-                           lambda n, g: pool[torch.randperm(n, generator=g)])
+        idx = _epoch_block(
+            pool.shape[0], batch_size, seed, step, stream, streams, lambda n, g: pool[torch.randperm(n, generator=g)]
+        )
         idx = idx.chunk(world)[rank] if world > 1 else idx
         bases = torch.tensor(row_major_bases(sizes))
         return ds.observations_from_factors(idx[:, None] // bases % torch.tensor(sizes))
-    idx = _epoch_block(ds.x.shape[0], batch_size, seed, step, stream, streams,
-                       lambda n, g: torch.randperm(n, generator=g))
+    idx = _epoch_block(
+        ds.x.shape[0], batch_size, seed, step, stream, streams, lambda n, g: torch.randperm(n, generator=g)
+    )
     return ds.x[idx.chunk(world)[rank] if world > 1 else idx]
 
 
@@ -86,7 +97,7 @@ def _epoch_block(n: int, batch_size: int, seed: int, step: int, stream: int, str
     if batch_size * streams > n:
         return perm[:batch_size] if streams == 1 else perm[torch.arange(batch_size) % n]
     b = (k * streams + stream if streams > 1 else k) * batch_size
-    return perm[b:b + batch_size]
+    return perm[b : b + batch_size]
 
 
 @lru_cache(maxsize=4)

@@ -48,9 +48,11 @@ def _jsonable(v):
 def encode_fn(model, discrete_latents: str = "codes"):
     """The representation the metrics score: a discrete model's integer codes (or its latent values, with
     ``discrete_latents="values"``), a continuous model's ``encode``."""
+
     def fn(x):
         c = model.codes(x)
         return model.encode(x) if c is None or discrete_latents == "values" else c
+
     return fn
 
 
@@ -102,8 +104,7 @@ def evaluate_model(model, ds, cfg, *, num_samples: int | None = None, progress: 
         if progress is not None:
             progress.begin(proto, counts)
             kw.update(progress=progress.encoded, on_metric=progress.metric)
-        res = M.evaluate(rep, ds, protocol=proto, metrics=names, num_samples=n, seed=cfg.seed + 1, batch_size=256,
-                         **kw)
+        res = M.evaluate(rep, ds, protocol=proto, metrics=names, num_samples=n, seed=cfg.seed + 1, batch_size=256, **kw)
         res.update(tally.scores())
         if isinstance(ds, Balls):
             if progress is not None:
@@ -149,12 +150,21 @@ def balls_spearman_mcc(encode, ds, n: int, seed: int, batch_size: int = 256) -> 
     from qkernels import metrics as M
 
     images, z = ds.sample(int(n), generator(seed, 4))
-    reps = [torch.as_tensor(encode(images[i:i + batch_size])) for i in range(0, images.shape[0], batch_size)]
+    reps = [torch.as_tensor(encode(images[i : i + batch_size])) for i in range(0, images.shape[0], batch_size)]
     return float(M.mcc(z, torch.cat(reps).double(), method="spearman")["mcc"])
 
 
-def finish_run(model, ds, cfg, out: Path, *, step: int, log=None, num_samples: int | None = None,
-               progress: EvalProgress | None = None) -> dict:
+def finish_run(
+    model,
+    ds,
+    cfg,
+    out: Path,
+    *,
+    step: int,
+    log=None,
+    num_samples: int | None = None,
+    progress: EvalProgress | None = None,
+) -> dict:
     """Final evaluation: metrics.json + figures (loss curves from the log included); also an eval line in the
     log when ``log`` is given; ``progress``: says what it is doing as it goes."""
     from qkernels.train import figures
@@ -201,8 +211,14 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     return model, ds, cfg, int(s["step"])
 
 
-def eval_run(run_dir: str | Path, *, num_samples: int | None = None, device: str = "cpu",
-             protocol: str | None = None, progress: bool = False) -> dict:
+def eval_run(
+    run_dir: str | Path,
+    *,
+    num_samples: int | None = None,
+    device: str = "cpu",
+    protocol: str | None = None,
+    progress: bool = False,
+) -> dict:
     """Re-evaluate a saved run: rewrites its metrics.json and figures (``protocol``: instead of the run's);
     ``progress``: say on stderr what it is doing (protocol, samples, metrics), with an estimate and progress.
 
@@ -226,8 +242,19 @@ def eval_run(run_dir: str | Path, *, num_samples: int | None = None, device: str
     return finish_run(model, ds, cfg, Path(run_dir), step=step, num_samples=num_samples, progress=said)
 
 
-COLUMNS = ("infomec.infom", "infomec.infoc", "infomec.infoe", "dci.disentanglement", "dci.completeness",
-           "dci.informativeness", "mig.mig", "mcc.mcc", "recon.psnr", "recon.psnr_tripod", "recon.mse")
+COLUMNS = (
+    "infomec.infom",
+    "infomec.infoc",
+    "infomec.infoe",
+    "dci.disentanglement",
+    "dci.completeness",
+    "dci.informativeness",
+    "mig.mig",
+    "mcc.mcc",
+    "recon.psnr",
+    "recon.psnr_tripod",
+    "recon.mse",
+)
 
 
 def scored_with(metrics: dict) -> tuple[str, str]:
@@ -270,8 +297,17 @@ def compare_runs(run_dirs, *, columns=None, width: int = 120) -> str:
     shown = any(s != ("-", "-") for s in scored.values())  # the protocol columns: when some run names one
     fixed = ["run", "model", "dataset", "step", *(["protocol", "samples"] if shown else [])]
     head = [*fixed, *cols]
-    body = [[name, str(r.get("model", "")), str(r.get("dataset", "")), str(r.get("step", "")),
-             *(scored[name] if shown else ()), *[_fmt(r.get(c)) for c in cols]] for name, r in rows]
+    body = [
+        [
+            name,
+            str(r.get("model", "")),
+            str(r.get("dataset", "")),
+            str(r.get("step", "")),
+            *(scored[name] if shown else ()),
+            *[_fmt(r.get(c)) for c in cols],
+        ]
+        for name, r in rows
+    ]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     blocks: list[list[int]] = [list(range(len(fixed)))]  # column indices per table; the others start with the run
     for i in range(len(fixed), len(head)):
@@ -291,10 +327,14 @@ def compare_runs(run_dirs, *, columns=None, width: int = 120) -> str:
         groups: dict[tuple[str, str], list[str]] = {}
         for name, how in scored.items():
             groups.setdefault(how, []).append(name)
-        ways = "; ".join(f"{'no protocol' if p == '-' else f'{p} protocol on {n} samples'}: {', '.join(names)}"
-                         for (p, n), names in groups.items())
-        text += (f"\n\nwarning: these runs were scored differently ({ways}): their metrics are not comparable. "
-                 "Score them alike with `qkernels eval RUN_DIR --protocol NAME --eval-samples N`")
+        ways = "; ".join(
+            f"{'no protocol' if p == '-' else f'{p} protocol on {n} samples'}: {', '.join(names)}"
+            for (p, n), names in groups.items()
+        )
+        text += (
+            f"\n\nwarning: these runs were scored differently ({ways}): their metrics are not comparable. "
+            "Score them alike with `qkernels eval RUN_DIR --protocol NAME --eval-samples N`"
+        )
     return text
 
 

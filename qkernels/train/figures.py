@@ -21,8 +21,18 @@ with needs("qkernels.train.figures", "train"):
 
 PAD = 2
 # tab10: one colour per run
-PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
-           (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+PALETTE = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+]
 # viridis-like colour ramp: value in [0, 1] -> RGB, linear between these stops
 _STOPS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64)
 
@@ -44,8 +54,9 @@ def _to_pil(img: torch.Tensor, min_size: int = 64) -> Image.Image:
     return im.convert("RGB")
 
 
-def image_grid(rows: list[list[torch.Tensor]], labels: list[str] | None = None,
-               col_labels: list[str] | None = None) -> Image.Image:
+def image_grid(
+    rows: list[list[torch.Tensor]], labels: list[str] | None = None, col_labels: list[str] | None = None
+) -> Image.Image:
     """Grid of images (rows of (C, H, W) tensors) with optional row labels on the left (lines split at "\\n",
     centred on the row) and column labels on top."""
     tiles = [[_to_pil(t) for t in r] for r in rows]
@@ -119,8 +130,12 @@ def nmi_heatmap(nmi, factor_names, cell: int = 30) -> Image.Image:
             v = m[i, j]
             x0, y0 = left + j * cell, top + i * cell
             d.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=colormap(v))
-            d.text((x0 + 3, y0 + cell // 2 - 5), f"{v:.2f}"[1:] if 0 <= v < 1 else f"{v:.0f}",
-                   fill="white" if v < 0.6 else "black", font=font)
+            d.text(
+                (x0 + 3, y0 + cell // 2 - 5),
+                f"{v:.2f}"[1:] if 0 <= v < 1 else f"{v:.0f}",
+                fill="white" if v < 0.6 else "black",
+                font=font,
+            )
     x0, y_top, y_bot = left + nz * cell + 12, top, top + ns * cell - 1
     for y in range(y_top, y_bot + 1):  # colour bar: 1 at the top, 0 at the bottom
         d.line([x0, y, x0 + bar - 1, y], fill=colormap((y_bot - y) / max(y_bot - y_top, 1)))
@@ -230,7 +245,7 @@ def _panel(img: Image.Image, box, name: str, series, font, small, xrange: tuple[
         hi_e = max(hi_e, lo_e + 1)
         ylo, yhi = float(lo_e), float(hi_e)
         every = max(1, math.ceil((hi_e - lo_e) / 6))
-        yticks = [(float(e), f"{10.0 ** e:g}") for e in range(lo_e, hi_e + 1, every)]
+        yticks = [(float(e), f"{10.0**e:g}") for e in range(lo_e, hi_e + 1, every)]
         fy = math.log10
     else:
         lo, hi = min(ys), max(ys)
@@ -278,8 +293,14 @@ def _vertical_text(img: Image.Image, at: tuple[float, float], text: str, font) -
     img.paste(strip, (int(at[0]), int(at[1] - strip.height / 2)))
 
 
-def loss_curves(runs: list[tuple[str, list[dict]]], title: str, *, panel: tuple[int, int] = (320, 180),
-                cols: int = 2, note: str = "") -> Image.Image:
+def loss_curves(
+    runs: list[tuple[str, list[dict]]],
+    title: str,
+    *,
+    panel: tuple[int, int] = (320, 180),
+    cols: int = 2,
+    note: str = "",
+) -> Image.Image:
     """Each logged term of each run over steps: one panel per term that varies (log y where it spans a decade),
     one colour per run (legend when several); terms constant in every run are listed below. ``runs``: (label,
     train records of a log.jsonl); ``note``: added to the line under the title."""
@@ -287,8 +308,10 @@ def loss_curves(runs: list[tuple[str, list[dict]]], title: str, *, panel: tuple[
     terms = _terms(runs)
     series_of, constant = {}, []
     for k in terms:
-        series = [(PALETTE[i % len(PALETTE)], [(r["step"], float(r[k])) for r in recs if k in r])
-                  for i, (_, recs) in enumerate(runs)]
+        series = [
+            (PALETTE[i % len(PALETTE)], [(r["step"], float(r[k])) for r in recs if k in r])
+            for i, (_, recs) in enumerate(runs)
+        ]
         series = [(c, pts) for c, pts in series if pts]
         values = {v for _, pts in series for _, v in pts}
         if len(values) > 1:
@@ -370,17 +393,33 @@ def make_all(model, ds, cfg, folder: Path, metrics: dict) -> list[Path]:
     head = run_title(cfg, metrics.get("step", "?"))
     try:
         if is_ground_truth(ds):
-            figs = {"reconstructions.png": titled(reconstructions(model, ds, cfg.seed), f"{head}: reconstructions",
-                                                  "top: data, bottom: reconstruction"),
-                    "interventions.png": titled(interventions(model, ds, cfg.seed), f"{head}: interventions",
-                                                "row zj: the input decoded with latent j set to each of its values, "
-                                                "low (v1) to high (the row's range)")}
+            figs = {
+                "reconstructions.png": titled(
+                    reconstructions(model, ds, cfg.seed),
+                    f"{head}: reconstructions",
+                    "top: data, bottom: reconstruction",
+                ),
+                "interventions.png": titled(
+                    interventions(model, ds, cfg.seed),
+                    f"{head}: interventions",
+                    "row zj: the input decoded with latent j set to each of its values, "
+                    "low (v1) to high (the row's range)",
+                ),
+            }
             if "infomec.nmi" in metrics:
-                figs["nmi.png"] = titled(nmi_heatmap(metrics["infomec.nmi"], getattr(ds, "factor_names", None)),
-                                         f"{head}: NMI", "normalized mutual information, sources x latents")
+                figs["nmi.png"] = titled(
+                    nmi_heatmap(metrics["infomec.nmi"], getattr(ds, "factor_names", None)),
+                    f"{head}: NMI",
+                    "normalized mutual information, sources x latents",
+                )
         else:
-            figs = {"latents.png": titled(latent_scatter(model, ds), f"{head}: latents",
-                                          "first two latents of every sample, coloured by ground-truth cell")}
+            figs = {
+                "latents.png": titled(
+                    latent_scatter(model, ds),
+                    f"{head}: latents",
+                    "first two latents of every sample, coloured by ground-truth cell",
+                )
+            }
         for name, im in figs.items():
             im.save(folder / name)
             out.append(folder / name)

@@ -114,8 +114,11 @@ class Trainer:
         old = [str(p.relative_to(self.out)) for p in run_files(self.out)]
         if old and not resume and not overwrite:
             shown = ", ".join(old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4 else "")
-            raise RunExistsError(f"{self.out} already holds a run ({shown}): continue it with resume=True, or "
-                                 "delete it and start over with overwrite=True", files=old)
+            raise RunExistsError(
+                f"{self.out} already holds a run ({shown}): continue it with resume=True, or "
+                "delete it and start over with overwrite=True",
+                files=old,
+            )
         if cfg.threads is not None:
             if isinstance(cfg.threads, bool) or not isinstance(cfg.threads, int) or cfg.threads < 1:
                 raise ValueError(f"threads must be an integer >= 1, got {cfg.threads!r}")
@@ -125,15 +128,18 @@ class Trainer:
         self.model, self.ds = build(cfg)
         self.batch_size = cfg.batch_size
         if self.batch_size % self.world:
-            raise ValueError(f"batch_size {self.batch_size} (the global batch) must be divisible by the number of "
-                             f"processes, {self.world}")
+            raise ValueError(
+                f"batch_size {self.batch_size} (the global batch) must be divisible by the number of "
+                f"processes, {self.world}"
+            )
         self.ddp = self.model
         if self.world > 1:
             self.model.dp_group = dist.group.WORLD
             self.model.kde_group = None if cfg.local_kde else dist.group.WORLD
             ids = [torch.cuda.current_device()] if torch.device(cfg.device).type == "cuda" else None
-            self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids,
-                                                                 find_unused_parameters=True)
+            self.ddp = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=ids, find_unused_parameters=True
+            )
         self.lr = cfg.lr
         named = [(n, p, self.model.no_decay(n, p)) for n, p in self.model.model_parameters()]
         self.clip_params = [p for _, p, nd in named if self.optim.clip_undecayed or not nd]
@@ -168,8 +174,13 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- state
     def state(self) -> dict:
-        s = {"step": self.step, "model": self.model.state_dict(), "opt": self.opt.state_dict(),
-             "config": self.cfg.to_dict(), "torch_rng": torch.get_rng_state()}
+        s = {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "opt": self.opt.state_dict(),
+            "config": self.cfg.to_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
         if self.disc_opt is not None:
             s["disc_opt"] = self.disc_opt.state_dict()
         if torch.cuda.is_available():
@@ -193,8 +204,11 @@ class Trainer:
         self.step = self.saved_step = int(s["step"])
         # drop log lines written after the checkpoint (a killed run), so the log is what a straight run writes
         log = self.out / LOG
-        keep = [ln for ln in log.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step] \
-            if log.is_file() else []
+        keep = (
+            [ln for ln in log.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step]
+            if log.is_file()
+            else []
+        )
         if self.rank == 0:
             ckpt.write_text_atomic("".join(ln + "\n" for ln in keep), log)
 
@@ -225,8 +239,9 @@ class Trainer:
         self.opt.step()
         out = {k: float(v.detach()) for k, v in terms.items()}
         if self.disc is not None:
-            x2 = get_batch(self.ds, self.batch_size, cfg.seed, s, stream=1, shard=shard, order=order,
-                           streams=streams).to(dev)
+            x2 = get_batch(
+                self.ds, self.batch_size, cfg.seed, s, stream=1, shard=shard, order=order, streams=streams
+            ).to(dev)
             dspec = self.spec.disc_optim
             for g in self.disc_opt.param_groups:
                 g["lr"] = lr_at(dspec, dspec.lr, s, cfg.steps)
@@ -274,8 +289,11 @@ class Trainer:
             return
         bar.close()
         self.save()
-        raise TrainingInterrupted(f"stopped at step {self.step} of {self.cfg.steps} by a signal; checkpoint "
-                                  f"saved: {self.out / CHECKPOINT}", step=self.step, signum=signum)
+        raise TrainingInterrupted(
+            f"stopped at step {self.step} of {self.cfg.steps} by a signal; checkpoint saved: {self.out / CHECKPOINT}",
+            step=self.step,
+            signum=signum,
+        )
 
     def _watched_step(self, bar: Progress) -> dict[str, float]:
         """``train_step(self.step)``, timed; with ``cfg.adapt_threads``, a collapse of the steps' speed while other
@@ -299,11 +317,22 @@ class Trainer:
             return
         torch.set_num_threads(new)
         self.cfg.threads = new
-        self.log({"type": "threads", "step": self.step, "threads": new, "was": n, "early_it_s": early,
-                  "recent_it_s": recent, "busy_cores": busy})
-        bar.note(f"qkernels train: {recent:.2f} it/s at step {self.step}, {early:.2f} early on; other work keeps "
-                 f"{busy:.1f} of {cores} cores busy: {n} -> {new} thread{'s' if new > 1 else ''} from here on "
-                 "(recorded in config.json and log.jsonl; --threads N fixes the count)")
+        self.log(
+            {
+                "type": "threads",
+                "step": self.step,
+                "threads": new,
+                "was": n,
+                "early_it_s": early,
+                "recent_it_s": recent,
+                "busy_cores": busy,
+            }
+        )
+        bar.note(
+            f"qkernels train: {recent:.2f} it/s at step {self.step}, {early:.2f} early on; other work keeps "
+            f"{busy:.1f} of {cores} cores busy: {n} -> {new} thread{'s' if new > 1 else ''} from here on "
+            "(recorded in config.json and log.jsonl; --threads N fixes the count)"
+        )
         self.save()  # the latest checkpoint and config.json agree on the count: --resume continues with it
         if self.rank == 0:
             self.cfg.save(self.out / CONFIG)
@@ -324,9 +353,11 @@ class Trainer:
         bar = Progress(cfg.steps, self.step, enabled=cfg.progress and self.rank == 0)
         why = f" ({self.threads_why})" if self.threads_why else ""
         n = torch.get_num_threads()
-        bar.note(f"training {cfg.model} on {cfg.dataset} with {n} thread{'s' if n > 1 else ''}{why}: step "
-                 f"{self.step} of {cfg.steps}, batch {self.batch_size}, lr {self.lr:g} -> {self.out}; "
-                 f"{describe_cadence(cfg)}; {describe_settings(cfg)}")
+        bar.note(
+            f"training {cfg.model} on {cfg.dataset} with {n} thread{'s' if n > 1 else ''}{why}: step "
+            f"{self.step} of {cfg.steps}, batch {self.batch_size}, lr {self.lr:g} -> {self.out}; "
+            f"{describe_cadence(cfg)}; {describe_settings(cfg)}"
+        )
         if self.replaced:
             bar.note(f"deleted the {len(self.replaced)} files of the run that was in {self.out}")
         if self.step == 0 and 0 in self.eval_at and not any(r["step"] == 0 for r in eval_records(self.out)):
@@ -354,8 +385,9 @@ class Trainer:
         if not final_eval or self.rank != 0:
             return None
         said = EvalProgress(f"evaluating step {self.step}", enabled=cfg.progress)
-        return self.selector.finish(finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log,
-                                               progress=said))
+        return self.selector.finish(
+            finish_run(self.model, self.ds, cfg, self.out, step=self.step, log=self.log, progress=said)
+        )
 
 
 class Progress:
@@ -403,8 +435,10 @@ class Progress:
         shown = " ".join(f"{k} {v:.4g}" for k, v in terms.items() if k != "lr")
         rate = f"{1.0 / max(self.step_time, 1e-9):.2f} it/s" if self.step_time is not None else "- it/s"
         eta = self.eta(step)
-        return (f"step {step}/{self.total} | {shown} | {rate} | elapsed {hms(now - self.t0)} | "
-                f"eta {hms(eta) if eta is not None else '-'}")
+        return (
+            f"step {step}/{self.total} | {shown} | {rate} | elapsed {hms(now - self.t0)} | "
+            f"eta {hms(eta) if eta is not None else '-'}"
+        )
 
     def update(self, step: int, terms: dict[str, float]) -> None:
         now = self.clock()
@@ -448,8 +482,14 @@ class Progress:
             sys.stderr.flush()
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
-          final_eval: bool = True, overwrite: bool = True) -> dict | None:
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    final_eval: bool = True,
+    overwrite: bool = True,
+) -> dict | None:
     """Train ``cfg`` (resuming from ``cfg.out/checkpoint.pt`` when ``resume`` and it exists; ``overwrite``:
     see :class:`Trainer`).
 

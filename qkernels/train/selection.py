@@ -114,11 +114,18 @@ def describe_cadence(cfg) -> str:
     if cfg.eval_every != "tripod":
         return f"evaluating every {cfg.eval_every:,} steps ({shown}) and at the end"
     period = tripod_period(int(cfg.steps))
-    scaled = "" if period == TRIPOD_EVAL_PERIOD else (
-        f", scaled for a run of {int(cfg.steps):,} steps: the authors' evaluate every 10,000 steps and every 2,000 "
-        "of the first 10,000")
-    return (f"evaluating after {shown} updates and at the end: Tripod's checkpoint cadence{scaled}; "
-            f"{len(at) + 1} candidates; --eval-every N or 0 to change")
+    scaled = (
+        ""
+        if period == TRIPOD_EVAL_PERIOD
+        else (
+            f", scaled for a run of {int(cfg.steps):,} steps: the authors' evaluate every 10,000 steps and every 2,000 "
+            "of the first 10,000"
+        )
+    )
+    return (
+        f"evaluating after {shown} updates and at the end: Tripod's checkpoint cadence{scaled}; "
+        f"{len(at) + 1} candidates; --eval-every N or 0 to change"
+    )
 
 
 def _finite(v) -> bool:

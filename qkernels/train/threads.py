@@ -101,7 +101,9 @@ def auto_threads(*, interval: float = 0.5) -> tuple[int, str]:
     busy = busy_cores(interval)
     free = max(1, (cores - math.floor(busy + 0.5)) // procs)
     if busy >= 0.5 and free < n:
-        return free, (f"auto: {cores} usable cores{per}, {busy:.1f} of them busy with other work at the start: a step "
-                      f"waits for its slowest thread, so {free} instead of {n}; --threads N to choose (the count "
-                      "changes the run's bits)")
+        return free, (
+            f"auto: {cores} usable cores{per}, {busy:.1f} of them busy with other work at the start: a step "
+            f"waits for its slowest thread, so {free} instead of {n}; --threads N to choose (the count "
+            "changes the run's bits)"
+        )
     return n, f"auto: {cores} usable cores{per}; --threads N to choose"

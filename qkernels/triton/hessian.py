@@ -266,8 +266,9 @@ def _pb_stats(z_ptr, cols, cmask, N, M, BLOCK_N: tl.constexpr, BLOCK_D: tl.const
 
 
 @triton.jit
-def _pb_step(z_ptr, std_ptr, cols, cmask, N, M, eps, std_eps, SCALE: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_D: tl.constexpr):
+def _pb_step(
+    z_ptr, std_ptr, cols, cmask, N, M, eps, std_eps, SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr
+):
     """eps * s per latent (BLOCK_D,), s the scale of SCALE (0 std, 1 population, 2 one)."""
     dt = z_ptr.dtype.element_ty
     if SCALE == 0:
@@ -399,8 +400,20 @@ def perturbed_batch(
     count = draws.shape[0]
     out = torch.empty(2 * count * n, d, dtype=z.dtype, device=z.device)
     _pb_fwd[(cdiv(n, BLOCK_N), cdiv(d, BLOCK_D))](
-        z, draws, _std_arg(std, z, scale), out, n, d, count, signs, *draws.stride(), eps, STD_EPS,
-        SCALE=SCALE_CODES[scale], BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        z,
+        draws,
+        _std_arg(std, z, scale),
+        out,
+        n,
+        d,
+        count,
+        signs,
+        *draws.stride(),
+        eps,
+        STD_EPS,
+        SCALE=SCALE_CODES[scale],
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
     )
     return out
 
@@ -420,8 +433,20 @@ def perturbed_batch_backward(
     n, d = z.shape
     grad_z, grad_s = torch.empty_like(z), torch.empty(d, dtype=z.dtype, device=z.device)
     _pb_bwd[(cdiv(d, BLOCK_D),)](
-        grad, z, draws, grad_z, grad_s, n, d, draws.shape[0], signs, *draws.stride(), eps,
-        SCALE=SCALE_CODES[scale], BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        grad,
+        z,
+        draws,
+        grad_z,
+        grad_s,
+        n,
+        d,
+        draws.shape[0],
+        signs,
+        *draws.stride(),
+        eps,
+        SCALE=SCALE_CODES[scale],
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
     )
     return grad_z, grad_s
 
@@ -473,8 +498,9 @@ def _cp_max(v_ptr, N, denom_eps, RATIO: tl.constexpr, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def _cp_fwd(v_ptr, out_ptr, N, denom_eps: tl.float64, RATIO: tl.constexpr, REDUCTION: tl.constexpr,
-            BLOCK_P: tl.constexpr):
+def _cp_fwd(
+    v_ptr, out_ptr, N, denom_eps: tl.float64, RATIO: tl.constexpr, REDUCTION: tl.constexpr, BLOCK_P: tl.constexpr
+):
     dt = v_ptr.dtype.element_ty
     denom_eps = tl.full((), denom_eps, dt)
     if REDUCTION == 2:
@@ -496,8 +522,9 @@ def _cp_fwd(v_ptr, out_ptr, N, denom_eps: tl.float64, RATIO: tl.constexpr, REDUC
 
 
 @triton.jit
-def _cp_bwd(g_ptr, v_ptr, gv_ptr, N, denom_eps: tl.float64, RATIO: tl.constexpr, REDUCTION: tl.constexpr,
-            BLOCK_P: tl.constexpr):
+def _cp_bwd(
+    g_ptr, v_ptr, gv_ptr, N, denom_eps: tl.float64, RATIO: tl.constexpr, REDUCTION: tl.constexpr, BLOCK_P: tl.constexpr
+):
     dt = v_ptr.dtype.element_ty
     denom_eps = tl.full((), denom_eps, dt)
     offs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -538,7 +565,13 @@ def curvature_penalty_backward(grad: torch.Tensor, values: torch.Tensor, ratio: 
     n = values.shape[1]
     grad_values = torch.empty_like(values)
     _cp_bwd[(cdiv(n, BLOCK_P),)](
-        grad, values, grad_values, n, NHP_DENOM_EPS, RATIO=ratio, REDUCTION=REDUCTION_CODES[reduction],
+        grad,
+        values,
+        grad_values,
+        n,
+        NHP_DENOM_EPS,
+        RATIO=ratio,
+        REDUCTION=REDUCTION_CODES[reduction],
         BLOCK_P=BLOCK_P,
     )
     return grad_values

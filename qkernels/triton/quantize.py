@@ -33,8 +33,17 @@ SUM_ROWS, SUM_COLS = 32, 64  # _sum_rows: rows added per step, most columns per 
 
 @triton.jit
 def _sum_rows(
-    part_ptr, out_ptr, out2_ptr, g_ptr, R, C, scale: tl.float64,
-    HAS_G: tl.constexpr, SECOND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    part_ptr,
+    out_ptr,
+    out2_ptr,
+    g_ptr,
+    R,
+    C,
+    scale: tl.float64,
+    HAS_G: tl.constexpr,
+    SECOND: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """out[c] = sum_r part[r, c] * scale (* g[0] when HAS_G; also into out2[c] when SECOND).
 
@@ -57,13 +66,29 @@ def _sum_rows(
         tl.store(out2_ptr + cols, total, mask=cmask)
 
 
-def _sum_rows_launch(part: torch.Tensor, out: torch.Tensor, rows: int, cols: int, scale: float,
-                     g: torch.Tensor | None = None, out2: torch.Tensor | None = None) -> None:
+def _sum_rows_launch(
+    part: torch.Tensor,
+    out: torch.Tensor,
+    rows: int,
+    cols: int,
+    scale: float,
+    g: torch.Tensor | None = None,
+    out2: torch.Tensor | None = None,
+) -> None:
     """Launch :func:`_sum_rows` on the contiguous workspace ``part`` viewed as (rows, cols)."""
     block_c = min(max(next_pow2(cols), 16), SUM_COLS)
     _sum_rows[(cdiv(cols, block_c),)](
-        part, out, out if out2 is None else out2, out if g is None else g, rows, cols, scale,
-        HAS_G=g is not None, SECOND=out2 is not None, BLOCK_R=SUM_ROWS, BLOCK_C=block_c,
+        part,
+        out,
+        out if out2 is None else out2,
+        out if g is None else g,
+        rows,
+        cols,
+        scale,
+        HAS_G=g is not None,
+        SECOND=out2 is not None,
+        BLOCK_R=SUM_ROWS,
+        BLOCK_C=block_c,
     )
 
 
@@ -79,8 +104,17 @@ def _tile(N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def _latent_quantize_fwd(
-    z_ptr, v_ptr, zq_ptr, idx_ptr, part_ptr, N, D, NV,
-    GLOBAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    z_ptr,
+    v_ptr,
+    zq_ptr,
+    idx_ptr,
+    part_ptr,
+    N,
+    D,
+    NV,
+    GLOBAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     pid_n, pid_d = tl.program_id(0), tl.program_id(1)
     cols, cmask, mask, offs = _tile(N, D, BLOCK_N, BLOCK_D)
@@ -104,8 +138,20 @@ def _latent_quantize_fwd(
 
 @triton.jit
 def _latent_quantize_bwd(
-    gzq_ptr, glc_ptr, z_ptr, v_ptr, idx_ptr, gz_ptr, part_ptr, N, D, NV, scale: tl.float64,
-    GLOBAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    gzq_ptr,
+    glc_ptr,
+    z_ptr,
+    v_ptr,
+    idx_ptr,
+    gz_ptr,
+    part_ptr,
+    N,
+    D,
+    NV,
+    scale: tl.float64,
+    GLOBAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     dt = z_ptr.dtype.element_ty
     scale = tl.full((), scale, dt)
@@ -149,8 +195,17 @@ def latent_quantize(
     idx = torch.empty(z.shape, dtype=torch.long, device=z.device)
     part = torch.empty(grid, dtype=z.dtype, device=z.device)
     _latent_quantize_fwd[grid](
-        z, values, z_q, idx, part, n, d, values.shape[1],
-        GLOBAL=values.shape[0] == 1, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
+        z,
+        values,
+        z_q,
+        idx,
+        part,
+        n,
+        d,
+        values.shape[1],
+        GLOBAL=values.shape[0] == 1,
+        BLOCK_N=block_n,
+        BLOCK_D=BLOCK_D,
     )
     loss_q, loss_c = z.new_empty(()), z.new_empty(())
     _sum_rows_launch(part, loss_q, grid[0] * grid[1], 1, 1.0 / (n * d), out2=loss_c)
@@ -176,8 +231,20 @@ def latent_quantize_backward(
     part = torch.empty(part_shape, dtype=z.dtype, device=z.device)
     scale = 2.0 / (n * d)
     _latent_quantize_bwd[grid](
-        grad_zq, grad_loss_commit, z, values, indices, grad_z, part,
-        n, d, nv, scale, GLOBAL=g == 1, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
+        grad_zq,
+        grad_loss_commit,
+        z,
+        values,
+        indices,
+        grad_z,
+        part,
+        n,
+        d,
+        nv,
+        scale,
+        GLOBAL=g == 1,
+        BLOCK_N=block_n,
+        BLOCK_D=BLOCK_D,
     )
     grad_values = torch.empty_like(values)
     rows, cols = (grid[0] * grid[1], nv) if g == 1 else (grid[0], d * nv)
@@ -242,10 +309,25 @@ def _codebook_rows(v_ptr, rows, ks, mask, D, K, GLOBAL: tl.constexpr):
 
 @triton.jit
 def _relaxed_categorical_fwd(
-    x_ptr, u_ptr, v_ptr, z_ptr, y_ptr, kl_ptr, lo_ptr, R, D, K,
-    tau: tl.float64, noise_scale: tl.float64, log_k: tl.float64,
-    HAS_NOISE: tl.constexpr, HARD: tl.constexpr, GLOBAL: tl.constexpr, FROM_Z: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    u_ptr,
+    v_ptr,
+    z_ptr,
+    y_ptr,
+    kl_ptr,
+    lo_ptr,
+    R,
+    D,
+    K,
+    tau: tl.float64,
+    noise_scale: tl.float64,
+    log_k: tl.float64,
+    HAS_NOISE: tl.constexpr,
+    HARD: tl.constexpr,
+    GLOBAL: tl.constexpr,
+    FROM_Z: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """x: the logits (R, K), or with FROM_Z the latents (R,), whose logits -(x - v)^2 it writes to lo."""
     dt = x_ptr.dtype.element_ty
@@ -270,11 +352,30 @@ def _relaxed_categorical_fwd(
 
 @triton.jit
 def _relaxed_categorical_bwd(
-    gz_ptr, gy_ptr, gkl_ptr, glo_ptr, x_ptr, u_ptr, v_ptr, yo_ptr, gx_ptr, part_ptr, N, D, K,
-    tau: tl.float64, noise_scale: tl.float64,
-    HAS_NOISE: tl.constexpr, GLOBAL: tl.constexpr, FROM_Z: tl.constexpr,
-    HAS_GZ: tl.constexpr, HAS_GY: tl.constexpr, HAS_GKL: tl.constexpr, HAS_GLO: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr,
+    gz_ptr,
+    gy_ptr,
+    gkl_ptr,
+    glo_ptr,
+    x_ptr,
+    u_ptr,
+    v_ptr,
+    yo_ptr,
+    gx_ptr,
+    part_ptr,
+    N,
+    D,
+    K,
+    tau: tl.float64,
+    noise_scale: tl.float64,
+    HAS_NOISE: tl.constexpr,
+    GLOBAL: tl.constexpr,
+    FROM_Z: tl.constexpr,
+    HAS_GZ: tl.constexpr,
+    HAS_GY: tl.constexpr,
+    HAS_GKL: tl.constexpr,
+    HAS_GLO: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """grad of x (the logits, or with FROM_Z the latents, adding the logits' own gradient glo) and
     this program's codebook partials: sum over its rows of g_z y_out (+ FROM_Z: the logits' term
@@ -331,10 +432,25 @@ def _relaxed_forward(x, values, uniform, tau, noise_scale, hard, k, lo):
     y = x.new_empty(n, d, k)
     kl = x.new_empty(n, d)
     _relaxed_categorical_fwd[(cdiv(r, BLOCK_R),)](
-        x, x if uniform is None else uniform, values, z, y, kl, y if lo is None else lo, r, d, k,
-        tau, noise_scale, math.log(k),
-        HAS_NOISE=uniform is not None, HARD=hard, GLOBAL=values.shape[0] == 1, FROM_Z=lo is not None,
-        BLOCK_R=BLOCK_R, BLOCK_K=next_pow2(k),
+        x,
+        x if uniform is None else uniform,
+        values,
+        z,
+        y,
+        kl,
+        y if lo is None else lo,
+        r,
+        d,
+        k,
+        tau,
+        noise_scale,
+        math.log(k),
+        HAS_NOISE=uniform is not None,
+        HARD=hard,
+        GLOBAL=values.shape[0] == 1,
+        FROM_Z=lo is not None,
+        BLOCK_R=BLOCK_R,
+        BLOCK_K=next_pow2(k),
     )
     return z, y, kl
 
@@ -351,11 +467,27 @@ def _relaxed_backward(grad_z, grad_y, grad_kl, grad_lo, x, values, uniform, y, t
     grad_x = torch.empty_like(x)
     part = x.new_empty(grid[0], grid[1], k)
     _relaxed_categorical_bwd[grid](
-        *(x if t is None else t for t in (grad_z, grad_y, grad_kl, grad_lo)), x, x if uniform is None else uniform,
-        values, y, grad_x, part, n, d, k, tau, noise_scale,
-        HAS_NOISE=uniform is not None, GLOBAL=g == 1, FROM_Z=from_z, HAS_GZ=grad_z is not None,
-        HAS_GY=grad_y is not None, HAS_GKL=grad_kl is not None, HAS_GLO=grad_lo is not None,
-        BLOCK_S=block_s, BLOCK_K=block_k,
+        *(x if t is None else t for t in (grad_z, grad_y, grad_kl, grad_lo)),
+        x,
+        x if uniform is None else uniform,
+        values,
+        y,
+        grad_x,
+        part,
+        n,
+        d,
+        k,
+        tau,
+        noise_scale,
+        HAS_NOISE=uniform is not None,
+        GLOBAL=g == 1,
+        FROM_Z=from_z,
+        HAS_GZ=grad_z is not None,
+        HAS_GY=grad_y is not None,
+        HAS_GKL=grad_kl is not None,
+        HAS_GLO=grad_lo is not None,
+        BLOCK_S=block_s,
+        BLOCK_K=block_k,
     )
     grad_values = torch.empty_like(values)
     _sum_rows_launch(part, grad_values, grid[0], grid[1] * k, 1.0)
@@ -376,8 +508,9 @@ def relaxed_categorical(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """1 launch, grid (cdiv(N d, 32),)."""
     logits = logits.contiguous()
-    return _relaxed_forward(logits, values.contiguous(), _contiguous(uniform), tau, noise_scale, hard,
-                            logits.shape[2], None)
+    return _relaxed_forward(
+        logits, values.contiguous(), _contiguous(uniform), tau, noise_scale, hard, logits.shape[2], None
+    )
 
 
 def relaxed_categorical_backward(
@@ -393,8 +526,17 @@ def relaxed_categorical_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """2 launches: grad_logits and codebook partials (:func:`_relaxed_backward`), then their sum."""
     return _relaxed_backward(
-        grad_z.contiguous(), grad_y.contiguous(), grad_kl.contiguous(), None, logits.contiguous(),
-        values.contiguous(), _contiguous(uniform), y.contiguous(), tau, noise_scale, False,
+        grad_z.contiguous(),
+        grad_y.contiguous(),
+        grad_kl.contiguous(),
+        None,
+        logits.contiguous(),
+        values.contiguous(),
+        _contiguous(uniform),
+        y.contiguous(),
+        tau,
+        noise_scale,
+        False,
     )
 
 
@@ -408,8 +550,7 @@ def gumbel_quantize(
     """1 launch, grid (cdiv(N d, 32),): logits, relaxed sample, z_q and KL from z and the codebook."""
     z = z.contiguous()
     logits = z.new_empty(z.shape[0], z.shape[1], values.shape[1])
-    z_q, y, kl = _relaxed_forward(z, values.contiguous(), _contiguous(uniform), tau, 1.0, hard,
-                                  values.shape[1], logits)
+    z_q, y, kl = _relaxed_forward(z, values.contiguous(), _contiguous(uniform), tau, 1.0, hard, values.shape[1], logits)
     return z_q, y, logits, kl
 
 
@@ -427,6 +568,15 @@ def gumbel_quantize_backward(
     """2 launches: grad_z and codebook partials (:func:`_relaxed_backward`), then their sum. An
     upstream gradient that is None is zero (no zeros tensor is made for an unused output)."""
     return _relaxed_backward(
-        _contiguous(grad_zq), _contiguous(grad_y), _contiguous(grad_kl), _contiguous(grad_logits),
-        z.contiguous(), values.contiguous(), _contiguous(uniform), y.contiguous(), tau, 1.0, True,
+        _contiguous(grad_zq),
+        _contiguous(grad_y),
+        _contiguous(grad_kl),
+        _contiguous(grad_logits),
+        z.contiguous(),
+        values.contiguous(),
+        _contiguous(uniform),
+        y.contiguous(),
+        tau,
+        1.0,
+        True,
     )

@@ -54,8 +54,21 @@ def main() -> None:
     penalty = qnn.NormalizedHessianPenalty()(decoder, z, generator=gen) + qnn.HessianPenalty()(decoder, z)
     assert isinstance(module_loss, torch.Tensor) and isinstance(penalty, torch.Tensor)
 
-    for t in (loss, total, density, klm, codes, weights, kl, curvature, klm_module, quantized.z_q, levels.z_q,
-              gumbel.z_q, sample.z):
+    for t in (
+        loss,
+        total,
+        density,
+        klm,
+        codes,
+        weights,
+        kl,
+        curvature,
+        klm_module,
+        quantized.z_q,
+        levels.z_q,
+        gumbel.z_q,
+        sample.z,
+    ):
         assert isinstance(t, torch.Tensor)
     assert issubclass(error, RuntimeError)
 

@@ -41,13 +41,33 @@ def _partials(z, ci, sigma, a, b, k) -> dict:
     pl = plan(n, d, m, k, z.dtype, z.device)
     s = pl["S"]
     pl["precision"] = _dot_precision(z.dtype, d * d * n * m * k)
-    pl["ws"] = (z.new_empty(d * d * s * m * k), z.new_empty(d * s * 3 * k),
-                z.new_empty(d * d * pl["RB"] * (pl["BLOCK_K"] + 1)))
+    pl["ws"] = (
+        z.new_empty(d * d * s * m * k),
+        z.new_empty(d * s * 3 * k),
+        z.new_empty(d * d * pl["RB"] * (pl["BLOCK_K"] + 1)),
+    )
     pl["stat"], pl["cnt"] = z.new_empty(4 * d), torch.empty(d * d + 1, dtype=torch.int32, device=z.device)
-    _cliff_fused_fwd[(d * d, s, pl["KH"])](z, ci, pl["ws"][0], pl["ws"][1], pl["stat"], pl["cnt"], n, d, m, k, pl["CS"],
-                                           a, b, 1.0 / sigma, PRECISION=pl["precision"], num_warps=pl["num_warps"],
-                                           BLOCK_K=pl["BLOCK_KJ"], BLOCK_S=pl["BLOCK_SF"],
-                                           **{x: pl[x] for x in ("BLOCK_M", "BLOCK_N")})
+    _cliff_fused_fwd[(d * d, s, pl["KH"])](
+        z,
+        ci,
+        pl["ws"][0],
+        pl["ws"][1],
+        pl["stat"],
+        pl["cnt"],
+        n,
+        d,
+        m,
+        k,
+        pl["CS"],
+        a,
+        b,
+        1.0 / sigma,
+        PRECISION=pl["precision"],
+        num_warps=pl["num_warps"],
+        BLOCK_K=pl["BLOCK_KJ"],
+        BLOCK_S=pl["BLOCK_SF"],
+        **{x: pl[x] for x in ("BLOCK_M", "BLOCK_N")},
+    )
     return pl
 
 
@@ -59,13 +79,22 @@ def _reduce_blocks(pl: dict) -> dict:
 
 
 def _grids(z, a, b, k):
-    return (torch.linspace(a, b, k, dtype=z.dtype, device=z.device),
-            torch.linspace(-SQRT3, SQRT3, k, dtype=z.dtype, device=z.device))
+    return (
+        torch.linspace(a, b, k, dtype=z.dtype, device=z.device),
+        torch.linspace(-SQRT3, SQRT3, k, dtype=z.dtype, device=z.device),
+    )
 
 
 def cliff_loss(
-    z: torch.Tensor, cond_index: torch.Tensor, sigma: float, a: float, b: float, num_points: int,
-    lambda_uni: float, lambda_biv: float, lambda_kl: float,
+    z: torch.Tensor,
+    cond_index: torch.Tensor,
+    sigma: float,
+    a: float,
+    b: float,
+    num_points: int,
+    lambda_uni: float,
+    lambda_biv: float,
+    lambda_kl: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     z, ci = z.contiguous(), cond_index.contiguous()
     (n, d), m, k = z.shape, ci.shape[1], num_points
@@ -74,10 +103,34 @@ def cliff_loss(
     if fused_fits(n, d, m, k):
         pl = _partials(z, ci, sigma, a, b, k)
         wst = z.new_empty(d * d + 2 * d)
-        _cliff_reduce[(d * d, pl["RB"])](*pl["ws"], wst, pl["cnt"], total, uni, biv, kl, z, z, z, z, d, m, k,
-                                         pl["S"], step, _log_const(n, sigma), lambda_uni, lambda_biv, lambda_kl,
-                                         BACKWARD=False, HAS_T=False, HAS_U=False, HAS_B=False, HAS_K=False,
-                                         **_reduce_blocks(pl))
+        _cliff_reduce[(d * d, pl["RB"])](
+            *pl["ws"],
+            wst,
+            pl["cnt"],
+            total,
+            uni,
+            biv,
+            kl,
+            z,
+            z,
+            z,
+            z,
+            d,
+            m,
+            k,
+            pl["S"],
+            step,
+            _log_const(n, sigma),
+            lambda_uni,
+            lambda_biv,
+            lambda_kl,
+            BACKWARD=False,
+            HAS_T=False,
+            HAS_U=False,
+            HAS_B=False,
+            HAS_K=False,
+            **_reduce_blocks(pl),
+        )
         return total, uni, biv, kl
     t, v = _grids(z, a, b, k)
     terms = _gemm_terms(standardize(z), t, v, ci, sigma, step)
@@ -88,9 +141,19 @@ def cliff_loss(
 
 
 def cliff_loss_backward(
-    grad_total: torch.Tensor | None, grad_uni: torch.Tensor | None, grad_biv: torch.Tensor | None,
-    grad_kl: torch.Tensor | None, z: torch.Tensor, cond_index: torch.Tensor, sigma: float, a: float, b: float,
-    num_points: int, lambda_uni: float, lambda_biv: float, lambda_kl: float,
+    grad_total: torch.Tensor | None,
+    grad_uni: torch.Tensor | None,
+    grad_biv: torch.Tensor | None,
+    grad_kl: torch.Tensor | None,
+    z: torch.Tensor,
+    cond_index: torch.Tensor,
+    sigma: float,
+    a: float,
+    b: float,
+    num_points: int,
+    lambda_uni: float,
+    lambda_biv: float,
+    lambda_kl: float,
 ) -> torch.Tensor:
     z, ci = z.contiguous(), cond_index.contiguous()
     (n, d), m, k = z.shape, ci.shape[1], num_points
@@ -101,27 +164,87 @@ def cliff_loss_backward(
         gs = [z if g is None else g for g in grads]
         pl = _partials(z, ci, sigma, a, b, k)
         wsj, wsu, wsm, stat = pl["ws"][0], pl["ws"][1], pl["ws"][2], pl["stat"]
-        _cliff_reduce[(d * d, pl["RB"])](wsj, wsu, wsm, z, pl["cnt"], z, z, z, z, *gs, d, m, k, pl["S"], step, 0.0,
-                                         lambda_uni, lambda_biv, lambda_kl, BACKWARD=True, **flags,
-                                         **_reduce_blocks(pl))
+        _cliff_reduce[(d * d, pl["RB"])](
+            wsj,
+            wsu,
+            wsm,
+            z,
+            pl["cnt"],
+            z,
+            z,
+            z,
+            z,
+            *gs,
+            d,
+            m,
+            k,
+            pl["S"],
+            step,
+            0.0,
+            lambda_uni,
+            lambda_biv,
+            lambda_kl,
+            BACKWARD=True,
+            **flags,
+            **_reduce_blocks(pl),
+        )
         h = pl["MH"]
         wsd, wsc, wsz = z.new_empty(d * d * h * n), z.new_empty(d * d * h * n), z.new_empty(d * d * pl["S"] * m)
-        _cliff_fused_bwd[(d * d, pl["S"], 2 * h)](z, ci, wsj, wsu, stat, wsd, wsc, wsz, gs[0], gs[3], n, d, m, k,
-                                               pl["CS"], a, b, 1.0 / sigma, lambda_kl, HAS_T=flags["HAS_T"],
-                                               HAS_K=flags["HAS_K"], PRECISION=pl["precision"],
-                                               num_warps=pl["num_warps"], BLOCK_M=pl["BLOCK_MH"],
-                                               **{x: pl[x] for x in ("BLOCK_S", "BLOCK_K", "BLOCK_KB")})
+        _cliff_fused_bwd[(d * d, pl["S"], 2 * h)](
+            z,
+            ci,
+            wsj,
+            wsu,
+            stat,
+            wsd,
+            wsc,
+            wsz,
+            gs[0],
+            gs[3],
+            n,
+            d,
+            m,
+            k,
+            pl["CS"],
+            a,
+            b,
+            1.0 / sigma,
+            lambda_kl,
+            HAS_T=flags["HAS_T"],
+            HAS_K=flags["HAS_K"],
+            PRECISION=pl["precision"],
+            num_warps=pl["num_warps"],
+            BLOCK_M=pl["BLOCK_MH"],
+            **{x: pl[x] for x in ("BLOCK_S", "BLOCK_K", "BLOCK_KB")},
+        )
         gz = torch.empty_like(z)
-        _cliff_grad[(d,)](z, ci, stat, wsd, wsc, wsz, gz, n, d, m, pl["S"], h, 1.0 / n, BLOCK_S=64,
-                          BLOCK_M=pl["BLOCK_M"], BLOCK_O=min(32, triton.next_power_of_2(max(d * h, pl["S"]))))
+        _cliff_grad[(d,)](
+            z,
+            ci,
+            stat,
+            wsd,
+            wsc,
+            wsz,
+            gz,
+            n,
+            d,
+            m,
+            pl["S"],
+            h,
+            1.0 / n,
+            BLOCK_S=64,
+            BLOCK_M=pl["BLOCK_M"],
+            BLOCK_O=min(32, triton.next_power_of_2(max(d * h, pl["S"]))),
+        )
         return gz
     # the GEMM path: terms' gradients and the standardization's backward in torch (large shapes)
     zero = z.new_zeros(())
     g_t, g_u, g_b, g_k = (zero if g is None else g.to(z.dtype).reshape(()) for g in grads)
     t, v = _grids(z, a, b, k)
     x = standardize(z)
-    gx = _gemm_terms_backward(lambda_uni * g_t + g_u, lambda_biv * g_t + g_b, lambda_kl * g_t + g_k, x, t, v, ci,
-                              sigma, step)
+    gx = _gemm_terms_backward(
+        lambda_uni * g_t + g_u, lambda_biv * g_t + g_b, lambda_kl * g_t + g_k, x, t, v, ci, sigma, step
+    )
     var = torch.var(z, 0, correction=0)
     std = var.clamp_min(MIN_VAR).sqrt()
     gxm = torch.where(var >= MIN_VAR, (gx * x).mean(0), 0.0)

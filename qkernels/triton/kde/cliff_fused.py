@@ -76,10 +76,22 @@ def plan(n: int, d: int, m: int, k: int, dtype: torch.dtype, device: torch.devic
     block_s = min(64 if wide else 16, max(16, 1 << max(0, share.bit_length() - 1)))
     cs = max(block_s, share // block_s * block_s)
     block_kj, block_mh = min(block_k, 64), min(block_m, 64)
-    return {"BLOCK_M": block_m, "BLOCK_K": block_k, "BLOCK_S": block_s, "BLOCK_SF": min(block_s, 32), "CS": cs,
-            "S": triton.cdiv(n, cs), "BLOCK_KJ": block_kj, "KH": triton.cdiv(k, block_kj), "BLOCK_MH": block_mh,
-            "MH": triton.cdiv(m, block_mh), "BLOCK_KB": 16, "BLOCK_N": 2048 if wide else 1024,
-            "RB": triton.cdiv(m, BLOCK_R), "num_warps": 8 if block_k >= 128 or block_m * block_k >= 8192 else 4}
+    return {
+        "BLOCK_M": block_m,
+        "BLOCK_K": block_k,
+        "BLOCK_S": block_s,
+        "BLOCK_SF": min(block_s, 32),
+        "CS": cs,
+        "S": triton.cdiv(n, cs),
+        "BLOCK_KJ": block_kj,
+        "KH": triton.cdiv(k, block_kj),
+        "BLOCK_MH": block_mh,
+        "MH": triton.cdiv(m, block_mh),
+        "BLOCK_KB": 16,
+        "BLOCK_N": 2048 if wide else 1024,
+        "RB": triton.cdiv(m, BLOCK_R),
+        "num_warps": 8 if block_k >= 128 or block_m * block_k >= 8192 else 4,
+    }
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -194,9 +206,24 @@ def _rows_normalized(jg, step):
 
 @triton.jit
 def _cliff_fused_fwd(
-    z_ptr, ci_ptr, wsj_ptr, wsu_ptr, stat_ptr, cnt_ptr, N, D, M, K, CS,
-    a: tl.float64, b: tl.float64, inv_sigma: tl.float64,
-    BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    z_ptr,
+    ci_ptr,
+    wsj_ptr,
+    wsu_ptr,
+    stat_ptr,
+    cnt_ptr,
+    N,
+    D,
+    M,
+    K,
+    CS,
+    a: tl.float64,
+    b: tl.float64,
+    inv_sigma: tl.float64,
+    BLOCK_S: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """Program (pair = j D + i, chunk c, column block h), samples [c CS, (c + 1) CS), grid points k of
@@ -289,8 +316,27 @@ def _arrive_total(wst_ptr, cnt_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, D, lu, 
 
 
 @triton.jit
-def _uni_kl_finish(wsu_ptr, wst_ptr, gt_ptr, gu_ptr, gk_ptr, i, D, K, n_chunks, step, log_const, lu, lk, ks, kmask,
-                   BACKWARD: tl.constexpr, HAS_T: tl.constexpr, HAS_U: tl.constexpr, HAS_K: tl.constexpr):
+def _uni_kl_finish(
+    wsu_ptr,
+    wst_ptr,
+    gt_ptr,
+    gu_ptr,
+    gk_ptr,
+    i,
+    D,
+    K,
+    n_chunks,
+    step,
+    log_const,
+    lu,
+    lk,
+    ks,
+    kmask,
+    BACKWARD: tl.constexpr,
+    HAS_T: tl.constexpr,
+    HAS_U: tl.constexpr,
+    HAS_K: tl.constexpr,
+):
     """Latent i's G and KL log-sum-exps from its chunks' shares (chunk order); forward: uni_i and kl_i to
     wst; backward: dLoss/dG and the log-sum-exps to wsu[i, 0, 0:2]."""
     dt = wsu_ptr.dtype.element_ty
@@ -320,10 +366,36 @@ def _uni_kl_finish(wsu_ptr, wst_ptr, gt_ptr, gu_ptr, gk_ptr, i, D, K, n_chunks, 
 
 @triton.jit
 def _cliff_reduce(
-    wsj_ptr, wsu_ptr, wsm_ptr, wst_ptr, cnt_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, gt_ptr, gu_ptr, gb_ptr, gk_ptr,
-    D, M, K, N_CHUNKS, step: tl.float64, log_const: tl.float64, lu: tl.float64, lb: tl.float64, lk: tl.float64,
-    BACKWARD: tl.constexpr, HAS_T: tl.constexpr, HAS_U: tl.constexpr, HAS_B: tl.constexpr, HAS_K: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    wsj_ptr,
+    wsu_ptr,
+    wsm_ptr,
+    wst_ptr,
+    cnt_ptr,
+    total_ptr,
+    uni_ptr,
+    biv_ptr,
+    kl_ptr,
+    gt_ptr,
+    gu_ptr,
+    gb_ptr,
+    gk_ptr,
+    D,
+    M,
+    K,
+    N_CHUNKS,
+    step: tl.float64,
+    log_const: tl.float64,
+    lu: tl.float64,
+    lb: tl.float64,
+    lk: tl.float64,
+    BACKWARD: tl.constexpr,
+    HAS_T: tl.constexpr,
+    HAS_U: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_K: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """Program (pair, row block rb): J's rows rb BLOCK_R .. + BLOCK_R = the sum of the pair's chunk shares
     (BLOCK_C chunks per load, summed as a tree, blocks in chunk order), written back to wsj[pair, 0];
@@ -343,8 +415,27 @@ def _cliff_reduce(
     kmask = ks < K
     if i == j:
         if rb == 0:
-            _uni_kl_finish(wsu_ptr, wst_ptr, gt_ptr, gu_ptr, gk_ptr, i, D, K, N_CHUNKS, step, log_const, lu, lk, ks,
-                           kmask, BACKWARD, HAS_T, HAS_U, HAS_K)
+            _uni_kl_finish(
+                wsu_ptr,
+                wst_ptr,
+                gt_ptr,
+                gu_ptr,
+                gk_ptr,
+                i,
+                D,
+                K,
+                N_CHUNKS,
+                step,
+                log_const,
+                lu,
+                lk,
+                ks,
+                kmask,
+                BACKWARD,
+                HAS_T,
+                HAS_U,
+                HAS_K,
+            )
             if not BACKWARD:
                 _arrive_total(wst_ptr, cnt_ptr, total_ptr, uni_ptr, biv_ptr, kl_ptr, D, lu, lb, lk, BLOCK_K)
     else:
@@ -355,8 +446,11 @@ def _cliff_reduce(
         cc = tl.arange(0, BLOCK_C)
         jr = tl.zeros((BLOCK_R, BLOCK_K), dt)
         for c0 in range(0, N_CHUNKS, BLOCK_C):
-            part = tl.load(base + (c0 + cc)[:, None, None] * M * K + rk[None, :, :],
-                           mask=(c0 + cc < N_CHUNKS)[:, None, None] & msk[None, :, :], other=0.0)
+            part = tl.load(
+                base + (c0 + cc)[:, None, None] * M * K + rk[None, :, :],
+                mask=(c0 + cc < N_CHUNKS)[:, None, None] & msk[None, :, :],
+                other=0.0,
+            )
             jr += tl.sum(part, 0)
         tl.store(base + rk, jr, mask=msk)
         p, cs, cpos = _rows_normalized(jr, step)
@@ -397,10 +491,32 @@ def _cliff_reduce(
 
 @triton.jit
 def _cliff_fused_bwd(
-    z_ptr, ci_ptr, wsj_ptr, wsu_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gt_ptr, gk_ptr, N, D, M, K, CS,
-    a: tl.float64, b: tl.float64, inv_sigma: tl.float64, lk: tl.float64,
-    HAS_T: tl.constexpr, HAS_K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_KB: tl.constexpr, PRECISION: tl.constexpr,
+    z_ptr,
+    ci_ptr,
+    wsj_ptr,
+    wsu_ptr,
+    stat_ptr,
+    wsd_ptr,
+    wsc_ptr,
+    wsz_ptr,
+    gt_ptr,
+    gk_ptr,
+    N,
+    D,
+    M,
+    K,
+    CS,
+    a: tl.float64,
+    b: tl.float64,
+    inv_sigma: tl.float64,
+    lk: tl.float64,
+    HAS_T: tl.constexpr,
+    HAS_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Program (pair = j D + i, chunk c, (side, h)): dLoss/dx (x standardized) of its chunk's samples from
     the rows m of [h BLOCK_M, (h + 1) BLOCK_M) of dLoss/dJ (wsj[pair, 0], read in column blocks of BLOCK_KB)
@@ -487,8 +603,24 @@ def _cliff_fused_bwd(
 
 
 @triton.jit
-def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D, M, N_CHUNKS, H, inv_n: tl.float64,
-                BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_O: tl.constexpr):
+def _cliff_grad(
+    z_ptr,
+    ci_ptr,
+    stat_ptr,
+    wsd_ptr,
+    wsc_ptr,
+    wsz_ptr,
+    gz_ptr,
+    N,
+    D,
+    M,
+    N_CHUNKS,
+    H,
+    inv_n: tl.float64,
+    BLOCK_S: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+):
     """Latent c = program_id(0): dLoss/dx_sc = sum_j sum_h wsd[j D + c, h, s] + sum_i sum_h wsc[c D + i, h,
     s] (H row blocks per pair) + the conditioning values' share (rows cond_index[c, m]: sum_i sum_chunk
     wsz[c D + i, chunk, m]), each sum over BLOCK_O terms at a time (a tree), blocks in order; then through
@@ -504,8 +636,14 @@ def _cliff_grad(z_ptr, ci_ptr, stat_ptr, wsd_ptr, wsc_ptr, wsz_ptr, gz_ptr, N, D
     gzeta = tl.zeros((BLOCK_M,), dt)
     for o in range(0, D * N_CHUNKS, BLOCK_O):  # (i, chunk) pairs of the pairs (c, i), flat
         ic = o + oo
-        gzeta += tl.sum(tl.load(wsz_ptr + (c * D * N_CHUNKS + ic)[:, None] * M + ms[None, :],
-                                mask=(ic < D * N_CHUNKS)[:, None] & mmask[None, :], other=0.0), 0)
+        gzeta += tl.sum(
+            tl.load(
+                wsz_ptr + (c * D * N_CHUNKS + ic)[:, None] * M + ms[None, :],
+                mask=(ic < D * N_CHUNKS)[:, None] & mmask[None, :],
+                other=0.0,
+            ),
+            0,
+        )
     acc_g = tl.zeros((BLOCK_S,), dt)
     acc_gx = tl.zeros((BLOCK_S,), dt)
     for s0 in range(0, N, BLOCK_S):

@@ -86,9 +86,25 @@ def _kz_table(x_ptr, ci_ptr, out_ptr, N, D, M, inv_sigma: tl.float64, BLOCK: tl.
 
 
 @triton.jit
-def _biv_fwd(kzt_ptr, order_ptr, xs_ptr, t_ptr, out_ptr, i0, N, DM, K, CI, NKT, inv_sigma: tl.float64,
-             window: tl.float64, PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-             BLOCK_K: tl.constexpr):
+def _biv_fwd(
+    kzt_ptr,
+    order_ptr,
+    xs_ptr,
+    t_ptr,
+    out_ptr,
+    i0,
+    N,
+    DM,
+    K,
+    CI,
+    NKT,
+    inv_sigma: tl.float64,
+    window: tl.float64,
+    PRECISION: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """out[r, c K + k] = sum_s KzT[s, r] D(t_k - x_s,i) for latent i = i0 + c of the chunk and every
     conditioning row r = j M + m: J of the pairs (j, i). Latent i's samples are read in sorted order
     (order, xs: (d, n)), and each k tile sums only over the contiguous run of samples within
@@ -103,8 +119,13 @@ def _biv_fwd(kzt_ptr, order_ptr, xs_ptr, t_ptr, out_ptr, i0, N, DM, K, CI, NKT, 
     i = i0 + c
     rmask, kmask = rs < DM, ks < K
     t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
-    lo, hi = _count_below(xs_ptr + i * N, N, tl.min(tl.where(kmask, t, float("inf")), 0) - window,
-                          tl.max(tl.where(kmask, t, float("-inf")), 0) + window, 256)
+    lo, hi = _count_below(
+        xs_ptr + i * N,
+        N,
+        tl.min(tl.where(kmask, t, float("inf")), 0) - window,
+        tl.max(tl.where(kmask, t, float("-inf")), 0) + window,
+        256,
+    )
     acc = tl.zeros((BLOCK_R, BLOCK_K), dt)
     for s0 in range(lo, hi, BLOCK_S):
         ss = s0 + tl.arange(0, BLOCK_S)
@@ -118,9 +139,27 @@ def _biv_fwd(kzt_ptr, order_ptr, xs_ptr, t_ptr, out_ptr, i0, N, DM, K, CI, NKT, 
 
 
 @triton.jit
-def _biv_dx(kzt_ptr, order_ptr, xs_ptr, t_ptr, dj_ptr, gu_ptr, gx_ptr, i0, N, D, DM, K, CI,
-            inv_sigma: tl.float64, window: tl.float64, PRECISION: tl.constexpr, BLOCK_S: tl.constexpr,
-            BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+def _biv_dx(
+    kzt_ptr,
+    order_ptr,
+    xs_ptr,
+    t_ptr,
+    dj_ptr,
+    gu_ptr,
+    gx_ptr,
+    i0,
+    N,
+    D,
+    DM,
+    K,
+    CI,
+    inv_sigma: tl.float64,
+    window: tl.float64,
+    PRECISION: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """gx[s, i] = sum_k (gDt[s, k] + gu[i, k]) dD(t_k - x_si)/dx with gDt = KzT @ dJ[:, c K:(c + 1) K]
     (never stored) for a block of latent i = i0 + c's samples in sorted order: the gradient through the
     derivative table and the uni term's dLoss/dG, over only the grid points within ``window`` of the
@@ -133,8 +172,13 @@ def _biv_dx(kzt_ptr, order_ptr, xs_ptr, t_ptr, dj_ptr, gu_ptr, gx_ptr, i0, N, D,
     smask = ss < N
     rows = tl.load(order_ptr + i * N + ss, mask=smask, other=0)
     x = tl.load(xs_ptr + i * N + ss, mask=smask, other=0.0)
-    k_lo, k_hi = _count_below(t_ptr, K, tl.min(tl.where(smask, x, float("inf")), 0) - window,
-                              tl.max(tl.where(smask, x, float("-inf")), 0) + window, 256)
+    k_lo, k_hi = _count_below(
+        t_ptr,
+        K,
+        tl.min(tl.where(smask, x, float("inf")), 0) - window,
+        tl.max(tl.where(smask, x, float("-inf")), 0) + window,
+        256,
+    )
     acc = tl.zeros((BLOCK_S,), dt)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -144,8 +188,9 @@ def _biv_dx(kzt_ptr, order_ptr, xs_ptr, t_ptr, dj_ptr, gu_ptr, gx_ptr, i0, N, D,
             rr = r0 + tl.arange(0, BLOCK_R)
             rmask = rr < DM
             kz = tl.load(kzt_ptr + rows[:, None] * DM + rr[None, :], mask=smask[:, None] & rmask[None, :], other=0.0)
-            dj = tl.load(dj_ptr + rr[:, None] * (CI * K) + c * K + ks[None, :], mask=rmask[:, None] & kmask[None, :],
-                         other=0.0)
+            dj = tl.load(
+                dj_ptr + rr[:, None] * (CI * K) + c * K + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0
+            )
             g = _mma(kz, dj, g, PRECISION)
         t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
         _, ddx = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
@@ -155,9 +200,25 @@ def _biv_dx(kzt_ptr, order_ptr, xs_ptr, t_ptr, dj_ptr, gu_ptr, gx_ptr, i0, N, D,
 
 
 @triton.jit
-def _biv_dkz(x_ptr, t_ptr, dj_ptr, gkz_ptr, i0, N, D, DM, K, CI, inv_sigma: tl.float64, window: tl.float64,
-             ACCUMULATE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-             BLOCK_K: tl.constexpr):
+def _biv_dkz(
+    x_ptr,
+    t_ptr,
+    dj_ptr,
+    gkz_ptr,
+    i0,
+    N,
+    D,
+    DM,
+    K,
+    CI,
+    inv_sigma: tl.float64,
+    window: tl.float64,
+    ACCUMULATE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """gKz[r, s] (+)= sum_c sum_k dJ[r, c K + k] D(t_k - x_s,i0+c) over the chunk's latents, over only
     the grid points within ``window`` of the block's samples (samples in their own order).
     Grid (d M / BLOCK_R, n / BLOCK_S)."""
@@ -174,15 +235,21 @@ def _biv_dkz(x_ptr, t_ptr, dj_ptr, gkz_ptr, i0, N, D, DM, K, CI, inv_sigma: tl.f
         acc = tl.zeros((BLOCK_R, BLOCK_S), dt)
     for c in range(0, CI):
         x = tl.load(x_ptr + ss * D + i0 + c, mask=smask, other=0.0)
-        k_lo, k_hi = _count_below(t_ptr, K, tl.min(tl.where(smask, x, float("inf")), 0) - window,
-                                  tl.max(tl.where(smask, x, float("-inf")), 0) + window, 256)
+        k_lo, k_hi = _count_below(
+            t_ptr,
+            K,
+            tl.min(tl.where(smask, x, float("inf")), 0) - window,
+            tl.max(tl.where(smask, x, float("-inf")), 0) + window,
+            256,
+        )
         for k0 in range(k_lo, k_hi, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             kmask = ks < k_hi
             t = tl.load(t_ptr + ks, mask=kmask, other=0.0)
             dker, _ = _dker_tile(t, kmask, x, smask, inv_sigma)  # (K, S)
-            dj = tl.load(dj_ptr + rr[:, None] * (CI * K) + c * K + ks[None, :], mask=rmask[:, None] & kmask[None, :],
-                         other=0.0)
+            dj = tl.load(
+                dj_ptr + rr[:, None] * (CI * K) + c * K + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0
+            )
             acc = _mma(dj, dker, acc, PRECISION)
     tl.store(out, acc, mask=omask)
 
@@ -198,8 +265,21 @@ def _epilogue_tile(j_ptr, base, k0, mmask, cpos, cs, K, M, BLOCK_K: tl.constexpr
 
 
 @triton.jit
-def _jsd_epilogue(j_ptr, g_ptr, out_ptr, gb_ptr, i0, CI, D, M, K, step: tl.float64,
-                  BACKWARD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _jsd_epilogue(
+    j_ptr,
+    g_ptr,
+    out_ptr,
+    gb_ptr,
+    i0,
+    CI,
+    D,
+    M,
+    K,
+    step: tl.float64,
+    BACKWARD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """Pair (j = program_id(0), i = i0 + program_id(1)) of a chunk of J (d M, CI K): the (M, K)
     block's columns m normalized over k, JSD = H(mean_m p_m) - mean_m H(p_m) to out[j, i]
     (forward) or dLoss/dJ of the block for dLoss/dJSD = gb_ptr[0] to g (backward; 0 for i == j;
@@ -256,8 +336,19 @@ def _jsd_epilogue(j_ptr, g_ptr, out_ptr, gb_ptr, i0, CI, D, M, K, step: tl.float
 
 
 @triton.jit
-def _kz_grad(x_ptr, ci_ptr, gkz_ptr, gx_ptr, gzeta_ptr, N, D, M, inv_sigma: tl.float64,
-             BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+def _kz_grad(
+    x_ptr,
+    ci_ptr,
+    gkz_ptr,
+    gx_ptr,
+    gzeta_ptr,
+    N,
+    D,
+    M,
+    inv_sigma: tl.float64,
+    BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     """Chain through the kernel table: gx[s, j] = sum_m gKz[j M + m, s] dN/dx_sj and the partial
     sums over this block of samples of gzeta[j, m] = -sum_s gKz dN/dx_sj, written to
     gzeta[program_id(0), j, m] (summed over blocks afterwards). Grid (n / BLOCK_S, d)."""
@@ -308,9 +399,27 @@ def _kl_lse(x_ptr, v, i, N, D, inv_sigma, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
-def _cliff_uni_kl(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, guni_ptr, lse_ptr, gu_ptr, N, D, K, KU,
-                  inv_sigma: tl.float64, step: tl.float64, log_const: tl.float64, BACKWARD: tl.constexpr,
-                  BLOCK_K: tl.constexpr, BLOCK_KU: tl.constexpr, BLOCK_S: tl.constexpr):
+def _cliff_uni_kl(
+    x_ptr,
+    t_ptr,
+    v_ptr,
+    uni_ptr,
+    kl_ptr,
+    guni_ptr,
+    lse_ptr,
+    gu_ptr,
+    N,
+    D,
+    K,
+    KU,
+    inv_sigma: tl.float64,
+    step: tl.float64,
+    log_const: tl.float64,
+    BACKWARD: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_KU: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     """Latent i = program_id(0): forward, its uni entropy and KL-uni term; BACKWARD, dLoss/dG of
     its uni grid (to gu[i, :], for _biv_dx) and its KL log-sum-exps (to lse[i, :])."""
     dt = x_ptr.dtype.element_ty
@@ -337,8 +446,19 @@ def _cliff_uni_kl(x_ptr, t_ptr, v_ptr, uni_ptr, kl_ptr, guni_ptr, lse_ptr, gu_pt
 
 
 @triton.jit
-def _kl_grad(x_ptr, v_ptr, lse_ptr, gk_ptr, gx_ptr, N, D, KU, inv_sigma: tl.float64,
-             BLOCK_KU: tl.constexpr, BLOCK_S: tl.constexpr):
+def _kl_grad(
+    x_ptr,
+    v_ptr,
+    lse_ptr,
+    gk_ptr,
+    gx_ptr,
+    N,
+    D,
+    KU,
+    inv_sigma: tl.float64,
+    BLOCK_KU: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     """gx[s, i] += -g_kl / K_u sum_v softmax_s(v) (v - x_si) / sigma^2. Grid (n / BLOCK_S, d)."""
     inv_sigma = tl.full((), inv_sigma, x_ptr.dtype.element_ty)
     ss = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -374,9 +494,26 @@ def _biv_chunk(x, grid, xs, order, kzt, i0, c, sigma, precision):
     b = GEMM_BLOCKS
     out = x.new_empty(dm, c * k)
     nkt = triton.cdiv(k, b["K"])
-    _biv_fwd[(c * nkt, triton.cdiv(dm, b["R"]))](kzt, order, xs, grid, out, i0, n, dm, k, c, nkt, 1.0 / sigma,
-                                                 WINDOW.value * sigma, PRECISION=precision, BLOCK_R=b["R"],
-                                                 BLOCK_S=b["S"], BLOCK_K=b["K"], num_warps=b["warps"])
+    _biv_fwd[(c * nkt, triton.cdiv(dm, b["R"]))](
+        kzt,
+        order,
+        xs,
+        grid,
+        out,
+        i0,
+        n,
+        dm,
+        k,
+        c,
+        nkt,
+        1.0 / sigma,
+        WINDOW.value * sigma,
+        PRECISION=precision,
+        BLOCK_R=b["R"],
+        BLOCK_S=b["S"],
+        BLOCK_K=b["K"],
+        num_warps=b["warps"],
+    )
     return out
 
 
@@ -389,8 +526,9 @@ def biv_work_fraction(x: torch.Tensor, a: float, b: float, k: int, sigma: float)
     xs = x.detach().double().cpu().t().sort(1).values.contiguous()
     tiles = t.split(GEMM_BLOCKS["K"])
     lo = torch.stack([torch.searchsorted(xs, (tt[0] - WINDOW.value * sigma).expand(d, 1).contiguous()) for tt in tiles])
-    hi = torch.stack([torch.searchsorted(xs, (tt[-1] + WINDOW.value * sigma).expand(d, 1).contiguous(), right=True)
-                      for tt in tiles])
+    hi = torch.stack(
+        [torch.searchsorted(xs, (tt[-1] + WINDOW.value * sigma).expand(d, 1).contiguous(), right=True) for tt in tiles]
+    )
     bs = GEMM_BLOCKS["S"]
     work = sum(((h - l + bs - 1) // bs * bs * len(tt)).sum().item() for l, h, tt in zip(lo, hi, tiles, strict=True))
     return work / (d * k * n)
@@ -398,9 +536,14 @@ def biv_work_fraction(x: torch.Tensor, a: float, b: float, k: int, sigma: float)
 
 def _uni_kl_blocks(k, ku, m):
     block_m = max(16, triton.next_power_of_2(m))
-    return {"k": max(16, triton.next_power_of_2(k)), "ku": triton.next_power_of_2(ku), "m": block_m,
-            "ke": max(16, min(triton.next_power_of_2(k), 4096 // block_m)), "s": 16,
-            "ew": 8 if block_m >= 256 else 4}  # the epilogue: (256, 32) tiles at 4 warps spilled 1-2 KB on sm_90
+    return {
+        "k": max(16, triton.next_power_of_2(k)),
+        "ku": triton.next_power_of_2(ku),
+        "m": block_m,
+        "ke": max(16, min(triton.next_power_of_2(k), 4096 // block_m)),
+        "s": 16,
+        "ew": 8 if block_m >= 256 else 4,
+    }  # the epilogue: (256, 32) tiles at 4 warps spilled 1-2 KB on sm_90
 
 
 def _gemm_terms(
@@ -412,8 +555,25 @@ def _gemm_terms(
     uni, kl = x.new_empty(d), x.new_empty(d)
     log_const = -math.log(2 * math.sqrt(3.0)) + math.log(n * sigma) + 0.5 * math.log(2 * math.pi)
     _cliff_uni_kl[(d,)](
-        x, grid, uni_points, uni, kl, x, x, x, n, d, k, ku, 1.0 / sigma, step, log_const, BACKWARD=False,
-        BLOCK_K=bl["k"], BLOCK_KU=bl["ku"], BLOCK_S=bl["s"],
+        x,
+        grid,
+        uni_points,
+        uni,
+        kl,
+        x,
+        x,
+        x,
+        n,
+        d,
+        k,
+        ku,
+        1.0 / sigma,
+        step,
+        log_const,
+        BACKWARD=False,
+        BLOCK_K=bl["k"],
+        BLOCK_KU=bl["ku"],
+        BLOCK_S=bl["s"],
     )
     jsd = x.new_zeros(d, d)
     precision = _dot_precision(x.dtype, d * d * n * m * k)
@@ -421,8 +581,22 @@ def _gemm_terms(
     for i0 in range(0, d, chunk):
         c = min(chunk, d - i0)
         prod = _biv_chunk(x, grid, xs, order, kzt, i0, c, sigma, precision)
-        _jsd_epilogue[(d, c)](prod, prod, jsd, x, i0, c, d, m, k, step, BACKWARD=False, BLOCK_M=bl["m"],
-                              BLOCK_K=bl["ke"], num_warps=bl["ew"])
+        _jsd_epilogue[(d, c)](
+            prod,
+            prod,
+            jsd,
+            x,
+            i0,
+            c,
+            d,
+            m,
+            k,
+            step,
+            BACKWARD=False,
+            BLOCK_M=bl["m"],
+            BLOCK_K=bl["ke"],
+            num_warps=bl["ew"],
+        )
     return uni.sum(), jsd.sum(), kl.sum()
 
 
@@ -443,8 +617,25 @@ def _gemm_terms_backward(
     g_u, g_b, g_k = (g.to(x.dtype).reshape(1) for g in (grad_uni, grad_biv, grad_kl))
     gu, lse = x.new_empty(d, k), x.new_empty(d, ku)
     _cliff_uni_kl[(d,)](
-        x, grid, uni_points, x, x, g_u, lse, gu, n, d, k, ku, 1.0 / sigma, step, 0.0, BACKWARD=True,
-        BLOCK_K=bl["k"], BLOCK_KU=bl["ku"], BLOCK_S=bl["s"],
+        x,
+        grid,
+        uni_points,
+        x,
+        x,
+        g_u,
+        lse,
+        gu,
+        n,
+        d,
+        k,
+        ku,
+        1.0 / sigma,
+        step,
+        0.0,
+        BACKWARD=True,
+        BLOCK_K=bl["k"],
+        BLOCK_KU=bl["ku"],
+        BLOCK_S=bl["s"],
     )
     precision = _dot_precision(x.dtype, d * d * n * m * k)
     x, grid, ci, xs, order, kzt, chunk = _gemm_setup(x, grid, cond_index, sigma)
@@ -454,15 +645,64 @@ def _gemm_terms_backward(
     for i0 in range(0, d, chunk):
         c = min(chunk, d - i0)
         prod = _biv_chunk(x, grid, xs, order, kzt, i0, c, sigma, precision)
-        _jsd_epilogue[(d, c)](prod, prod, prod, g_b, i0, c, d, m, k, step, BACKWARD=True,
-                              BLOCK_M=bl["m"], BLOCK_K=bl["ke"], num_warps=bl["ew"])  # prod now holds dLoss/dJ
+        _jsd_epilogue[(d, c)](
+            prod,
+            prod,
+            prod,
+            g_b,
+            i0,
+            c,
+            d,
+            m,
+            k,
+            step,
+            BACKWARD=True,
+            BLOCK_M=bl["m"],
+            BLOCK_K=bl["ke"],
+            num_warps=bl["ew"],
+        )  # prod now holds dLoss/dJ
         _biv_dkz[(triton.cdiv(dm, b["R"]), triton.cdiv(n, b["S"]))](
-            x, grid, prod, gkz, i0, n, d, dm, k, c, 1.0 / sigma, win, ACCUMULATE=i0 > 0, PRECISION=precision,
-            BLOCK_R=b["R"], BLOCK_S=b["S"], BLOCK_K=b["K"], num_warps=b["warps"])
-        _biv_dx[(triton.cdiv(n, b["S"]), c)](kzt, order, xs, grid, prod, gu, gx, i0, n, d, dm, k, c, 1.0 / sigma, win,
-                                             PRECISION=precision, BLOCK_S=b["S"], BLOCK_K=b["K"],
-                                             BLOCK_R=max(16, b["R"] // 2),  # tl.dot: every tile dimension >= 16
-                                             num_warps=min(4, b["warps"]))  # 8: 128 registers, spills (sm_90)
+            x,
+            grid,
+            prod,
+            gkz,
+            i0,
+            n,
+            d,
+            dm,
+            k,
+            c,
+            1.0 / sigma,
+            win,
+            ACCUMULATE=i0 > 0,
+            PRECISION=precision,
+            BLOCK_R=b["R"],
+            BLOCK_S=b["S"],
+            BLOCK_K=b["K"],
+            num_warps=b["warps"],
+        )
+        _biv_dx[(triton.cdiv(n, b["S"]), c)](
+            kzt,
+            order,
+            xs,
+            grid,
+            prod,
+            gu,
+            gx,
+            i0,
+            n,
+            d,
+            dm,
+            k,
+            c,
+            1.0 / sigma,
+            win,
+            PRECISION=precision,
+            BLOCK_S=b["S"],
+            BLOCK_K=b["K"],
+            BLOCK_R=max(16, b["R"] // 2),  # tl.dot: every tile dimension >= 16
+            num_warps=min(4, b["warps"]),
+        )  # 8: 128 registers, spills (sm_90)
     gxz = torch.empty_like(x)
     nb = triton.cdiv(n, bl["s"])
     gzeta = x.new_empty(nb, d, m)
@@ -471,6 +711,7 @@ def _gemm_terms_backward(
     # out-of-range row made zeta NaN in the kernels; clamping keeps the scatter in bounds.
     cols = torch.arange(d, device=x.device)[:, None].expand(d, m)
     gx = (gx + gxz).index_put((ci.clamp(0, n - 1), cols), gzeta.sum(0), accumulate=True)
-    _kl_grad[(triton.cdiv(n, bl["s"]), d)](x, uni_points, lse, g_k, gx, n, d, ku, 1.0 / sigma,
-                                           BLOCK_KU=bl["ku"], BLOCK_S=bl["s"])
+    _kl_grad[(triton.cdiv(n, bl["s"]), d)](
+        x, uni_points, lse, g_k, gx, n, d, ku, 1.0 / sigma, BLOCK_KU=bl["ku"], BLOCK_S=bl["s"]
+    )
     return gx

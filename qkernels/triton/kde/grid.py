@@ -36,8 +36,19 @@ def _kde_terms(p, x, inv_sigma, DERIV: tl.constexpr, GRAD: tl.constexpr):
 
 @triton.jit
 def _kde_grid_by_points(
-    p_ptr, s_ptr, g_ptr, out_ptr, N, D, K, inv_sigma: tl.float64, scale: tl.float64,
-    DERIV: tl.constexpr, GRAD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    p_ptr,
+    s_ptr,
+    g_ptr,
+    out_ptr,
+    N,
+    D,
+    K,
+    inv_sigma: tl.float64,
+    scale: tl.float64,
+    DERIV: tl.constexpr,
+    GRAD: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     inv_sigma, scale = tl.full((), inv_sigma, p_ptr.dtype.element_ty), tl.full((), scale, p_ptr.dtype.element_ty)
     # one latent j and a block of its points; streams the samples. Forward: out = scale * sum_s
@@ -60,8 +71,18 @@ def _kde_grid_by_points(
 
 @triton.jit
 def _kde_grid_samples_grad(
-    p_ptr, s_ptr, g_ptr, gs_ptr, N, D, K, inv_sigma: tl.float64, scale: tl.float64,
-    DERIV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    p_ptr,
+    s_ptr,
+    g_ptr,
+    gs_ptr,
+    N,
+    D,
+    K,
+    inv_sigma: tl.float64,
+    scale: tl.float64,
+    DERIV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     inv_sigma, scale = tl.full((), inv_sigma, p_ptr.dtype.element_ty), tl.full((), scale, p_ptr.dtype.element_ty)
     # one latent j and a block of its samples; streams the points: gs = -scale sum_k g_k d term/dp
@@ -102,8 +123,18 @@ def kde_grid(points: torch.Tensor, samples: torch.Tensor, sigma: float, derivati
     out = torch.empty_like(points)
     grid, blocks = _by_points(points)
     _kde_grid_by_points[grid](
-        points, samples, points, out, n, d, k, 1.0 / sigma, _kde_scale(n, sigma, derivative),
-        DERIV=derivative, GRAD=False, **blocks,
+        points,
+        samples,
+        points,
+        out,
+        n,
+        d,
+        k,
+        1.0 / sigma,
+        _kde_scale(n, sigma, derivative),
+        DERIV=derivative,
+        GRAD=False,
+        **blocks,
     )
     return out
 
@@ -117,11 +148,31 @@ def kde_grid_backward(
     gp, gs = torch.empty_like(points), torch.empty_like(samples)
     grid, blocks = _by_points(points)
     _kde_grid_by_points[grid](
-        points, samples, grad, gp, n, d, k, 1.0 / sigma, scale,
-        DERIV=derivative, GRAD=True, **blocks,
+        points,
+        samples,
+        grad,
+        gp,
+        n,
+        d,
+        k,
+        1.0 / sigma,
+        scale,
+        DERIV=derivative,
+        GRAD=True,
+        **blocks,
     )
     _kde_grid_samples_grad[(cdiv(n, BLOCK_S_GRID), d)](
-        points, samples, grad, gs, n, d, k, 1.0 / sigma, scale,
-        DERIV=derivative, BLOCK_K=BLOCK_K_GRID, BLOCK_S=BLOCK_S_GRID,
+        points,
+        samples,
+        grad,
+        gs,
+        n,
+        d,
+        k,
+        1.0 / sigma,
+        scale,
+        DERIV=derivative,
+        BLOCK_K=BLOCK_K_GRID,
+        BLOCK_S=BLOCK_S_GRID,
     )
     return gp, gs

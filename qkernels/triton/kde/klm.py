@@ -54,8 +54,7 @@ def _klm_blocks(d: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD: tl.constexpr, BLOCK_A: tl.constexpr,
-               BLOCK_D: tl.constexpr):
+def _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
     """(std, mean, var) of the latent columns ``cols``: std given (mean and var then 0: not read), or z's population
     std + 1e-6 (two passes over z, BLOCK_A rows per step)."""
     dt = z_ptr.dtype.element_ty
@@ -103,8 +102,19 @@ def _ws_offsets(p, q, r0, NSB, W, SUPER: tl.constexpr, BLOCK: tl.constexpr, BLOC
 
 
 @triton.jit
-def _ws_load(ws_ptr, p, q, r0, NSB, W, cmask, JOINT: tl.constexpr, SUPER: tl.constexpr, BLOCK: tl.constexpr,
-             BLOCK_D: tl.constexpr):
+def _ws_load(
+    ws_ptr,
+    p,
+    q,
+    r0,
+    NSB,
+    W,
+    cmask,
+    JOINT: tl.constexpr,
+    SUPER: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """ws[p, q, r0:r0 + BLOCK]: (msum (BLOCK, BLOCK_D), jsum (BLOCK,); 0 without JOINT)."""
     offs, joint = _ws_offsets(p, q, r0, NSB, W, SUPER, BLOCK, BLOCK_D)
     msum = tl.load(ws_ptr + offs, mask=cmask[None, :], other=0.0)
@@ -115,8 +125,9 @@ def _ws_load(ws_ptr, p, q, r0, NSB, W, cmask, JOINT: tl.constexpr, SUPER: tl.con
 
 
 @triton.jit
-def _ws_store(ws_ptr, p, q, r0, NSB, W, msum, jsum, cmask, JOINT: tl.constexpr, SUPER: tl.constexpr,
-              BLOCK: tl.constexpr):
+def _ws_store(
+    ws_ptr, p, q, r0, NSB, W, msum, jsum, cmask, JOINT: tl.constexpr, SUPER: tl.constexpr, BLOCK: tl.constexpr
+):
     """ws[p, q, r0:r0 + BLOCK] = [msum (BLOCK, d) | jsum (BLOCK,) if JOINT]."""
     offs, joint = _ws_offsets(p, q, r0, NSB, W, SUPER, BLOCK, msum.shape[1])
     tl.store(ws_ptr + offs, msum, mask=cmask[None, :])
@@ -126,9 +137,23 @@ def _ws_store(ws_ptr, p, q, r0, NSB, W, msum, jsum, cmask, JOINT: tl.constexpr, 
 
 @triton.jit
 def _klm_tiles(
-    z_ptr, std_ptr, lse_ptr, ws_ptr, N, D, NSB, c_joint: tl.float64, c2_joint: tl.float64, c2_marg: tl.float64,
-    inv_f2: tl.float64, BACKWARD: tl.constexpr, HAS_STD: tl.constexpr, SUPER: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr, SCALE_ROWS: tl.constexpr,
+    z_ptr,
+    std_ptr,
+    lse_ptr,
+    ws_ptr,
+    N,
+    D,
+    NSB,
+    c_joint: tl.float64,
+    c2_joint: tl.float64,
+    c2_marg: tl.float64,
+    inv_f2: tl.float64,
+    BACKWARD: tl.constexpr,
+    HAS_STD: tl.constexpr,
+    SUPER: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
 ):
     """Program t of the lower triangle of super-block pairs, (p, q) with q <= p, t = p (p + 1) / 2 + q (the
     grid launches no idle program): for every row b of super-block p and sample a of q,
@@ -143,8 +168,12 @@ def _klm_tiles(
     q = t - p * (p + 1) // 2
     if q <= p:
         dt = z_ptr.dtype.element_ty
-        cj, cj2, cm2, if2 = (tl.full((), c_joint, dt), tl.full((), c2_joint, dt), tl.full((), c2_marg, dt),
-                             tl.full((), inv_f2, dt))
+        cj, cj2, cm2, if2 = (
+            tl.full((), c_joint, dt),
+            tl.full((), c2_joint, dt),
+            tl.full((), c2_marg, dt),
+            tl.full((), inv_f2, dt),
+        )
         cols = tl.arange(0, BLOCK_D)
         cmask = cols < D
         std, _, _ = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, SCALE_ROWS, BLOCK_D)
@@ -179,16 +208,27 @@ def _klm_tiles(
                 if BACKWARD:
                     ma = amask[:, None] & cmask[None, :]
                     ela = tl.exp(-tl.load(lse_ptr + rows_a * (D + 1), mask=amask, other=0.0))
-                    elta = tl.exp(-tl.load(lse_ptr + rows_a[:, None] * (D + 1) + 1 + cols[None, :], mask=ma,
-                                           other=0.0))
+                    elta = tl.exp(-tl.load(lse_ptr + rows_a[:, None] * (D + 1) + 1 + cols[None, :], mask=ma, other=0.0))
                     wj = -ej * (elb[:, None] + ela[None, :]) * if2
                     em = (wj[:, :, None] + em * (eltb[:, None, :] + elta[None, :, :])) * diff
                 msum += tl.sum(em, 1)
                 jsum += tl.sum(ej, 1)
                 if cols_a:
                     cm = tl.sum(em, 0)
-                    _ws_store(ws_ptr, q, p, a0, NSB, w, prev_m + (-cm if BACKWARD else cm), prev_j + tl.sum(ej, 0),
-                              cmask, not BACKWARD, SUPER, BLOCK)
+                    _ws_store(
+                        ws_ptr,
+                        q,
+                        p,
+                        a0,
+                        NSB,
+                        w,
+                        prev_m + (-cm if BACKWARD else cm),
+                        prev_j + tl.sum(ej, 0),
+                        cmask,
+                        not BACKWARD,
+                        SUPER,
+                        BLOCK,
+                    )
             _ws_store(ws_ptr, p, q, b0, NSB, w, msum, jsum, cmask, not BACKWARD, SUPER, BLOCK)
             tl.debug_barrier()  # this row block's stores before the next one's loads (a value's threads may differ)
 
@@ -209,8 +249,9 @@ def _ws_rows(ws_ptr, rows, cols, cmask, NSB, W, SUPER: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def _klm_fwd_rows(ws_ptr, lse_ptr, part_ptr, N, D, NSB, SUPER: tl.constexpr, BLOCK: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
+def _klm_fwd_rows(
+    ws_ptr, lse_ptr, part_ptr, N, D, NSB, SUPER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr
+):
     """lse[b] = [log of the joint sum | log of each marginal sum] and part[program] = sum_b (joint -
     sum_j marginal) over this block of rows. Grid (n / BLOCK,)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -226,8 +267,22 @@ def _klm_fwd_rows(ws_ptr, lse_ptr, part_ptr, N, D, NSB, SUPER: tl.constexpr, BLO
 
 
 @triton.jit
-def _klm_bwd_rows(z_ptr, std_ptr, ws_ptr, g_ptr, gy_ptr, part_ptr, N, D, NSB, HAS_STD: tl.constexpr,
-                  SUPER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, SCALE_ROWS: tl.constexpr):
+def _klm_bwd_rows(
+    z_ptr,
+    std_ptr,
+    ws_ptr,
+    g_ptr,
+    gy_ptr,
+    part_ptr,
+    N,
+    D,
+    NSB,
+    HAS_STD: tl.constexpr,
+    SUPER: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+):
     """gy[b] = dLoss/dy_b = g / n times the row sums of the backward tiles; part[program, j] =
     sum_b gy_bj y_bj over this block of rows. Grid (n / BLOCK,)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -255,8 +310,18 @@ def _klm_loss(part_ptr, loss_ptr, P, N, const: tl.float64, BLOCK: tl.constexpr):
 
 @triton.jit
 def _klm_grad(
-    z_ptr, std_ptr, gz_ptr, part_ptr, gstd_ptr, N, D, P,
-    HAS_STD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
+    z_ptr,
+    std_ptr,
+    gz_ptr,
+    part_ptr,
+    gstd_ptr,
+    N,
+    D,
+    P,
+    HAS_STD: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     # z = y * std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j (the partials, summed in a fixed
     # order); the default std adds dstd_j (z_bj - mean_j) / (n sqrt(var_j)) (zero where var_j = 0).
@@ -295,9 +360,24 @@ def _klm_launch(z, std, lse, backward):
     ws = z.new_empty(nsb * nsb * sup * (d if backward else d + 1))
     c_joint = -0.5 / (f * f)
     _klm_tiles[(nsb * (nsb + 1) // 2,)](
-        z, z if std is None else std, lse, ws, n, d, nsb, c_joint, c_joint * LOG2E, -0.5 * LOG2E, 1.0 / (f * f),
-        BACKWARD=backward, HAS_STD=std is not None, SUPER=sup, BLOCK=block, BLOCK_D=block_d,
-        SCALE_ROWS=_scale_rows(block_d))
+        z,
+        z if std is None else std,
+        lse,
+        ws,
+        n,
+        d,
+        nsb,
+        c_joint,
+        c_joint * LOG2E,
+        -0.5 * LOG2E,
+        1.0 / (f * f),
+        BACKWARD=backward,
+        HAS_STD=std is not None,
+        SUPER=sup,
+        BLOCK=block,
+        BLOCK_D=block_d,
+        SCALE_ROWS=_scale_rows(block_d),
+    )
     return ws, nsb, sup, block, block_d
 
 
@@ -328,8 +408,34 @@ def klm_backward(
     part = z.new_empty(grid[0], d)
     gstd = z.new_empty(0 if std is None else d)
     s = z if std is None else std
-    _klm_bwd_rows[grid](z, s, ws, grad_loss, gz, part, n, d, nsb, HAS_STD=std is not None, SUPER=sup,
-                        BLOCK=block, BLOCK_D=block_d, SCALE_ROWS=_scale_rows(block_d))
-    _klm_grad[grid](z, s, gz, part, gstd, n, d, grid[0], HAS_STD=std is not None, BLOCK_B=block,
-                    BLOCK_A=_scale_rows(block_d), BLOCK_D=block_d)
+    _klm_bwd_rows[grid](
+        z,
+        s,
+        ws,
+        grad_loss,
+        gz,
+        part,
+        n,
+        d,
+        nsb,
+        HAS_STD=std is not None,
+        SUPER=sup,
+        BLOCK=block,
+        BLOCK_D=block_d,
+        SCALE_ROWS=_scale_rows(block_d),
+    )
+    _klm_grad[grid](
+        z,
+        s,
+        gz,
+        part,
+        gstd,
+        n,
+        d,
+        grid[0],
+        HAS_STD=std is not None,
+        BLOCK_B=block,
+        BLOCK_A=_scale_rows(block_d),
+        BLOCK_D=block_d,
+    )
     return gz, gstd
