@@ -33,6 +33,7 @@ import torch
 if __name__ == "__main__":  # run as a script (refreshing the committed cache): kernels in the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: test_launches
 
 import qkernels  # noqa: E402
 from qkernels.bench import hessian as bench_hessian  # noqa: E402
