@@ -90,6 +90,12 @@ if "all" in REQUIRED:
     REQUIRED = set(PARTS)
 
 
+def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> None:
+    """The files marked ``slow`` first (their order kept): under `pytest -n --dist loadfile` a long file that starts
+    last keeps one worker busy while the others have nothing left."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_sessionstart(session: Any) -> None:
     """Under QKERNELS_CI_REQUIRE: every named part is present, or the run stops here saying which is not."""
     unknown = REQUIRED - set(PARTS)

@@ -14,6 +14,8 @@ from PIL import Image
 
 from qkernels.bench import results
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 PLOTS = importlib.util.find_spec("matplotlib") is not None  # optional (qkernels[plot]): without it, no PNGs
 
 ROOT = pathlib.Path(__file__).parents[1]

@@ -26,6 +26,8 @@ from qkernels.nn import (
     NormalizedHessianPenalty,
 )
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 D = 3
 

@@ -13,6 +13,8 @@ from conftest import skip_unless
 import qkernels
 from qkernels.distributed import average_gradients, gather_rows
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 WORLD = 2
 ROWS = (7, 5)  # unequal shards
 

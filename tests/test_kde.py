@@ -16,6 +16,8 @@ from qkernels._backend import implementations, kernels
 from qkernels.ops.kde import CliffTerms, cliff_loss, kde_grid, klm_loss
 from qkernels.reference import kde as ref
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float64]
 S3 = math.sqrt(3.0)

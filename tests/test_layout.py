@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "qkernels"
 

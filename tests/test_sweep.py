@@ -23,6 +23,8 @@ from conftest import require
 from qkernels.train import TrainConfig, eval_run, train
 from qkernels.train.sweep import Cell, Grid, cell_state, run_sweep, split_cores
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 # tests/test_train.py's tiny_cfg sizes; 40 steps with a checkpoint every 10, so that a worker can be caught mid-run
 TINY = {
     "image_size": 16,

@@ -29,6 +29,8 @@ from qkernels.train import figures as F
 from qkernels.train import threads as T
 from qkernels.train.files import RunExistsError, clear_run, run_files
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 _REAL_BUSY_CORES = T.busy_cores  # the autouse fixture stubs the module's (it sleeps half a second)
 TINY = [
     "train",
