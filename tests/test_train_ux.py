@@ -277,6 +277,20 @@ def test_eta_follows_the_recent_speed_on_a_fake_clock(capsys):
     assert capsys.readouterr().err.splitlines()[-1] == closing
 
 
+def test_an_evaluation_between_steps_is_not_step_time():
+    # 1 s per step, a 60 s evaluation after step 20: the speed stays 1 it/s (it fell to ~0.25 it/s, and the ETA
+    # quadrupled, after each of Tripod's periodic evaluations)
+    now = [0.0]
+    bar = loop.Progress(100, 0, clock=lambda: now[0], enabled=False)
+    for s in range(1, 41):
+        now[0] += 1.0
+        bar.update(s, {"total": 1.0})
+        if s == 20:
+            with bar.paused():
+                now[0] += 60.0
+    assert bar.step_time == pytest.approx(1.0) and bar.eta(40) == pytest.approx(60.0)
+
+
 def test_eta_of_a_resumed_run_and_time_format():
     # resumed at step 50 of 100; the first update 10 s later at step 60: 10 steps at 1 s each
     now = [0.0]

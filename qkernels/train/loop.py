@@ -25,6 +25,7 @@ writes config, log, checkpoints, metrics and figures; logged terms are averaged 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -374,7 +375,8 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 self.log({"type": "train", "step": self.step, **terms})
             if self.step in self.eval_at:
-                self._periodic_eval()
+                with bar.paused():
+                    self._periodic_eval()
             if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                 self.save()
         self._stop_if_signalled(bar)
@@ -426,6 +428,15 @@ class Progress:
         if self.step_time is None:
             self.step_time, k = dt, k - 1
         self.step_time = dt + (self.step_time - dt) * (1 - self.alpha) ** k
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (a periodic evaluation) is not step time: neither the speed nor the ETA counts it."""
+        began = self.clock()
+        try:
+            yield
+        finally:
+            self.last_step += self.clock() - began
 
     def eta(self, step: int) -> float | None:
         """Seconds to ``total`` at the recent speed (None before two steps)."""
