@@ -86,29 +86,35 @@ def test_group_without_init_is_a_clear_error():
 # summation order, which Adam amplifies chaotically (float32: 1e-4 after 6 steps; float64 below).
 
 
-def _train_worker(rank, store, cfg_dict, stop_after, fail_rank):
+def _train_worker(rank, store, jobs):
+    """Runs ``jobs`` (config dict, stop_after, fail_rank) one after another in one process group: each rank's
+    parameters saved beside each run. Several runs per pair of processes: starting one (torch, the trainer's
+    imports, gloo) costs more than a tiny run."""
     from qkernels.train import TrainConfig, Trainer
 
     torch.set_default_dtype(torch.float64)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
-        trainer = Trainer(TrainConfig.from_dict(cfg_dict), resume=True)
-        if rank == fail_rank:
+        for cfg_dict, stop_after, fail_rank in jobs:
+            trainer = Trainer(TrainConfig.from_dict(cfg_dict), resume=True)
+            if rank == fail_rank:
 
-            def fail(step):
-                raise RuntimeError(f"rank {rank} failed at step {step}")
+                def fail(step):
+                    raise RuntimeError(f"rank {rank} failed at step {step}")
 
-            trainer.train_step = fail
-        trainer.run(stop_after=stop_after, final_eval=False)
-        torch.save(trainer.model.state_dict(), os.path.join(cfg_dict["out"], f"rank{rank}.pt"))
-        dist.barrier()  # no rank tears the group down while another still talks to it
+                trainer.train_step = fail
+            trainer.run(stop_after=stop_after, final_eval=False)
+            torch.save(trainer.model.state_dict(), os.path.join(cfg_dict["out"], f"rank{rank}.pt"))
+            dist.barrier()  # no rank tears the group down (or starts the next run) while another still talks to it
     finally:
         dist.destroy_process_group()
 
 
-def _spawn_train(tmp_path, cfg, *, stop_after=None, fail_rank=-1, tag="s"):
+def _spawn_train(tmp_path, *jobs, tag="s"):
+    """``jobs``: (TrainConfig, stop_after, fail_rank) run in order by one pair of processes."""
     store = tmp_path / f"store_{tag}"
-    mp.spawn(_train_worker, args=(str(store), cfg.to_dict(), stop_after, fail_rank), nprocs=WORLD, join=True)
+    jobs = [(cfg.to_dict(), stop_after, fail_rank) for cfg, stop_after, fail_rank in jobs]
+    mp.spawn(_train_worker, args=(str(store), jobs), nprocs=WORLD, join=True)
 
 
 def _params(out):
@@ -126,35 +132,52 @@ def _single(cfg):
         torch.set_default_dtype(previous)
 
 
+PARITY_MODELS, PARITY_STEPS = ("qlae", "tripod", "cliff_vae"), 6
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """The data-parallel runs the tests below check, made by two spawns of 2 ranks: the parity runs of
+    PARITY_MODELS (global batch 16), a FactorVAE run, a cliff_vae run left alone and the same run stopped during
+    step 5 (its last checkpoint: step 3); then, in fresh processes, that run resumed."""
+    from test_train import tiny_cfg
+
+    tmp = tmp_path_factory.mktemp("ddp")
+    steps = PARITY_STEPS
+    parity = [
+        tiny_cfg(m, tmp / f"multi_{m}", batch_size=16, steps=steps, checkpoint_every=steps) for m in PARITY_MODELS
+    ]
+    fv = tiny_cfg("factorvae", tmp / "fv", batch_size=16)
+    straight = tiny_cfg("cliff_vae", tmp / "straight", batch_size=16)
+    resumed = tiny_cfg("cliff_vae", tmp / "resumed", batch_size=16)  # checkpoints every 3 steps
+    _spawn_train(tmp, *[(c, None, -1) for c in (*parity, fv, straight)], (resumed, 4, -1), tag="first")
+    _spawn_train(tmp, (resumed, None, -1), tag="resume")
+    return tmp
+
+
 @skip_unless("gloo")
-@pytest.mark.parametrize("model", ["qlae", "tripod", "cliff_vae"])
-def test_two_process_training_follows_the_single_process_run(tmp_path, model):
+@pytest.mark.parametrize("model", PARITY_MODELS)
+def test_two_process_training_follows_the_single_process_run(two_process_runs, tmp_path, model):
     """2 ranks x 8 rows against one process on the global batch of 16, same seed: the same parameters
     (global-batch KLM / Cliff and Tripod's std, noise and NHP directions drawn for the global batch) and
     the same logged losses at every step (a rank-local reduction shows in step 1's loss).
     Measured differences, float64: qlae 2e-16, tripod 1e-9 after 20 steps; cliff_vae 7.5e-9 after 6
     steps, then growing 10-50x per step from 1e-15 at step 3 (the batch-16 Cliff loss is chaotic:
     8e-4 at step 20). 6 steps for each (20 took 440 of the suite's seconds)."""
-    steps = 6
+    import json
+
     from test_train import tiny_cfg
 
     from qkernels.train import TrainConfig
 
+    steps, multi = PARITY_STEPS, two_process_runs / f"multi_{model}"
     _single(tiny_cfg(model, tmp_path / "single", batch_size=16, steps=steps, checkpoint_every=steps))
-    _spawn_train(
-        tmp_path, tiny_cfg(model, tmp_path / "multi", batch_size=16, steps=steps, checkpoint_every=steps), tag="m"
-    )
-    a, b = _params(tmp_path / "single"), _params(tmp_path / "multi")
+    a, b = _params(tmp_path / "single"), _params(multi)
     assert a.keys() == b.keys() and next(iter(a.values())).dtype == torch.float64
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
-    assert TrainConfig.load(tmp_path / "multi" / "config.json").world_size == WORLD
-    import json
-
-    logs = [
-        [json.loads(ln) for ln in (tmp_path / run / "log.jsonl").read_text().splitlines()]
-        for run in ("single", "multi")
-    ]
+    assert TrainConfig.load(multi / "config.json").world_size == WORLD
+    logs = [[json.loads(ln) for ln in (d / "log.jsonl").read_text().splitlines()] for d in (tmp_path / "single", multi)]
     assert len(logs[1]) == steps  # one writer
     for one, two in zip(*logs, strict=True):  # logged terms: the global batch's (averaged over ranks)
         assert one.keys() == two.keys()
@@ -163,29 +186,19 @@ def test_two_process_training_follows_the_single_process_run(tmp_path, model):
 
 
 @skip_unless("gloo")
-def test_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(tmp_path):
-    from test_train import tiny_cfg
-
-    straight = tiny_cfg("cliff_vae", tmp_path / "straight", batch_size=16)
-    _spawn_train(tmp_path, straight, tag="a")
-    resumed = tiny_cfg("cliff_vae", tmp_path / "resumed", batch_size=16)  # checkpoints every 3 steps
-    _spawn_train(tmp_path, resumed, stop_after=4, tag="b")  # "killed" during step 5: resumes from step 3
-    _spawn_train(tmp_path, resumed, tag="c")
-    a, b = _params(tmp_path / "straight"), _params(tmp_path / "resumed")
+def test_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(two_process_runs):
+    a, b = _params(two_process_runs / "straight"), _params(two_process_runs / "resumed")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
-    assert (tmp_path / "resumed" / "log.jsonl").read_text() == (tmp_path / "straight" / "log.jsonl").read_text()
+    log = (two_process_runs / "resumed" / "log.jsonl").read_text()
+    assert log == (two_process_runs / "straight" / "log.jsonl").read_text()
 
 
 @skip_unless("gloo")
-def test_discriminator_methods_stay_in_sync_across_ranks(tmp_path):
-    """FactorVAE: DDP syncs the VAE, the trainer averages the discriminator's gradients: after 3 steps
-    every rank holds the same parameters, discriminator included, and they moved."""
-    from test_train import tiny_cfg
-
-    cfg = tiny_cfg("factorvae", tmp_path / "fv", batch_size=16)
-    _spawn_train(tmp_path, cfg, tag="fv")
-    ranks = [torch.load(tmp_path / "fv" / f"rank{r}.pt") for r in range(WORLD)]
+def test_discriminator_methods_stay_in_sync_across_ranks(two_process_runs):
+    """FactorVAE: DDP syncs the VAE, the trainer averages the discriminator's gradients: after its 6 steps
+    every rank holds the same parameters, discriminator included."""
+    ranks = [torch.load(two_process_runs / "fv" / f"rank{r}.pt") for r in range(WORLD)]
     assert any(k.startswith("discriminator.") for k in ranks[0])
     for k in ranks[0]:
         assert torch.equal(ranks[0][k], ranks[1][k]), k
@@ -200,7 +213,7 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     cfg = tiny_cfg("qlae", tmp_path / "fail", batch_size=16, dist_timeout_s=30)
     t0 = time.perf_counter()
     with pytest.raises(Exception, match="rank 1 failed at step 0"):
-        _spawn_train(tmp_path, cfg, fail_rank=1, tag="f")
+        _spawn_train(tmp_path, (cfg, None, 1), tag="f")
     assert time.perf_counter() - t0 < 60
 
 

@@ -665,8 +665,12 @@ def _op_args():
     return latents(10, 3), cond_rows(10, 3, 4)
 
 
-@pytest.mark.parametrize("dt", DTYPES)
-@pytest.mark.parametrize("suffix", ["", "_triton"])
+# the Triton ops' registration (schema, fakes, autograd) does not depend on the dtype, and their float64 values are
+# checked against the reference elsewhere: on a CPU, float32 only (the interpreter took 21 s for float64)
+OPCHECK = [("", dt) for dt in DTYPES] + [("_triton", dt) for dt in DTYPES[: 2 if DEVICE == "cuda" else 1]]
+
+
+@pytest.mark.parametrize(("suffix", "dt"), OPCHECK)
 def test_opcheck(suffix, dt):
     ops = torch.ops.qkernels
     if suffix == "" and not _native("klm"):

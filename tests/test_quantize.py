@@ -297,6 +297,7 @@ def test_relaxed_categorical_gradcheck_fp64():
             assert torch.autograd.gradcheck(
                 lambda lg, v: tuple(qkernels.categorical_latent(lg, v, tau=0.8, noise_scale=0.9, uniform=u)),
                 (logits, values),
+                fast_mode=name == "triton" and DEVICE == "cpu",  # random projections: the interpreter is slow
             ), name
 
 
