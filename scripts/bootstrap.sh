@@ -49,16 +49,18 @@ if ! installed numpy; then
 fi
 # the jax extra (pyproject.toml) before the build: setup.py builds qkernels.jax's FFI library only when jax is
 # importable (QKERNELS_NO_JAX=1: neither)
-jax_version() { python -c "import importlib.metadata as m; print(m.version('jax'), m.version('jaxlib'))" 2>/dev/null; }
-if [ "${QKERNELS_NO_JAX:-0}" != 1 ] && ! jax_version >/dev/null; then
-    say "installing JAX, CPU (the jax extra; about 10 s from a warm cache)"
-    # shellcheck disable=SC2046  # one pip argument per requirement
-    pip_install $(python -c "
+# the requirements of pyproject.toml's extra $1, one per line (into a file for pip -r: they hold markers)
+extra_requirements() { python -c "
 try:
     import tomllib
 except ImportError:  # Python 3.10: pip's own copy of tomli
     from pip._vendor import tomli as tomllib
-print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['jax']))")
+print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$1']))"; }
+reqs=$(mktemp) && trap 'rm -f "$reqs" "$reqs.log"' EXIT
+jax_version() { python -c "import importlib.metadata as m; print(m.version('jax'), m.version('jaxlib'))" 2>/dev/null; }
+if [ "${QKERNELS_NO_JAX:-0}" != 1 ] && ! jax_version >/dev/null; then
+    say "installing JAX, CPU (the jax extra; about 10 s from a warm cache)"
+    extra_requirements jax > "$reqs" && pip_install -r "$reqs"
 fi
 # what the build depends on: native sources, build files, torch, jax, python, the build switches
 stamp_file=.venv/.qkernels-build-stamp
@@ -78,9 +80,17 @@ if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && ext_ok \
 else
     say "installing the build tools (seconds)"
     pip_install "setuptools>=77" wheel ninja
-    say "pip install --no-build-isolation -e \".[dev,jax]\": compiles qkernels._C and the JAX FFI library (about 5 min" \
-        "on 2 cores from scratch, only changed sources after that) and installs the dev tools (1-2 min the first time)"
-    pip_install --no-build-isolation -e ".[dev$( [ "${QKERNELS_NO_JAX:-0}" = 1 ] || echo ,jax)]"
+    # the dev extra (nothing the build uses) installs in the background while the native code compiles: both
+    # take a minute or more from scratch; the build installs qkernels alone (--no-deps), so the two pip runs
+    # never write the same package
+    say "installing the dev tools (the dev extra; 1-2 min the first time), meanwhile pip install" \
+        "--no-build-isolation --no-deps -e . compiles qkernels._C and the JAX FFI library (about 1.5 min on 2 cores" \
+        "from scratch, only changed sources after that)"
+    extra_requirements dev > "$reqs"
+    pip_install -r "$reqs" > "$reqs.log" 2>&1 &
+    dev_pid=$!
+    pip_install --no-build-isolation --no-deps -e . || { kill "$dev_pid" 2>/dev/null; exit 1; }
+    wait "$dev_pid" || { cat "$reqs.log"; say "installing the dev extra failed (above)"; exit 1; }
     echo "$stamp" > "$stamp_file"
     say "done"
 fi
