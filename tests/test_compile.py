@@ -1,12 +1,12 @@
 """Every functional op and module under ``torch.compile(fullgraph=True, dynamic=True)`` on every backend of the
 test device: the compiled forward and gradients equal eager ones at two batch sizes from ONE graph (dynamic batch,
-no recompilation). Inductor compiles the CPU kernels' backend on a CPU (what `auto` runs there) and every backend on
-CUDA; the Triton interpreter on a CPU runs under ``aot_eager``, which traces the same graph (dynamo, the ops' fake
-implementations, AOT autograd) without inductor's code generation of torch's own operators, the part that tests torch
-rather than qkernels and took 350 of the suite's seconds; the reference on a CPU, torch's own operators only, under
-dynamo's capture alone (``eager``: fullgraph, one graph for both batch sizes; AOT autograd took 34 s more). On CUDA
-also: no host-device synchronization inside any op or module, CUDA-graph training steps (``mode="reduce-overhead"``)
-that give the eager losses, and deterministic mode."""
+no recompilation). Inductor compiles the CPU kernels' backend on a CPU (what `auto` runs there; AOT autograd and the
+ops' fake implementations included) and every backend on CUDA; the reference and the Triton interpreter on a CPU run
+under dynamo's capture alone (``eager``: fullgraph, one graph for both batch sizes). Inductor there tests torch's code
+generation for torch's own operators, not qkernels (350 of the suite's seconds), and AOT autograd 70 s more: the
+Triton ops' fake implementations and autograd under AOT dispatch are checked by ``torch.library.opcheck`` in each
+hot path's test file. On CUDA also: no host-device synchronization inside any op or module, CUDA-graph training
+steps (``mode="reduce-overhead"``) that give the eager losses, and deterministic mode."""
 
 from __future__ import annotations
 
@@ -197,12 +197,10 @@ def test_compiled_matches_eager_with_dynamic_batch(backend, hotpath, fixed_draws
 
 
 def _compiler(backend: str) -> str:
-    """Inductor for the CPU kernels' backend on a CPU and everything on CUDA; ``aot_eager`` (the custom ops' fake
-    implementations and autograd under AOT autograd) for the Triton interpreter; dynamo's capture alone (``eager``)
-    for the reference on a CPU, whose graphs hold torch's own operators only."""
-    if DEVICE == "cuda" or backend == "cpu":
-        return "inductor"
-    return "eager" if backend == "reference" else "aot_eager"
+    """Inductor for the CPU kernels' backend on a CPU and everything on CUDA; dynamo's capture alone (``eager``) for
+    the reference and the Triton interpreter on a CPU (each Triton op's fake implementation and autograd under AOT
+    dispatch, dynamic shapes included: ``torch.library.opcheck`` in test_kde, test_quantize and test_hessian)."""
+    return "inductor" if DEVICE == "cuda" or backend == "cpu" else "eager"
 
 
 @pytest.mark.parametrize("hotpath", HOTPATHS)
