@@ -20,13 +20,16 @@ fi
 # shellcheck source=/dev/null  # created above
 . .venv/bin/activate
 pip_install() { python -m pip install -q "$@"; }
+# pip byte-compiles what it installs one file at a time: 26 of torch's 37 s. Torch installs without it (--no-compile)
+# and compileall writes the same .pyc files in the background, beside the next installs
+byte_compile() { python -m compileall -qq "$@" >/dev/null 2>&1 || true; }  # -qq: and the files pip would skip too
 # PyPI's torch==2.13.0 on Linux x86_64 is the CUDA build (GBs of nvidia-* wheels). The CPU build is 2.13.0+cpu: from a
 # local wheel or index that has it, else from PyTorch's CPU index (PyPI holds no local versions: the first command
 # fails there in seconds; an unreachable index fails after pip's retries, about 10 s).
 install_cpu_torch() {
-    pip_install "torch==$TORCH_RELEASE+cpu" 2>/dev/null && return
+    pip_install --no-compile "torch==$TORCH_RELEASE+cpu" 2>/dev/null && return
     say "torch==$TORCH_RELEASE+cpu not found: trying https://download.pytorch.org/whl/cpu"
-    pip_install "torch==$TORCH_RELEASE" --index-url https://download.pytorch.org/whl/cpu && return
+    pip_install --no-compile "torch==$TORCH_RELEASE" --index-url https://download.pytorch.org/whl/cpu && return
     say "no torch installed: set QKERNELS_TORCH to pip arguments that reach a build of torch $TORCH_RELEASE"
     exit 1
 }
@@ -36,11 +39,13 @@ if ! installed torch; then
     if [ -n "${QKERNELS_TORCH:-}" ]; then
         say "installing $QKERNELS_TORCH (QKERNELS_TORCH; 1-3 min)"
         # shellcheck disable=SC2086  # QKERNELS_TORCH holds several pip arguments
-        pip_install $QKERNELS_TORCH
+        pip_install --no-compile $QKERNELS_TORCH
     else
         say "installing torch $TORCH_RELEASE, CPU build (1-3 min)"
         install_cpu_torch
     fi
+    byte_compile "$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/torch" &
+    compile_pid=$!
 fi
 # torch warns "Failed to initialize NumPy" at every import without numpy: install it before torch is imported
 if ! installed numpy; then
@@ -101,11 +106,12 @@ SM90_TRITON=3.6.0
 if [ "${QKERNELS_NO_SM90_TRITON:-0}" != 1 ] && [ "$(cat .venv/triton36/.version 2>/dev/null)" != "$SM90_TRITON" ]; then
     say "installing triton==$SM90_TRITON into .venv/triton36 (sm_90 compile checks; 20-60 s once)"
     rm -rf .venv/triton36
-    if python -m pip install -q --no-deps --target .venv/triton36 "triton==$SM90_TRITON"; then
+    if pip_install --no-deps --target .venv/triton36 "triton==$SM90_TRITON"; then
         echo "$SM90_TRITON" > .venv/triton36/.version
     else
         rm -rf .venv/triton36
         say "could not install triton==$SM90_TRITON: tests/sm90/test_triton_sm90.py compiles with the installed Triton"
     fi
 fi
+[ -z "${compile_pid:-}" ] || wait "$compile_pid"  # torch's .pyc files
 python -c "import qkernels; print('qkernels', qkernels.__version__, 'backends:', qkernels.available_backends())"
