@@ -383,6 +383,11 @@ def _lock(out: Path):
     return fh
 
 
+def _cells(n: int) -> str:
+    """'1 cell', '4 cells'."""
+    return f"{n} cell{'' if n == 1 else 's'}"
+
+
 def split_cores(threads: int | None, workers: int | None, cells: int) -> tuple[int, int, str]:
     """(workers, threads per worker, how) for ``cells`` cells on this machine (module docstring). ValueError when
     ``workers`` exceed ``threads`` (each worker needs a core)."""
@@ -451,7 +456,7 @@ def run_sweep(
         dims = (("method", grid.models), ("dataset", grid.datasets), ("seed", grid.seeds), ("setting", grid.settings))
         shape = " x ".join(f"{len(v)} {k}{'s' if len(v) > 1 else ''}" for k, v in dims if len(v) > 1 or k != "setting")
         say(
-            f"qkernels sweep: {len(cells)} cells ({shape}) in {out}: {counts['done']} done, {counts['resume']} to "
+            f"qkernels sweep: {_cells(len(cells))} ({shape}) in {out}: {counts['done']} done, {counts['resume']} to "
             f"resume, {counts['new']} to start"
             + (f", {counts['conflict']} to start over (--force)" if counts["conflict"] else "")
         )
@@ -507,7 +512,7 @@ def _specs(grid: Grid, todo: list[Cell], states: dict, threads: int, retries: in
 
 def _local_runner(grid, todo, states, *, threads, workers, retries, stream, say, **_) -> dict[Cell, dict]:
     w, per, how = split_cores(threads, workers, len(todo))
-    say(f"qkernels sweep: {len(todo)} cells on {how}")
+    say(f"qkernels sweep: {_cells(len(todo))} on {how}")
     specs = _specs(grid, todo, states, per, retries)
     stop = threading.Event()
     for s in specs.values():
@@ -549,7 +554,7 @@ def _ray_runner(grid, todo, states, *, ray, ray_threads, retries, stream, say, *
         ray_mod.init(address=ray, log_to_driver=False)
     total = int(ray_mod.cluster_resources().get("CPU", 0))
     say(
-        f"qkernels sweep: {len(todo)} cells as Ray tasks of {ray_threads} CPU{'s' if ray_threads > 1 else ''} each "
+        f"qkernels sweep: {_cells(len(todo))}, each a Ray task of {ray_threads} CPU{'s' if ray_threads > 1 else ''} "
         f"(torch threads and OMP_NUM_THREADS = {ray_threads}) on a cluster of {total} CPUs; a lost worker is retried "
         f"from its checkpoint up to {retries} times"
     )
