@@ -90,9 +90,17 @@ if "all" in REQUIRED:
     REQUIRED = set(PARTS)
 
 
+def pytest_configure(config: Any) -> None:
+    """pytest-xdist's ``--dist loadfile`` hands out the files with the most tests first unless told not to: the
+    order of pytest_collection_modifyitems (below) instead."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> None:
     """The files marked ``slow`` first (their order kept): under `pytest -n --dist loadfile` a long file that starts
-    last keeps one worker busy while the others have nothing left."""
+    last keeps one worker busy while the others have nothing left (test_wheel's 70 s and test_bench_step's 35 s
+    ran last while xdist reordered the files by their number of tests)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

@@ -17,6 +17,8 @@ from conftest import skip_unless
 
 from qkernels import _ext
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 CU_FILES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))

@@ -20,6 +20,8 @@ import pytest
 import torch
 from conftest import require
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

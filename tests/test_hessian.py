@@ -22,6 +22,8 @@ from qkernels.ops.hessian import (
 )
 from qkernels.reference import hessian as ref
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 OP = "finite_difference_curvature"
 BACKENDS = kernels(OP, DEVICE)
 KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]

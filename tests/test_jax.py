@@ -26,6 +26,8 @@ from qkernels.reference import hessian as ref_hessian
 from qkernels.reference import kde as ref_kde
 from qkernels.reference import quantize as ref_quantize
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 jax = require("jax", "jax")
 if not _ext.LOADED:
     missing("ext", "needs the built qkernels._C (the torch ops the JAX ops are compared with)")

@@ -11,6 +11,8 @@ from conftest import BACKENDS, DEVICE, KERNEL_BACKENDS, tol
 import qkernels
 from qkernels import nn as qnn
 
+pytestmark = pytest.mark.slow  # a long file: scheduled first (tests/conftest.py)
+
 SHAPES = [(1, 1, 2), (5, 7, 10), (123, 13, 64)]  # (batch, d, n_v)
 DTYPES = [torch.float32, torch.float64]
 
