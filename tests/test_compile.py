@@ -1,12 +1,11 @@
 """Every functional op and module under ``torch.compile(fullgraph=True, dynamic=True)`` on every backend of the
 test device: the compiled forward and gradients equal eager ones at two batch sizes from ONE graph (dynamic batch,
-no recompilation). Inductor compiles the CPU kernels' backend on a CPU (what `auto` runs there; AOT autograd and the
-ops' fake implementations included) and every backend on CUDA; the reference and the Triton interpreter on a CPU run
-under dynamo's capture alone (``eager``: fullgraph, one graph for both batch sizes). Inductor there tests torch's code
-generation for torch's own operators, not qkernels (350 of the suite's seconds), and AOT autograd 70 s more: the
-Triton ops' fake implementations and autograd under AOT dispatch are checked by ``torch.library.opcheck`` in each
-hot path's test file. On CUDA also: no host-device synchronization inside any op or module, CUDA-graph training
-steps (``mode="reduce-overhead"``) that give the eager losses, and deterministic mode."""
+no recompilation). On CUDA every backend and hot path compiles with inductor. On a CPU (``_compiler``): inductor for
+the CPU kernels' KDE graph, ``aot_eager`` for their other graphs, dynamo's capture alone for the reference and the
+Triton interpreter; the parts left out there compile torch's own operators (350 s of the suite's time with inductor
+for everything, 100 s more with a cold cache) or are checked op by op by ``torch.library.opcheck``. On CUDA also: no
+host-device synchronization inside any op or module, CUDA-graph training steps (``mode="reduce-overhead"``) that
+give the eager losses, and deterministic mode."""
 
 from __future__ import annotations
 
@@ -193,14 +192,21 @@ def test_compiled_matches_eager_with_dynamic_batch(backend, hotpath, fixed_draws
         for g, w in zip(got_g, want_g, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10)
 
-    _at_two_batch_sizes(model, check, _compiler(backend))
+    _at_two_batch_sizes(model, check, _compiler(backend, hotpath))
 
 
-def _compiler(backend: str) -> str:
-    """Inductor for the CPU kernels' backend on a CPU and everything on CUDA; dynamo's capture alone (``eager``) for
-    the reference and the Triton interpreter on a CPU (each Triton op's fake implementation and autograd under AOT
-    dispatch, dynamic shapes included: ``torch.library.opcheck`` in test_kde, test_quantize and test_hessian)."""
-    return "inductor" if DEVICE == "cuda" or backend == "cpu" else "eager"
+def _compiler(backend: str, hotpath: str) -> str:
+    """On CUDA: inductor. On a CPU: inductor for the CPU kernels' KDE graph (inductor lowers every C++ op the same
+    way, as a fallback kernel from its declared schema and fake implementation); ``aot_eager`` for their quantize and
+    Hessian graphs (inductor's code generation there is for torch's own operators around the ops: 100 s of C++
+    compiling with a cold cache, as in CI); dynamo's capture alone (``eager``) for the reference and the Triton
+    interpreter (each Triton op's fake implementation and autograd under AOT dispatch, dynamic shapes included:
+    ``torch.library.opcheck`` in test_kde, test_quantize and test_hessian)."""
+    if DEVICE == "cuda":
+        return "inductor"
+    if backend in ("cpu", "auto"):
+        return "inductor" if hotpath == "kde" else "aot_eager"
+    return "eager"
 
 
 @pytest.mark.parametrize("hotpath", HOTPATHS)
@@ -212,7 +218,7 @@ def test_random_draws_compile(hotpath):
         out, grads = _eager_and_grads(compiled, inputs, extra, seed=n)
         assert torch.isfinite(out) and all(torch.isfinite(g).all() for g in grads)
 
-    _at_two_batch_sizes(_model(hotpath), check)
+    _at_two_batch_sizes(_model(hotpath), check, _compiler("auto", hotpath))
 
 
 # ----------------------------------------------------------------------------- CUDA only

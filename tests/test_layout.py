@@ -4,7 +4,7 @@ and every module imports on its own in a fresh interpreter."""
 from __future__ import annotations
 
 import ast
-import importlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -139,8 +139,9 @@ def _import(name: str) -> tuple[str, str | None]:
 
 
 def test_every_module_imports_alone_in_a_fresh_interpreter():
-    """One process per module, forked from this one before it imported any qkernels module (torch,
-    already imported, is shared: a fresh interpreter each would take ~4x longer)."""
+    """One process per module, forked from this one before it imported any qkernels module (torch, scikit-learn,
+    scipy and jax, already imported, are shared: a fresh interpreter each would take ~4x longer, and the metrics
+    and JAX modules spent 2 s each importing scikit-learn or jax)."""
     code = (
         "import sys, json; sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r});"
         "import test_layout as t; print(json.dumps(t.import_each(json.loads(sys.argv[1]))))"
@@ -163,6 +164,10 @@ def import_each(mods: list[str]) -> list[tuple[str, str | None]]:
     forked child."""
     assert not any(m == "qkernels" or m.startswith("qkernels.") for m in sys.modules)
     import torch  # noqa: F401  (shared by the forked children)
+
+    for heavy in ("sklearn", "scipy", "jax"):  # their top-level packages only: submodules stay each module's to import
+        if importlib.util.find_spec(heavy) is not None:
+            importlib.import_module(heavy)
 
     with multiprocessing.get_context("fork").Pool(max(2, os.cpu_count() or 2), maxtasksperchild=1) as pool:
         return pool.map(_import, mods, chunksize=1)
