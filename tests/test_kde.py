@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import require
+from conftest import require, unless_interpreted
 
 import qkernels
 from qkernels._backend import implementations, kernels
@@ -479,12 +479,10 @@ def test_triton_cliff_matches_reference(shape, dtype):
 
 # under the interpreter the fused path's float64 at this size (15 s) is left to test_triton_cliff_matches_reference's
 # float64 shapes (the fused path, one block)
-BOTH_PATHS = [
-    (p, dt) for p in ("fused", "gemm") for dt in DTYPES if DEVICE == "cuda" or (p, dt) != ("fused", DTYPES[1])
-]
+BOTH_PATHS = unless_interpreted([(p, dt) for p in ("fused", "gemm") for dt in DTYPES], ("fused", torch.float64))
 
 
-@pytest.mark.parametrize(("path", "dtype"), BOTH_PATHS)
+@pytest.mark.parametrize(("path", "dtype"), BOTH_PATHS, ids=str)
 def test_triton_cliff_both_paths(monkeypatch, path, dtype):
     fused, gemm = _triton_kde("cliff_fused"), _triton_kde("cliff_gemm")
     # M = 70, K = 100: the fused path's (128, 128) block of J per pair, masked to (70, 100), in two column
@@ -508,10 +506,10 @@ def test_triton_cliff_both_paths(monkeypatch, path, dtype):
 
 
 # under the interpreter float64 at d = 3 (15 s) is left to d = 1 and test_triton_cliff_both_paths' GEMM path in float64
-SKIPS = [(d, dt) for d in (3, 1) for dt in DTYPES if DEVICE == "cuda" or (d, dt) != (3, DTYPES[1])]
+SKIPS = unless_interpreted([(d, dt) for d in (3, 1) for dt in DTYPES], (3, torch.float64))
 
 
-@pytest.mark.parametrize(("d", "dtype"), SKIPS)
+@pytest.mark.parametrize(("d", "dtype"), SKIPS, ids=str)
 def test_triton_cliff_gemm_path_skips_outside_the_window(monkeypatch, d, dtype):
     fused, gemm = _triton_kde("cliff_fused"), _triton_kde("cliff_gemm")
     # sigma 0.04: a grid tile's window (10 sigma) holds a fraction of the samples; the skipped
@@ -673,10 +671,10 @@ def _op_args():
 
 # the Triton ops' registration (schema, fakes, autograd) does not depend on the dtype, and their float64 values are
 # checked against the reference elsewhere: on a CPU, float32 only (the interpreter took 21 s for float64)
-OPCHECK = [("", dt) for dt in DTYPES] + [("_triton", dt) for dt in DTYPES[: 2 if DEVICE == "cuda" else 1]]
+OPCHECK = unless_interpreted([(suffix, dt) for suffix in ("", "_triton") for dt in DTYPES], ("_triton", torch.float64))
 
 
-@pytest.mark.parametrize(("suffix", "dt"), OPCHECK)
+@pytest.mark.parametrize(("suffix", "dt"), OPCHECK, ids=str)
 def test_opcheck(suffix, dt):
     ops = torch.ops.qkernels
     if suffix == "" and not _native("klm"):
