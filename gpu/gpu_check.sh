@@ -33,7 +33,14 @@
 # device call's limit so that the command ends, and its files are packed, in time. A step that runs over is
 # reported as such (its rows so far kept) and the report is still written.
 # TESTS: the pytest arguments (default: the GPU test files of issue 44), BENCH_HOTPATHS / BENCH_ARGS_<hotpath> as
-# before. Target: under 9 minutes on an H100/H200 with 16 cores.
+# before. CASES: words; the warm / speed / correct / profile steps run only the cases whose name holds one of them
+# (default: all). Target: under 9 minutes on an H100/H200 with 16 cores.
+#
+# The two-launch latent_quantize against the four-launch one (issue 53), a few minutes with the build skipped (the
+# speed step's variants triton and triton_4launch, interleaved; the roofline step's kernel times and launches):
+#
+#   STEPS="tests warm speed roofline" TESTS="tests/test_quantize.py tests/test_launches.py" CASES=latent_quantize \
+#       bash gpu/gpu_check.sh OUT_DIR
 set -uo pipefail
 OUT=${1:?usage: gpu/gpu_check.sh OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -166,7 +173,7 @@ ops_step() {  # ops_step STEP FILE TIMEOUT: one step of gpu/gpu_check_ops.py, it
     t0=$(date +%s)
     # shellcheck disable=SC2086  # DRY is one optional word
     TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$limit" "$PYTHON" -X faulthandler gpu/gpu_check_ops.py "$name" "$OUT/$file" $DRY \
-        > "$OUT/$name.log" 2>&1
+        --cases "${CASES:-}" > "$OUT/$name.log" 2>&1
     rc=$?
     {
         echo
@@ -185,7 +192,7 @@ if want tests && [ "$SUITE_LIMIT" = 0 ]; then skipped tests; elif want tests; th
     step "tests"
     if want warm; then  # beside the tests: one call of every speed variant, compiles into the on-disk caches
         TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 10 "$SUITE_LIMIT" "$PYTHON" gpu/gpu_check_ops.py warm \
-            "$OUT/warm.jsonl" $DRY > "$OUT/warm.log" 2>&1 &
+            "$OUT/warm.jsonl" $DRY --cases "${CASES:-}" > "$OUT/warm.log" 2>&1 &
         WARM_PID=$!
     fi
     XDIST=""
@@ -259,7 +266,8 @@ fi
 # ---------------------------------------------------------------- quantize against the HBM floor
 if want roofline; then
     step "roofline"
-    timeout 120 "$PYTHON" gpu/gpu_quantize_roofline.py > "$OUT/roofline.md" 2>&1
+    # shellcheck disable=SC2086  # DRY is one optional word
+    timeout 120 "$PYTHON" gpu/gpu_quantize_roofline.py $DRY > "$OUT/roofline.md" 2>&1
     { echo; echo "## gpu/gpu_quantize_roofline.py: exit $?"; echo; cat "$OUT/roofline.md"; } >> "$REPORT"
 fi
 

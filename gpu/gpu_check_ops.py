@@ -7,6 +7,7 @@ gpu/gpu_check.sh; no network):
     python gpu/gpu_check_ops.py keops OUT/keops.jsonl       # KLM 4096 x 64: triton against pykeops
     python gpu/gpu_check_ops.py warm OUT/warm.jsonl         # one call of every speed variant: fills the caches
     python gpu/gpu_check_ops.py STEP OUT --dry-run          # the same on the CPU at tiny shapes (rehearsal)
+    python gpu/gpu_check_ops.py STEP OUT --cases "latent_quantize klm"   # only the cases naming one of these
 
 Cases are the benchmark's (qkernels/bench/: its input makers and loss functions). ``correct``: the loss and the
 input gradients of each backend, float32 and float64, against the reference run in float64 on the same inputs
@@ -14,9 +15,11 @@ input gradients of each backend, float32 and float64, against the reference run 
 error is the yardstick. The Hessian penalty draws its directions in the inputs' dtype: each dtype against the
 reference in that dtype (same draws). ``speed``: forward + backward, float32, matmul precision "highest",
 variants interleaved (qkernels.bench.time_variants), median ms; ``reference_compiled`` is torch.compile of the
-reference. ``warm``: one forward + backward of every ``speed`` variant (and of pykeops' KLM), so that the
-compiles land in the on-disk caches (inductor's FX graph and autograd caches, Triton's kernel cache, pykeops' build
-folder) while the GPU tests run, and ``speed`` starts compiled. ``keops``: pykeops (its wheels carried: the GPU
+reference; latent_quantize also has ``triton_4launch``, the Triton kernels before the two-launch ones
+(gpu/experiments/latent_quantize_4launch.py), beside ``triton`` (on a CPU both need TRITON_INTERPRET=1).
+``warm``: one forward + backward of every ``speed`` variant (and of pykeops' KLM), so that the compiles land in
+the on-disk caches (inductor's FX graph and autograd caches, Triton's kernel cache, pykeops' build folder) while
+the GPU tests run, and ``speed`` starts compiled. ``keops``: pykeops (its wheels carried: the GPU
 machine has no network; built from the sdists with ``pip wheel --no-deps pykeops keopscore``) computes KLM's
 log-sum-exps over the same pairs; skipped with a row saying why when not importable.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -52,7 +56,14 @@ SLOW = [
 ]
 
 
+CASES: list[str] = []  # --cases: only the cases whose name contains one of these (all when empty)
+
+
 def _cases(device: str) -> list[tuple[str, str, Callable[[int], tuple], Callable[..., torch.Tensor]]]:
+    return [c for c in _all_cases(device) if not CASES or any(w in c[1] for w in CASES)]
+
+
+def _all_cases(device: str) -> list[tuple[str, str, Callable[[int], tuple], Callable[..., torch.Tensor]]]:
     out = []
     for s in SPEED_CLIFF:
         out.append(
@@ -146,9 +157,27 @@ def correct(path: str, device: str, scale: int) -> None:
                 _emit(path, row)
 
 
+def _four_launch(loss) -> Callable[..., None]:
+    """``loss`` on the Triton latent_quantize before the two-launch kernels (gpu/experiments/latent_quantize_4launch.py:
+    the same host path, the old kernels), for the A/B against the package's ``triton``."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
+    import latent_quantize_4launch as lq4
+
+    run = variant(loss, "triton")
+
+    def forward_backward(*inputs):
+        with lq4.patched():
+            run(*inputs)
+
+    return forward_backward
+
+
 def _variants(op: str, name: str, loss, device: str) -> dict[str, Callable[..., None]]:
     out = {"auto": variant(loss, "auto")}
     out |= {b: variant(loss, b) for b in kernels(op, device) if not (b == "triton" and device == "cpu")}
+    if op == "latent_quantize" and "triton" in kernels(op, device):  # the A/B (on a CPU: TRITON_INTERPRET=1)
+        out["triton"] = variant(loss, "triton")
+        out["triton_4launch"] = _four_launch(loss)
     out["reference_compiled"] = variant(loss, compiled=True)
     if op == "cliff_loss" and "triton" in out:
         out["triton high"] = bk._matmul_precision(out["triton"], "high")
@@ -165,7 +194,8 @@ def speed(path: str, device: str, scale: int) -> None:
     for op, name, make, loss in _cases(device):
         variants = _variants(op, name, loss, device)
         todo.append(Case("speed", name, (lambda s, m=make: m(scale)), variants))
-    todo += [c for c in overhead.cases(device) if "klm" in c.name]  # the host floor: tiny KLM against a bare add
+    # the host floor: tiny KLM against a bare add
+    todo += [c for c in overhead.cases(device) if "klm" in c.name and (not CASES or any(w in c.name for w in CASES))]
     for case in todo:
         t0 = time.perf_counter()
         times = time_variants(case, list(case.variants), min_time=0.2, max_seconds=8.0, warmup=0.1)
@@ -279,7 +309,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("step", choices=sorted(STEPS))
     parser.add_argument("out")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: rehearse the step's code paths")
+    parser.add_argument("--cases", default="", help="only the cases whose name contains one of these words")
     args = parser.parse_args(argv)
+    CASES[:] = args.cases.split()
     device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
     if device == "cpu" and not args.dry_run:
         sys.exit("no CUDA device: use --dry-run to rehearse on the CPU")

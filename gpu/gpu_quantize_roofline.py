@@ -1,6 +1,6 @@
 """Where latent_quantize's time goes on a GPU, against the HBM-bound limit (issue 18).
 
-    python gpu/gpu_quantize_roofline.py [--n 65536] [--d 64] [--nv 64]
+    python gpu/gpu_quantize_roofline.py [--n 65536] [--d 64] [--nv 64] [--dry-run]
 
 For the op alone (forward + backward of z_q, loss_quantize and loss_commit; no loss around it),
 per variant and codebook kind (per-latent (d, n_v), global (n_v,)), float32:
@@ -12,18 +12,26 @@ per variant and codebook kind (per-latent (d, n_v), global (n_v,)), float32:
   backward reads grad z_q and z, recomputes the nearest value (or reads the indices) and writes
   grad z (12 B per element): 28 B per element, the codebooks are negligible.
 
-Prints one markdown table. Needs a CUDA device.
+Variants: every backend, ``triton_4launch`` (the Triton kernels before the two-launch ones:
+gpu/experiments/latent_quantize_4launch.py) where Triton runs, the materialized formulation and the compiled
+ones. Prints one markdown table. Needs a CUDA device; ``--dry-run``: each variant's forward + backward once at a
+tiny shape on the CPU (no times; Triton variants with TRITON_INTERPRET=1), a rehearsal of the code paths.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 
 import qkernels
 from qkernels.bench.quantize import materialized_outputs
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
+import latent_quantize_4launch as lq4  # noqa: E402 - beside this file
 
 BYTES_PER_ELEMENT = 28
 
@@ -50,6 +58,12 @@ def op_outputs(backend: str):
         return out.z_q, out.loss_quantize, out.loss_commit
 
     return run
+
+
+def four_launch(z, values):
+    with lq4.patched(), qkernels.use_backend("triton"):
+        out = qkernels.latent_quantize(z, values)
+    return out.z_q, out.loss_quantize, out.loss_commit
 
 
 def fwd_bwd(fn, z, values, upstream):
@@ -91,7 +105,11 @@ def main() -> None:
     p.add_argument("--n", type=int, default=65536)
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--nv", type=int, default=64)
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, no times: rehearse the variants")
     a = p.parse_args()
+    if a.dry_run:
+        dry_run()
+        return
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
     floor_ms = a.n * a.d * BYTES_PER_ELEMENT / bw * 1e3
@@ -99,10 +117,7 @@ def main() -> None:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; HBM floor ({BYTES_PER_ELEMENT} B/element) {floor_ms:.3f} ms\n")
     print("| codebook | variant | wall ms | kernel ms | launches | kernel ms / floor |")
     print("|---|---|---:|---:|---:|---:|")
-    variants = {b: op_outputs(b) for b in qkernels.available_backends("cuda")}
-    variants["materialized"] = materialized_outputs
-    variants["materialized compiled"] = torch.compile(materialized_outputs, dynamic=False)
-    variants["reference compiled"] = torch.compile(op_outputs("reference"), dynamic=False)
+    variants = all_variants("cuda")
     breakdown = []
     for kind in ("per-latent", "global"):
         g = torch.Generator(device=dev).manual_seed(0)
@@ -126,6 +141,34 @@ def main() -> None:
     print("\nLargest kernels per forward + backward (ms):\n")
     for kind, name, top in breakdown:
         print(f"- {kind} {name}: " + "; ".join(f"{k[:60]} {ms:.3f}" for k, ms in top))
+
+
+def all_variants(device: str) -> dict:
+    variants = {b: op_outputs(b) for b in qkernels.available_backends(device)}
+    if "triton" in variants:
+        variants["triton_4launch"] = four_launch
+    variants["materialized"] = materialized_outputs
+    variants["materialized compiled"] = torch.compile(materialized_outputs, dynamic=False)
+    variants["reference compiled"] = torch.compile(op_outputs("reference"), dynamic=False)
+    return variants
+
+
+def dry_run() -> None:
+    """Each variant's forward + backward once at (5, 3, 4) on the CPU: a row per variant, its loss."""
+    print("| codebook | variant | loss (dry run, CPU) |")
+    print("|---|---|---:|")
+    for kind in ("per-latent", "global"):
+        g = torch.Generator().manual_seed(0)
+        z = torch.randn(5, 3, generator=g).requires_grad_()
+        values = torch.randn((3, 4) if kind == "per-latent" else (4,), generator=g).requires_grad_()
+        upstream = torch.randn(5, 3, generator=g)
+        for name, fn in all_variants("cpu").items():
+            try:
+                fwd_bwd(fn, z, values, upstream)
+                print(f"| {kind} | {name} | {float(fn(z.detach(), values.detach())[1]):.6f} |")
+            except Exception as e:  # noqa: BLE001 - report the failure in the table and go on
+                print(f"| {kind} | {name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} |")
+            z.grad = values.grad = None
 
 
 if __name__ == "__main__":

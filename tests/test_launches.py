@@ -32,6 +32,8 @@ BUDGETS = {
     "normalized_hessian_penalty": 8,
     "hessian_penalty": 8,
 }
+# the triton path's where it is tighter: latent_quantize is one kernel each way (qkernels/triton/quantize.py)
+TRITON_BUDGETS = BUDGETS | {"latent_quantize": 2}
 
 
 def _leaf(*shape, seed=0, dtype=torch.float32):
@@ -165,9 +167,10 @@ def test_launch_budget(name, path):
             if fn is not None:
                 seen.subtract(profiler_kernels(fn_run))
     used = tally.total - own if seen is None else sum(seen.values())
+    budget = (TRITON_BUDGETS if path == "triton" else BUDGETS)[name]
     assert tally.syncs == 0, f"{name} [{path}] reads back to the host: {tally}"
-    assert used <= BUDGETS[name], (
-        f"{name} [{path}]: {used} launches > budget {BUDGETS[name]} ({tally}; fn: {own}; "
+    assert used <= budget, (
+        f"{name} [{path}]: {used} launches > budget {budget} ({tally}; fn: {own}; "
         f"profiler: {dict(seen.most_common()) if seen else '-'})"
     )
 

@@ -1,6 +1,7 @@
 """Quantization hot path: every available backend against float64 recomputations (numpy) and the
 reference; gradients, gradcheck, opcheck, bad input, modules (torch.compile: test_compile.py)."""
 
+import contextlib
 import math
 
 import numpy as np
@@ -519,6 +520,234 @@ def test_triton_launches_per_forward_backward():
             run()
             tally = count_launches(run)
         assert tally.syncs == 0 and tally.total <= total and tally.triton <= kernels, (name, str(tally))
+
+
+# ---------------------------------------------------------------------------- triton latent_quantize: 1 + 1 launches
+
+needs_triton = pytest.mark.skipif("triton" not in BACKENDS, reason="needs Triton (or its interpreter)")
+interpreted = pytest.mark.skipif(DEVICE != "cpu" or "triton" not in BACKENDS,
+                                 reason="runs the Triton interpreter (program order, tiles made small)")
+
+
+@pytest.fixture
+def small_lq_tiles(monkeypatch):
+    """The Triton latent_quantize kernels with tiles small enough to cross every boundary at tiny shapes: 4 x 4
+    tiles, 4 values a pass of the codebook sums, a scan of 3 values a step, 4 programs wanted per kernel,
+    reductions of 4 partials (forward) and 8 x 1 (backward) a step."""
+    import qkernels.triton.quantize as tq
+
+    for name, value in {"LQ_ROWS": 4, "LQ_BLOCK_D": 4, "LQ_BLOCK_V": 4, "LQ_UNROLL": 3, "LQ_LOSS_STEP": 4,
+                        "LQ_GRAD_STEP": 8, "LQ_GRAD_COLS": 8, "LQ_FWD_PER_SM": 2, "LQ_BWD_PER_SM": 2}.items():
+        monkeypatch.setattr(tq, name, value)
+    monkeypatch.setattr(tq, "min_programs", lambda t: 4)
+    return tq
+
+
+def _lq_run(z0, v0, up, backend="triton"):
+    """One forward + backward of latent_quantize (0.3 loss_quantize + 0.7 loss_commit beside z_q * up): the
+    outputs and the gradients, detached."""
+    z, v = z0.clone().requires_grad_(), v0.clone().requires_grad_()
+    with qkernels.use_backend(backend):
+        out = qkernels.latent_quantize(z, v)
+    ((out.z_q * up).sum() + 0.3 * out.loss_quantize + 0.7 * out.loss_commit).backward()
+    return out.z_q.detach(), out.indices, out.loss_quantize.detach(), out.loss_commit.detach(), z.grad, v.grad
+
+
+def _lq_float64(z0, v0, up, global_codebook):
+    """QLAE's quantizer and the gradients of _lq_run's loss, recomputed in float64 (numpy)."""
+    q, idx, loss = np_nearest(z0.double().cpu(), v0.double().cpu())
+    zd = z0.double().cpu().numpy()
+    gz = up.double().cpu().numpy() + 0.7 * 2 * (zd - q) / zd.size
+    gv = np.zeros((1 if global_codebook else zd.shape[1], v0.shape[-1]))
+    cols = np.zeros_like(idx) if global_codebook else np.broadcast_to(np.arange(zd.shape[1]), idx.shape)
+    np.add.at(gv, (cols, idx), 0.3 * 2 * (q - zd) / zd.size)
+    return q, idx, loss, gz, gv
+
+
+def _assert_lq_float64(got, z0, v0, up, global_codebook):
+    z_q, indices, loss_q, loss_c, g_z, g_v = got
+    q, idx, loss, gz, gv = _lq_float64(z0, v0, up, global_codebook)
+    t = tol(z0.dtype)
+    np.testing.assert_array_equal(indices.cpu().numpy(), idx)
+    np.testing.assert_array_equal(z_q.cpu().double().numpy(), q)
+    for value in (loss_q, loss_c):
+        np.testing.assert_allclose(value.item(), loss, **t)
+    np.testing.assert_allclose(g_z.cpu().double().numpy(), gz, **t)
+    np.testing.assert_allclose(g_v.cpu().double().numpy().reshape(gv.shape), gv, **t)
+
+
+@interpreted
+@pytest.mark.parametrize(
+    "shape,global_codebook,dtype",
+    [((26, 9, 10), False, torch.float32), ((26, 9, 10), True, torch.float64)]
+    + [((n, d, 1), g, dt) for n, d in ((9, 5), (1, 1)) for g in (False, True) for dt in DTYPES],
+)
+def test_triton_latent_quantize_small_tiles_match_float64(small_lq_tiles, shape, global_codebook, dtype):
+    """Every loop of the two kernels past its second step, and partial last ones: 26 x 9 latents are 3 latent
+    blocks (the last of 1) x 3 row programs of 3, 3 and 1 row steps (the last of 2 rows); 10 values are 3 passes
+    of the codebook sums (the last of 2) and 4 scan steps (the last of 1); the reductions run 3 (losses),
+    5 x 3 (per-latent) and 2 x 9 (global) steps. One value (a constexpr 1 in Triton), one sample, one latent."""
+    z0, v0 = _inputs(*shape, dtype, global_codebook, seed=31)
+    up = torch.randn(z0.shape, generator=_gen(32), dtype=dtype)
+    _assert_lq_float64(_lq_run(z0, v0, up), z0, v0, up, global_codebook)
+
+
+@interpreted
+@pytest.mark.parametrize("global_codebook", [False, True])
+def test_triton_latent_quantize_backward_skips_out_of_range_indices(small_lq_tiles, global_codebook):
+    """The raw backward op with indices out of range (n_v, -1, 2^32 + 3: int32 would read it as 3): NaN grad_z
+    there, and those elements in no value's sum, in every pass of the codebook sums."""
+    z0, v0 = _inputs(20, 6, 11, torch.float64, global_codebook, seed=33)
+    values = v0[None] if global_codebook else v0
+    _, idx, _ = np_nearest(z0, v0)
+    idx = torch.from_numpy(idx)
+    bad = torch.zeros(idx.shape, dtype=torch.bool)
+    bad[3, 1], bad[17, 4], bad[10, 0] = True, True, True
+    idx[3, 1], idx[17, 4], idx[10, 0] = 11, -1, 2**32 + 3
+    gzq = torch.randn(z0.shape, generator=_gen(34), dtype=torch.float64)
+    g = torch.tensor(0.3, dtype=torch.float64)
+    grad_z, grad_v = torch.ops.qkernels.latent_quantize_backward_triton(gzq, g, g, z0, values, idx)
+    assert torch.isnan(grad_z[bad]).all() and torch.isfinite(grad_z[~bad]).all()
+    full = values.expand(6, -1)
+    q = torch.gather(full, 1, idx.clamp(0, 10).t()).t()
+    want = np.zeros(values.shape)
+    good = (~bad).numpy()
+    cols = np.zeros_like(idx.numpy()) if global_codebook else np.broadcast_to(np.arange(6), idx.shape)
+    np.add.at(want, (cols[good], idx.numpy()[good]), (0.3 * 2 * (q - z0) / z0.numel()).numpy()[good])
+    np.testing.assert_allclose(grad_v.numpy(), want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(grad_z[~bad].numpy(), (gzq + 0.3 * 2 * (z0 - q) / z0.numel())[~bad].numpy(),
+                               rtol=1e-12, atol=1e-15)
+
+
+@contextlib.contextmanager
+def _program_order(order):
+    """The interpreter runs each launch's programs in ``order(count)`` (a permutation of 0..count-1, row-major
+    over the grid) instead of 0, 1, ...: which program arrives last, and so reduces, changes with it."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    set_dim, set_idx = builder.set_grid_dim, builder.set_grid_idx
+    grid = {}
+
+    def grid_dim(nx, ny, nz):
+        grid["dims"], grid["perm"] = (nx, ny, nz), order(nx * ny * nz)
+        set_dim(nx, ny, nz)
+
+    def grid_idx(x, y, z):
+        _, ny, nz = grid["dims"]
+        f = grid["perm"][(x * ny + y) * nz + z]
+        set_idx(f // (ny * nz), f // nz % ny, f % nz)
+
+    builder.set_grid_dim, builder.set_grid_idx = grid_dim, grid_idx
+    try:
+        yield
+    finally:
+        del builder.set_grid_dim, builder.set_grid_idx  # the class's methods again
+
+
+@interpreted
+@pytest.mark.parametrize("global_codebook", [False, True])
+def test_triton_latent_quantize_same_bits_whichever_program_arrives_last(small_lq_tiles, global_codebook):
+    """The losses and the codebook gradient are added by the last program to finish, in the partials' order, not
+    in the order programs arrive: float32 outputs bit-identical with the programs run in order, reversed and
+    shuffled; right against float64."""
+    small_lq_tiles.min_programs = lambda t: 8  # 10 programs, 5 per latent block
+    z0, v0 = _inputs(60, 7, 4, torch.float32, global_codebook, seed=35)
+    up = torch.randn(z0.shape, generator=_gen(36))
+    orders = {"in order": lambda n: list(range(n)), "reversed": lambda n: list(range(n))[::-1],
+              "shuffled": lambda n: np.random.default_rng(n).permutation(n).tolist()}
+    runs = {}
+    for name, order in orders.items():
+        with _program_order(order):
+            runs[name] = _lq_run(z0, v0, up)
+    for name, got in runs.items():
+        for a, b in zip(runs["in order"], got, strict=True):
+            assert torch.equal(a, b), name
+    _assert_lq_float64(runs["in order"], z0, v0, up, global_codebook)
+
+
+@interpreted
+def test_triton_latent_quantize_launch_stopped_part_way_leaves_no_counter(small_lq_tiles):
+    """A launch that fails between two programs (after some took their tickets) drops its counters: the next
+    call is right, not reduced by the wrong program."""
+    from triton.runtime import interpreter
+
+    z0, v0 = _inputs(30, 7, 9, torch.float64, False, seed=37)
+    up = torch.randn(z0.shape, generator=_gen(38), dtype=torch.float64)
+    builder = interpreter.interpreter_builder
+    set_idx, calls = builder.set_grid_idx, []
+
+    def stop_at_the_fourth(x, y, z):
+        calls.append((x, y, z))
+        if len(calls) == 4:
+            raise RuntimeError("stopped part-way")
+        set_idx(x, y, z)
+
+    builder.set_grid_idx = stop_at_the_fourth
+    try:
+        with pytest.raises(Exception, match="stopped part-way"):
+            _lq_run(z0, v0, up)
+    finally:
+        del builder.set_grid_idx
+    _assert_lq_float64(_lq_run(z0, v0, up), z0, v0, up, False)
+
+
+@needs_triton
+@pytest.mark.parametrize("global_codebook", [False, True])
+def test_triton_latent_quantize_is_one_launch_each_way(global_codebook):
+    """The forward is one Triton launch (z_q, indices, both losses); the backward one (grad_z, grad_values);
+    nothing else launches (no zero fill: the counters are set back to 0 by the kernels) and nothing reads back."""
+    from qkernels.bench.launches import count_launches
+
+    z0, v0 = _inputs(40, 5, 6, torch.float32, global_codebook, seed=39)
+    z, v = z0.clone().requires_grad_(), v0.clone().requires_grad_()
+    with qkernels.use_backend("triton"):
+        qkernels.latent_quantize(z, v)  # first call: the counters are made
+        seen = {}
+        fwd = count_launches(lambda: seen.setdefault("out", qkernels.latent_quantize(z, v)))
+    out = seen["out"]
+    ups = [torch.randn_like(out.z_q), torch.tensor(0.3, device=DEVICE), torch.tensor(0.7, device=DEVICE)]
+    bwd = count_launches(lambda: torch.autograd.backward([out.z_q, out.loss_quantize, out.loss_commit], ups))
+    assert (fwd.total, fwd.triton, fwd.syncs) == (1, 1, 0), str(fwd)
+    assert (bwd.total, bwd.triton, bwd.syncs) == (1, 1, 0), str(bwd)
+    assert dict(fwd.names) == {"_latent_quantize_fwd": 1} and dict(bwd.names) == {"_latent_quantize_bwd": 1}
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or "triton" not in BACKENDS, reason="needs a GPU")
+@pytest.mark.parametrize("global_codebook", [False, True])
+def test_triton_latent_quantize_in_a_cuda_graph(global_codebook):
+    """Forward + backward captured in a CUDA graph (each launch's counters made inside the capture) and replayed
+    twice: the eager results, bit for bit, with no host synchronization inside the op."""
+    z0, v0 = _inputs(4096, 64, 64, torch.float32, global_codebook, seed=40)
+    up = torch.randn(z0.shape, generator=_gen(41)).to(DEVICE)
+    want = _lq_run(z0, v0, up)
+    z, v = z0.clone().requires_grad_(), v0.clone().requires_grad_()
+
+    def step():
+        z.grad = v.grad = None
+        with qkernels.use_backend("triton"):
+            out = qkernels.latent_quantize(z, v)
+        ((out.z_q * up).sum() + 0.3 * out.loss_quantize + 0.7 * out.loss_commit).backward()
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            out = step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        got = (out.z_q, out.indices, out.loss_quantize, out.loss_commit, z.grad, v.grad)
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b.detach())
 
 
 # ---------------------------------------------------------------------------- ops: opcheck

@@ -2,13 +2,16 @@
 ``qkernels::*_triton`` by :mod:`qkernels.ops.quantize`, which also checks their arguments).
 
 Same math as csrc/include/qkernels/quantize.h. Reductions over samples (losses, codebook
-gradients) are two-pass and deterministic, without atomics: each program of a tile kernel writes
-its partial sums to a workspace, and :func:`_sum_rows` (one program per block of columns) adds
-them in a fixed order.
+gradients) are deterministic: each program of a tile kernel writes its partial sums to a
+workspace, and they are added in a fixed order, by the last program of the same launch to finish
+(latent_quantize: :mod:`qkernels.triton._tickets`) or by :func:`_sum_rows` (one program per block
+of columns, a second launch).
 
 Launches per call (forward + backward):
 
-- ``latent_quantize``: 2 + 2 (tile kernel, then the loss / codebook-gradient reduction);
+- ``latent_quantize``: 1 + 1. Forward: the nearest value, z_q, indices and both losses. Backward:
+  grad_z and grad_values = grad_loss_quantize 2 / (N d) sum over each value's elements of
+  (z_q - z) = 2 / (N d) (count v - sum of z), each program binning its tile's elements by index;
 - ``relaxed_categorical``: 1 + 2 (the backward's codebook gradient is reduced by a second kernel);
 - ``gumbel_quantize``: 1 + 2, the relaxed_categorical kernels with ``FROM_Z``: the logits
   -(z - values)^2 are computed in the kernels instead of read.
@@ -22,9 +25,16 @@ import torch
 import triton
 import triton.language as tl
 
-from qkernels.triton._grid import cdiv, next_pow2, rows_per_program
+from qkernels.triton import _tickets
+from qkernels.triton._grid import cdiv, min_programs, next_pow2
+from qkernels.triton._tickets import last_to_arrive
 
-BLOCK_NS, BLOCK_D = (64, 32, 16), 32  # latent_quantize tile: rows (the largest giving 2 programs per SM) x latents
+LQ_ROWS, LQ_BLOCK_D = 16, 16  # latent_quantize: rows a step x latents per program
+LQ_UNROLL = 4  # latent_quantize forward: codebook values a step of its scan (their loads issued together)
+LQ_BLOCK_V = 64  # latent_quantize backward: codebook values per pass of its codebook-gradient sums
+LQ_FWD_PER_SM, LQ_BWD_PER_SM = 8, 2  # programs per SM (the forward's partials are one number each)
+LQ_LOSS_STEP, LQ_GRAD_STEP = 1024, 8192  # latent_quantize reductions: partials loaded a step (forward, backward) ...
+LQ_GRAD_COLS, LQ_GRAD_ROWS = 512, 128  # ... the backward's: at most this many columns x rows a step
 BLOCK_R = 32  # relaxed_categorical forward: rows of K categories per program
 BLOCK_S = 32  # relaxed_categorical backward: rows (samples of one latent, per-latent codebooks) per program, ...
 CATEGORICAL_TILE = 1024  # ... at most this many (rows x categories) per program (more spill registers on sm_90)
@@ -93,13 +103,18 @@ def _sum_rows_launch(
 
 
 @triton.jit
-def _tile(N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows, latent columns, column mask, element mask and offsets of this program's (N, D) tile."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = (rows[:, None] < N) & cmask[None, :]
-    return cols, cmask, mask, rows[:, None] * D + cols[None, :]
+def _lq_rows(pid_n, N, rows_per_program):
+    """The rows [start, end) of row program pid_n."""
+    start = pid_n * rows_per_program
+    return start, tl.minimum(start + rows_per_program, N)
+
+
+@triton.jit
+def _lq_tile(r0, end, cols, cmask, D, ROWS: tl.constexpr):
+    """Element mask and offsets of the (ROWS, BLOCK_D) tile of rows [r0, r0 + ROWS) (those before ``end``)."""
+    rows = r0 + tl.arange(0, ROWS)
+    mask = (rows[:, None] < end) & cmask[None, :]
+    return mask, rows[:, None] * D + cols[None, :]
 
 
 @triton.jit
@@ -108,107 +123,191 @@ def _latent_quantize_fwd(
     v_ptr,
     zq_ptr,
     idx_ptr,
+    lq_ptr,
+    lc_ptr,
     part_ptr,
     N,
     D,
     NV,
+    rows_per_program,
+    inv_count: tl.float64,
+    cnt_ptr,
     GLOBAL: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    UNROLL: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
+    """Program (i, j): latents [j BLOCK_D, (j + 1) BLOCK_D) of rows [i rows_per_program, (i + 1) rows_per_program),
+    ROWS rows a step: the nearest value (a scan of the codebook, UNROLL values a step; strict <: ties keep the
+    lowest index), z_q, indices, and its sum of (z - z_q)^2 to part[i, j]; the last program to finish adds the
+    partials in index order: both losses."""
+    dt = z_ptr.dtype.element_ty
     pid_n, pid_d = tl.program_id(0), tl.program_id(1)
-    cols, cmask, mask, offs = _tile(N, D, BLOCK_N, BLOCK_D)
-    x = tl.load(z_ptr + offs, mask=mask, other=0.0)
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
     vrow = cols * 0 if GLOBAL else cols
-    best_d = tl.full((BLOCK_N, BLOCK_D), float("inf"), x.dtype)
-    best_k = tl.zeros((BLOCK_N, BLOCK_D), tl.int64)
-    best_v = tl.zeros((BLOCK_N, BLOCK_D), x.dtype)
-    for k in range(0, NV):
-        v = tl.load(v_ptr + vrow * NV + k, mask=cmask, other=0.0)
-        dist = tl.abs(x - v[None, :])
-        better = dist < best_d  # strict: ties keep the lowest index
-        best_d = tl.where(better, dist, best_d)
-        best_k = tl.where(better, k, best_k)
-        best_v = tl.where(better, v[None, :], best_v)
-    tl.store(zq_ptr + offs, best_v, mask=mask)
-    tl.store(idx_ptr + offs, best_k, mask=mask)
-    diff = tl.where(mask, x - best_v, 0.0)
-    tl.store(part_ptr + pid_n * tl.num_programs(1) + pid_d, tl.sum(tl.sum(diff * diff, 1), 0))
+    start, end = _lq_rows(pid_n, N, rows_per_program)
+    sq = tl.zeros((ROWS, BLOCK_D), dt)
+    for r0 in range(start, end, ROWS):
+        mask, offs = _lq_tile(r0, end, cols, cmask, D, ROWS)
+        x = tl.load(z_ptr + offs, mask=mask, other=0.0)
+        best_d = tl.full((ROWS, BLOCK_D), float("inf"), dt)
+        best_k = tl.zeros((ROWS, BLOCK_D), tl.int32)
+        for k0 in range(0, NV, UNROLL):
+            for u in tl.static_range(UNROLL):
+                k = k0 + u
+                # past the codebook: an infinite distance, never nearer (a scan of the valid values alone)
+                v = tl.load(v_ptr + vrow * NV + k, mask=cmask & (vrow * 0 + k < NV), other=float("inf"))
+                dist = tl.abs(x - v[None, :])
+                better = dist < best_d
+                best_d = tl.where(better, dist, best_d)
+                best_k = tl.where(better, k, best_k)
+        q = tl.load(v_ptr + vrow[None, :] * NV + best_k, mask=mask, other=0.0)
+        tl.store(zq_ptr + offs, q, mask=mask)
+        tl.store(idx_ptr + offs, best_k.to(tl.int64), mask=mask)
+        diff = tl.where(mask, x - q, 0.0)
+        sq += diff * diff
+    programs = tl.num_programs(0) * tl.num_programs(1)
+    tl.store(part_ptr + pid_n * tl.num_programs(1) + pid_d, tl.sum(tl.sum(sq, 1), 0))
+    if last_to_arrive(cnt_ptr, programs):
+        acc = tl.zeros((BLOCK_P,), dt)
+        for p0 in range(0, programs, BLOCK_P):
+            ps = p0 + tl.arange(0, BLOCK_P)
+            acc += tl.load(part_ptr + ps, mask=ps < programs, other=0.0, cache_modifier=".cg")
+        loss = tl.sum(acc, 0) * tl.full((), inv_count, dt)
+        tl.store(lq_ptr, loss)
+        tl.store(lc_ptr, loss)
 
 
 @triton.jit
 def _latent_quantize_bwd(
     gzq_ptr,
+    glq_ptr,
     glc_ptr,
     z_ptr,
     v_ptr,
     idx_ptr,
     gz_ptr,
+    gv_ptr,
     part_ptr,
     N,
     D,
     NV,
+    rows_per_program,
     scale: tl.float64,
+    cnt_ptr,
     GLOBAL: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_J: tl.constexpr,
 ):
+    """Program (i, j), tiles as the forward's: grad_z = grad_z_q + grad_loss_commit scale (z - q) (NaN where an
+    index is out of range), and its codebook partials: per latent and value v (BLOCK_V values a pass over its
+    rows), the sum of q - z over its elements of index v, to part[i, latent, v] (one codebook per latent) or,
+    added over its latents, part[i, j, v] (a global codebook). The last program of a latent block (of the grid:
+    global) to finish adds the block's partials in row-program order: grad_values = grad_loss_quantize scale
+    sum. The sums over a tile's rows stay in each thread (no shuffles): values and latents are spread over the
+    threads, and each thread compares its latent's ROWS indices with its values."""
     dt = z_ptr.dtype.element_ty
     scale = tl.full((), scale, dt)
     pid_n, pid_d = tl.program_id(0), tl.program_id(1)
-    cols, cmask, mask, offs = _tile(N, D, BLOCK_N, BLOCK_D)
-    x = tl.load(z_ptr + offs, mask=mask, other=0.0)
-    idx = tl.load(idx_ptr + offs, mask=mask, other=0)
-    ok = (idx >= 0) & (idx < NV)  # an out-of-range index: NaN gradient, never an out-of-bounds read
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
     vrow = cols * 0 if GLOBAL else cols
-    q = tl.load(v_ptr + vrow[None, :] * NV + idx, mask=mask & ok, other=0.0)
-    diff = tl.where(mask, x - q, 0.0)
-    g = tl.load(gzq_ptr + offs, mask=mask, other=0.0)
+    start, end = _lq_rows(pid_n, N, rows_per_program)
     s_c = tl.load(glc_ptr).to(dt) * scale
-    tl.store(gz_ptr + offs, tl.where(ok, g + s_c * diff, float("nan")), mask=mask)
-    # codebook partials: sum over this tile's rows of (q - x) for every value k
-    for k in range(0, NV):
-        contrib = tl.sum(tl.where(idx == k, -diff, 0.0), 0)  # (BLOCK_D,)
+    vs = tl.arange(0, BLOCK_V)
+    for v0 in range(0, NV, BLOCK_V):
+        acc = tl.zeros((BLOCK_V, BLOCK_D), dt)  # (value, latent): sums of q - z
+        for r0 in range(start, end, ROWS):
+            mask, offs = _lq_tile(r0, end, cols, cmask, D, ROWS)
+            x = tl.load(z_ptr + offs, mask=mask, other=0.0)
+            idx = tl.load(idx_ptr + offs, mask=mask, other=0)
+            ok = (idx >= 0) & (idx < NV)  # an out-of-range index: NaN gradient, never an out-of-bounds read
+            q = tl.load(v_ptr + vrow[None, :] * NV + idx, mask=mask & ok, other=0.0)
+            diff = tl.where(mask, x - q, 0.0)
+            if v0 == 0:
+                g = tl.load(gzq_ptr + offs, mask=mask, other=0.0)
+                tl.store(gz_ptr + offs, tl.where(ok, g + s_c * diff, float("nan")), mask=mask)
+            k = tl.where(ok, idx - v0, -1).to(tl.int32)  # the index's place in this pass; -1: none
+            hit = k[:, None, :] == vs[None, :, None]  # (ROWS, BLOCK_V, BLOCK_D)
+            acc += tl.sum(tl.where(hit, -diff[:, None, :], 0.0), 0)
+        vmask = v0 + vs < NV
         if GLOBAL:
-            tl.store(part_ptr + (pid_n * tl.num_programs(1) + pid_d) * NV + k, tl.sum(contrib, 0))
+            pid = pid_n * tl.num_programs(1) + pid_d
+            tl.store(part_ptr + pid * NV + v0 + vs, tl.sum(acc, 1), mask=vmask)
         else:
-            tl.store(part_ptr + (pid_n * D + cols) * NV + k, contrib, mask=cmask)
+            out = part_ptr + (pid_n * D + cols[None, :]) * NV + v0 + vs[:, None]
+            tl.store(out, acc, mask=vmask[:, None] & cmask[None, :])
+    # the block's partials: rows r (row programs) of part + base, stride apart; J columns (latents x values)
+    if GLOBAL:
+        base, stride, R, J = 0, NV, tl.num_programs(0) * tl.num_programs(1), NV
+        counter = cnt_ptr
+    else:
+        c0 = pid_d * BLOCK_D
+        base, stride, R, J = c0 * NV, D * NV, tl.num_programs(0), tl.minimum(BLOCK_D, D - c0) * NV
+        counter = cnt_ptr + pid_d
+    if last_to_arrive(counter, R):
+        g_q = tl.load(glq_ptr).to(dt) * scale
+        for j0 in range(0, J, BLOCK_J):
+            js = j0 + tl.arange(0, BLOCK_J)
+            total = tl.zeros((BLOCK_J,), dt)
+            for p0 in range(0, R, BLOCK_P):
+                ps = p0 + tl.arange(0, BLOCK_P)
+                m = (ps[:, None] < R) & (js[None, :] < J)
+                part = tl.load(
+                    part_ptr + base + ps[:, None] * stride + js[None, :], mask=m, other=0.0, cache_modifier=".cg"
+                )
+                total += tl.sum(part, 0)
+            tl.store(gv_ptr + base + js, total * g_q, mask=js < J)
 
 
-def _grid(z: torch.Tensor) -> tuple[int, tuple[int, int]]:
-    """(BLOCK_N, grid) of the latent_quantize tile kernels for z (N, d): at least two programs per SM where
-    16-row tiles allow it (4096 x 64: 32 x 2 = 64 x 2 before, a sixth of an H100's SMs busy twice)."""
+def _lq_plan(z: torch.Tensor, per_sm: int) -> tuple[int, tuple[int, int]]:
+    """(rows per program, grid) of a latent_quantize kernel for z (N, d): latent blocks of LQ_BLOCK_D, and row ranges
+    (multiples of LQ_ROWS) making at least ``per_sm`` programs per SM where there are rows enough."""
     n, d = z.shape
-    block_n = rows_per_program(n, cdiv(d, BLOCK_D), z, BLOCK_NS)
-    return block_n, (cdiv(n, block_n), cdiv(d, BLOCK_D))
+    blocks = cdiv(d, LQ_BLOCK_D)
+    ranges = max(1, min(cdiv(min_programs(z) // 2 * per_sm, blocks), cdiv(n, LQ_ROWS)))
+    rows = max(LQ_ROWS, n // ranges // LQ_ROWS * LQ_ROWS)
+    return rows, (cdiv(n, rows), blocks)
 
 
 def latent_quantize(
     z: torch.Tensor, values: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """2 launches: the (cdiv(N, BLOCK_N), cdiv(d, 32)) tile kernel (:func:`_grid`) writes z_q, indices and one
-    partial sum of (z - z_q)^2 per program; one :func:`_sum_rows` program turns them into both losses."""
+    """1 launch: :func:`_latent_quantize_fwd` (grid :func:`_lq_plan`) writes z_q, indices and both losses."""
     z, values = z.contiguous(), values.contiguous()
     n, d = z.shape
-    block_n, grid = _grid(z)
+    rows, grid = _lq_plan(z, LQ_FWD_PER_SM)
     z_q = torch.empty_like(z)
     idx = torch.empty(z.shape, dtype=torch.long, device=z.device)
-    part = torch.empty(grid, dtype=z.dtype, device=z.device)
-    _latent_quantize_fwd[grid](
+    loss_q, loss_c = z.new_empty(()), z.new_empty(())
+    part = z.new_empty(grid[0] * grid[1])
+    _tickets.launch(
+        _latent_quantize_fwd,
+        grid,
+        1,
         z,
         values,
         z_q,
         idx,
+        loss_q,
+        loss_c,
         part,
         n,
         d,
         values.shape[1],
+        rows,
+        1.0 / (n * d),
         GLOBAL=values.shape[0] == 1,
-        BLOCK_N=block_n,
-        BLOCK_D=BLOCK_D,
+        ROWS=LQ_ROWS,
+        BLOCK_D=LQ_BLOCK_D,
+        UNROLL=LQ_UNROLL,
+        BLOCK_P=LQ_LOSS_STEP,
     )
-    loss_q, loss_c = z.new_empty(()), z.new_empty(())
-    _sum_rows_launch(part, loss_q, grid[0] * grid[1], 1, 1.0 / (n * d), out2=loss_c)
     return z_q, idx, loss_q, loss_c
 
 
@@ -220,35 +319,41 @@ def latent_quantize_backward(
     values: torch.Tensor,
     indices: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """2 launches: the tile kernel writes grad_z and per-program codebook partials; :func:`_sum_rows`
-    adds them (over row tiles, and latent tiles for a global codebook) times grad_loss_quantize 2/(N d)."""
+    """1 launch: :func:`_latent_quantize_bwd` (grid :func:`_lq_plan`) writes grad_z and grad_values."""
     z, values, indices, grad_zq = z.contiguous(), values.contiguous(), indices.contiguous(), grad_zq.contiguous()
     n, d = z.shape
     g, nv = values.shape
-    block_n, grid = _grid(z)
+    rows, grid = _lq_plan(z, LQ_BWD_PER_SM)
     grad_z = torch.empty_like(z)
-    part_shape = (grid[0], grid[1], nv) if g == 1 else (grid[0], d, nv)
-    part = torch.empty(part_shape, dtype=z.dtype, device=z.device)
-    scale = 2.0 / (n * d)
-    _latent_quantize_bwd[grid](
+    grad_values = torch.empty_like(values)
+    part = z.new_empty(grid[0] * (grid[1] if g == 1 else d) * nv)
+    block_j = min(next_pow2(nv if g == 1 else min(LQ_BLOCK_D, d) * nv), LQ_GRAD_COLS)
+    block_p = max(1, min(LQ_GRAD_STEP // block_j, LQ_GRAD_ROWS))
+    _tickets.launch(
+        _latent_quantize_bwd,
+        grid,
+        grid[1],
         grad_zq,
+        grad_loss_quantize,
         grad_loss_commit,
         z,
         values,
         indices,
         grad_z,
+        grad_values,
         part,
         n,
         d,
         nv,
-        scale,
+        rows,
+        2.0 / (n * d),
         GLOBAL=g == 1,
-        BLOCK_N=block_n,
-        BLOCK_D=BLOCK_D,
+        ROWS=LQ_ROWS,
+        BLOCK_D=LQ_BLOCK_D,
+        BLOCK_V=min(next_pow2(nv), LQ_BLOCK_V),
+        BLOCK_P=block_p,
+        BLOCK_J=block_j,
     )
-    grad_values = torch.empty_like(values)
-    rows, cols = (grid[0] * grid[1], nv) if g == 1 else (grid[0], d * nv)
-    _sum_rows_launch(part, grad_values, rows, cols, scale, g=grad_loss_quantize)
     return grad_z, grad_values
 
 
