@@ -533,11 +533,11 @@ interpreted = pytest.mark.skipif(DEVICE != "cpu" or "triton" not in BACKENDS,
 def small_lq_tiles(monkeypatch):
     """The Triton latent_quantize kernels with tiles small enough to cross every boundary at tiny shapes: 4 x 4
     tiles, 4 values a pass of the codebook sums, a scan of 3 values a step, 4 programs wanted per kernel,
-    reductions of 4 partials (forward) and 8 x 1 (backward) a step."""
+    reductions of 4 partials (forward) and 8 x 1 or 8 x 2 (backward, float64 or float32) a step."""
     import qkernels.triton.quantize as tq
 
     for name, value in {"LQ_ROWS": 4, "LQ_BLOCK_D": 4, "LQ_BLOCK_V": 4, "LQ_UNROLL": 3, "LQ_LOSS_STEP": 4,
-                        "LQ_GRAD_STEP": 8, "LQ_GRAD_COLS": 8, "LQ_FWD_PER_SM": 2, "LQ_BWD_PER_SM": 2}.items():
+                        "LQ_GRAD_STEP": 64, "LQ_GRAD_COLS": 8, "LQ_FWD_PER_SM": 2, "LQ_BWD_PER_SM": 2}.items():
         monkeypatch.setattr(tq, name, value)
     monkeypatch.setattr(tq, "min_programs", lambda t: 4)
     return tq
@@ -585,8 +585,9 @@ def _assert_lq_float64(got, z0, v0, up, global_codebook):
 def test_triton_latent_quantize_small_tiles_match_float64(small_lq_tiles, shape, global_codebook, dtype):
     """Every loop of the two kernels past its second step, and partial last ones: 26 x 9 latents are 3 latent
     blocks (the last of 1) x 3 row programs of 3, 3 and 1 row steps (the last of 2 rows); 10 values are 3 passes
-    of the codebook sums (the last of 2) and 4 scan steps (the last of 1); the reductions run 3 (losses),
-    5 x 3 (per-latent) and 2 x 9 (global) steps. One value (a constexpr 1 in Triton), one sample, one latent."""
+    of the codebook sums (the last of 2) and 4 scan steps (the last of 1); the loss partials are added in 3 steps,
+    the codebook partials in teams of 2 row programs (per-latent: 2 teams, the last of 1; 5 x 1 steps, float32)
+    or 3 (global: 3 teams; 2 x 3 steps, float64). One value (a constexpr 1 in Triton), one sample, one latent."""
     z0, v0 = _inputs(*shape, dtype, global_codebook, seed=31)
     up = torch.randn(z0.shape, generator=_gen(32), dtype=dtype)
     _assert_lq_float64(_lq_run(z0, v0, up), z0, v0, up, global_codebook)
@@ -648,10 +649,11 @@ def _program_order(order):
 @interpreted
 @pytest.mark.parametrize("global_codebook", [False, True])
 def test_triton_latent_quantize_same_bits_whichever_program_arrives_last(small_lq_tiles, global_codebook):
-    """The losses and the codebook gradient are added by the last program to finish, in the partials' order, not
-    in the order programs arrive: float32 outputs bit-identical with the programs run in order, reversed and
-    shuffled; right against float64."""
-    small_lq_tiles.min_programs = lambda t: 8  # 10 programs, 5 per latent block
+    """The losses and the codebook gradient are added by the last programs to finish (of a team, of the teams), in
+    the partials' order, not in the order programs arrive: float32 outputs bit-identical with the programs run in
+    order, reversed and shuffled; right against float64."""
+    # 8 x 2 programs, teams of 3, 3 and 2 row programs per latent block; 5 x 2, teams of 4, 4 and 2 (global)
+    small_lq_tiles.min_programs = lambda t: 8 if global_codebook else 12
     z0, v0 = _inputs(60, 7, 4, torch.float32, global_codebook, seed=35)
     up = torch.randn(z0.shape, generator=_gen(36))
     orders = {"in order": lambda n: list(range(n)), "reversed": lambda n: list(range(n))[::-1],

@@ -11,7 +11,8 @@ Launches per call (forward + backward):
 
 - ``latent_quantize``: 1 + 1. Forward: the nearest value, z_q, indices and both losses. Backward:
   grad_z and grad_values = grad_loss_quantize 2 / (N d) sum over each value's elements of
-  (z_q - z) = 2 / (N d) (count v - sum of z), each program binning its tile's elements by index;
+  (z_q - z) = 2 / (N d) (count v - sum of z), each program binning its tiles' elements by index
+  (the declared backward op takes z, values and indices, not the forward's bins);
 - ``relaxed_categorical``: 1 + 2 (the backward's codebook gradient is reduced by a second kernel);
 - ``gumbel_quantize``: 1 + 2, the relaxed_categorical kernels with ``FROM_Z``: the logits
   -(z - values)^2 are computed in the kernels instead of read.
@@ -33,8 +34,9 @@ LQ_ROWS, LQ_BLOCK_D = 16, 16  # latent_quantize: rows a step x latents per progr
 LQ_UNROLL = 4  # latent_quantize forward: codebook values a step of its scan (their loads issued together)
 LQ_BLOCK_V = 64  # latent_quantize backward: codebook values per pass of its codebook-gradient sums
 LQ_FWD_PER_SM, LQ_BWD_PER_SM = 8, 2  # programs per SM (the forward's partials are one number each)
-LQ_LOSS_STEP, LQ_GRAD_STEP = 1024, 8192  # latent_quantize reductions: partials loaded a step (forward, backward) ...
-LQ_GRAD_COLS, LQ_GRAD_ROWS = 512, 128  # ... the backward's: at most this many columns x rows a step
+LQ_LOSS_STEP = 1024  # latent_quantize forward: loss partials added a step
+LQ_GRAD_STEP = 32768  # latent_quantize backward: bytes of codebook partials loaded a step, at most this many ...
+LQ_GRAD_COLS, LQ_GRAD_ROWS = 512, 128  # ... columns x rows (programs)
 BLOCK_R = 32  # relaxed_categorical forward: rows of K categories per program
 BLOCK_S = 32  # relaxed_categorical backward: rows (samples of one latent, per-latent codebooks) per program, ...
 CATEGORICAL_TILE = 1024  # ... at most this many (rows x categories) per program (more spill registers on sm_90)
@@ -118,6 +120,22 @@ def _lq_tile(r0, end, cols, cmask, D, ROWS: tl.constexpr):
 
 
 @triton.jit
+def _lq_add_rows(src_ptr, stride, R, J, dst_ptr, scale, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr):
+    """dst[j] = scale sum_r src[r stride + j] for j < J: the rows r < R (other programs' partials) added in their
+    order, BLOCK_P x BLOCK_J a step."""
+    for j0 in range(0, J, BLOCK_J):
+        js = j0 + tl.arange(0, BLOCK_J)
+        total = tl.zeros((BLOCK_J,), dst_ptr.dtype.element_ty)
+        for p0 in range(0, R, BLOCK_P):
+            ps = p0 + tl.arange(0, BLOCK_P)
+            m = (ps[:, None] < R) & (js[None, :] < J)
+            total += tl.sum(
+                tl.load(src_ptr + ps[:, None] * stride + js[None, :], mask=m, other=0.0, cache_modifier=".cg"), 0
+            )
+        tl.store(dst_ptr + js, total * scale, mask=js < J)
+
+
+@triton.jit
 def _latent_quantize_fwd(
     z_ptr,
     v_ptr,
@@ -191,10 +209,12 @@ def _latent_quantize_bwd(
     gz_ptr,
     gv_ptr,
     part_ptr,
+    team_ptr,
     N,
     D,
     NV,
     rows_per_program,
+    TEAM,
     scale: tl.float64,
     cnt_ptr,
     GLOBAL: tl.constexpr,
@@ -207,9 +227,10 @@ def _latent_quantize_bwd(
     """Program (i, j), tiles as the forward's: grad_z = grad_z_q + grad_loss_commit scale (z - q) (NaN where an
     index is out of range), and its codebook partials: per latent and value v (BLOCK_V values a pass over its
     rows), the sum of q - z over its elements of index v, to part[i, latent, v] (one codebook per latent) or,
-    added over its latents, part[i, j, v] (a global codebook). The last program of a latent block (of the grid:
-    global) to finish adds the block's partials in row-program order: grad_values = grad_loss_quantize scale
-    sum. The sums over a tile's rows stay in each thread (no shuffles): values and latents are spread over the
+    added over its latents, part[i, j, v] (a global codebook). A latent block's partials (all of them: global)
+    are added in two fixed-order levels: the last program of each team of TEAM consecutive row programs to finish
+    adds its team's, then the last of those adds the teams' sums: grad_values = grad_loss_quantize scale sum.
+    The sums over a tile's rows stay in each thread (no shuffles): values and latents are spread over the
     threads, and each thread compares its latent's ROWS indices with its values."""
     dt = z_ptr.dtype.element_ty
     scale = tl.full((), scale, dt)
@@ -242,27 +263,32 @@ def _latent_quantize_bwd(
         else:
             out = part_ptr + (pid_n * D + cols[None, :]) * NV + v0 + vs[:, None]
             tl.store(out, acc, mask=vmask[:, None] & cmask[None, :])
-    # the block's partials: rows r (row programs) of part + base, stride apart; J columns (latents x values)
+    # the block's partials: rows r < R (row programs) of part + base, stride apart; J columns (latents x values).
+    # Added in two levels, each in a fixed order: teams of TEAM consecutive rows (by the team's last program to
+    # finish), then the teams' sums (by the last team to finish): TEAM + R / TEAM rows read after the last program
     if GLOBAL:
-        base, stride, R, J = 0, NV, tl.num_programs(0) * tl.num_programs(1), NV
-        counter = cnt_ptr
+        me, R, group = pid_n * tl.num_programs(1) + pid_d, tl.num_programs(0) * tl.num_programs(1), 0
+        base, stride, J = 0, NV, NV
     else:
-        c0 = pid_d * BLOCK_D
-        base, stride, R, J = c0 * NV, D * NV, tl.num_programs(0), tl.minimum(BLOCK_D, D - c0) * NV
-        counter = cnt_ptr + pid_d
-    if last_to_arrive(counter, R):
-        g_q = tl.load(glq_ptr).to(dt) * scale
-        for j0 in range(0, J, BLOCK_J):
-            js = j0 + tl.arange(0, BLOCK_J)
-            total = tl.zeros((BLOCK_J,), dt)
-            for p0 in range(0, R, BLOCK_P):
-                ps = p0 + tl.arange(0, BLOCK_P)
-                m = (ps[:, None] < R) & (js[None, :] < J)
-                part = tl.load(
-                    part_ptr + base + ps[:, None] * stride + js[None, :], mask=m, other=0.0, cache_modifier=".cg"
-                )
-                total += tl.sum(part, 0)
-            tl.store(gv_ptr + base + js, total * g_q, mask=js < J)
+        me, R, group = pid_n, tl.num_programs(0), pid_d
+        base, stride, J = pid_d * BLOCK_D * NV, D * NV, tl.minimum(BLOCK_D, D - pid_d * BLOCK_D) * NV
+    teams = (R + TEAM - 1) // TEAM
+    team = me // TEAM
+    counters = cnt_ptr + group * (teams + 1)  # the group's; then one per team
+    if last_to_arrive(counters + 1 + team, tl.minimum(TEAM, R - team * TEAM)):
+        _lq_add_rows(
+            part_ptr + base + team * TEAM * stride,
+            stride,
+            tl.minimum(TEAM, R - team * TEAM),
+            J,
+            team_ptr + base + team * stride,
+            tl.full((), 1.0, dt),
+            BLOCK_P,
+            BLOCK_J,
+        )
+        if last_to_arrive(counters, teams):
+            g_q = tl.load(glq_ptr).to(dt) * scale
+            _lq_add_rows(team_ptr + base, stride, teams, J, gv_ptr + base, g_q, BLOCK_P, BLOCK_J)
 
 
 def _lq_plan(z: torch.Tensor, per_sm: int) -> tuple[int, tuple[int, int]]:
@@ -326,13 +352,17 @@ def latent_quantize_backward(
     rows, grid = _lq_plan(z, LQ_BWD_PER_SM)
     grad_z = torch.empty_like(z)
     grad_values = torch.empty_like(values)
-    part = z.new_empty(grid[0] * (grid[1] if g == 1 else d) * nv)
+    rows_r = grid[0] * grid[1] if g == 1 else grid[0]  # partial rows of a group (all of them: global)
+    team = math.isqrt(rows_r - 1) + 1  # ceil(sqrt): teams of as many rows as there are teams
+    teams = cdiv(rows_r, team)
+    part = z.new_empty(rows_r * (nv if g == 1 else d * nv))
+    team_part = z.new_empty(teams * (nv if g == 1 else d * nv))
     block_j = min(next_pow2(nv if g == 1 else min(LQ_BLOCK_D, d) * nv), LQ_GRAD_COLS)
-    block_p = max(1, min(LQ_GRAD_STEP // block_j, LQ_GRAD_ROWS))
+    block_p = max(1, min(LQ_GRAD_STEP // z.element_size() // block_j, LQ_GRAD_ROWS))
     _tickets.launch(
         _latent_quantize_bwd,
         grid,
-        grid[1],
+        (1 if g == 1 else grid[1]) * (teams + 1),
         grad_zq,
         grad_loss_quantize,
         grad_loss_commit,
@@ -342,10 +372,12 @@ def latent_quantize_backward(
         grad_z,
         grad_values,
         part,
+        team_part,
         n,
         d,
         nv,
         rows,
+        team,
         2.0 / (n * d),
         GLOBAL=g == 1,
         ROWS=LQ_ROWS,

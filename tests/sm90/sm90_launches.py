@@ -359,14 +359,32 @@ def budget_scenarios(dtype: torch.dtype) -> list[Case]:
     return out
 
 
+def edge_scenarios(dtype: torch.dtype) -> list[Case]:
+    """Specializations of the latent_quantize kernels that neither the benchmark shapes nor the budget scenarios
+    compile: one value and one latent (n_v = 1 and d = 1 arrive as constexpr 1), and 200 values (the backward's
+    codebook sums in 4 passes of 64). Not held to the grid rule (small shapes)."""
+    out = []
+    for n, d, nv in ((100, 1, 1), (100, 3, 200)):
+        for glob in (False, True):
+            make = bench_quantize._make(n, d, nv, glob, "cpu")
+            kind = "global" if glob else "per-dim"
+
+            def run(make=make):
+                bench_quantize._loss(*_cast(make(1), dtype)).backward()
+
+            out.append(Case("latent_quantize", f"latent_quantize edge n={n} d={d} n_v={nv} {kind} {str(dtype)[6:]}",
+                            run, 0.0))
+    return out
+
+
 @functools.cache
 def properties(dtypes=(torch.float32, torch.float64)) -> dict[str, tuple[Case, list[tuple[dict, dict]]]]:
-    """Every case (benchmark shapes and budget scenarios) -> (case, [(launch, compile result)]). Made once per
+    """Every case (benchmark shapes, budget and edge scenarios) -> (case, [(launch, compile result)]). Made once per
     process (read it, do not change it): test_triton_sm90.py and test_triton_cliff_gpu_shape.py share it, so one
     run of the folder starts the compiler subprocesses once."""
     recorded = {}
     for dtype in dtypes:
-        for case in cases(dtype) + budget_scenarios(dtype):
+        for case in cases(dtype) + budget_scenarios(dtype) + edge_scenarios(dtype):
             recorded[case.name] = (case, record(case.run))
     distinct = {key(launch): launch for _, launches in recorded.values() for launch in launches}
     results = dict(zip(distinct, compile_launches(list(distinct.values())), strict=True))

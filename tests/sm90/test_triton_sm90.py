@@ -80,7 +80,9 @@ KNOWN: dict[tuple[str, str], str] = {
 
 def _cases() -> list:
     names = [
-        c.name for dtype in (torch.float32, torch.float64) for c in sm90.cases(dtype) + sm90.budget_scenarios(dtype)
+        c.name
+        for dtype in (torch.float32, torch.float64)
+        for c in sm90.cases(dtype) + sm90.budget_scenarios(dtype) + sm90.edge_scenarios(dtype)
     ]
     out = []
     for name in names:
