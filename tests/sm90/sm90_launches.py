@@ -372,8 +372,9 @@ def edge_scenarios(dtype: torch.dtype) -> list[Case]:
             def run(make=make):
                 bench_quantize._loss(*_cast(make(1), dtype)).backward()
 
-            out.append(Case("latent_quantize", f"latent_quantize edge n={n} d={d} n_v={nv} {kind} {str(dtype)[6:]}",
-                            run, 0.0))
+            out.append(
+                Case("latent_quantize", f"latent_quantize edge n={n} d={d} n_v={nv} {kind} {str(dtype)[6:]}", run, 0.0)
+            )
     return out
 
 
