@@ -36,11 +36,12 @@
 # before. CASES: words; the warm / speed / correct / profile steps run only the cases whose name holds one of them
 # (default: all). Target: under 9 minutes on an H100/H200 with 16 cores.
 #
-# The two-launch latent_quantize against the four-launch one (issue 53), a few minutes with the build skipped (the
-# speed step's variants triton and triton_4launch, interleaved; the roofline step's kernel times and launches):
+# Issue 53's kernels against the ones they replaced, a few minutes with the build skipped (the speed step's variants
+# triton and triton_4launch / triton_symmetric, interleaved; the profile step's kernel times; the roofline step's
+# latent_quantize kernel times and launches; KLM beside KeOps where its wheels are carried):
 #
-#   STEPS="tests warm speed roofline" TESTS="tests/test_quantize.py tests/test_launches.py" CASES=latent_quantize \
-#       bash gpu/gpu_check.sh OUT_DIR
+#   STEPS="tests warm speed profile roofline keops" CASES="latent_quantize klm" \
+#       TESTS="tests/test_quantize.py tests/test_kde.py tests/test_launches.py" bash gpu/gpu_check.sh OUT_DIR
 set -uo pipefail
 OUT=${1:?usage: gpu/gpu_check.sh OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -15,8 +15,9 @@ input gradients of each backend, float32 and float64, against the reference run 
 error is the yardstick. The Hessian penalty draws its directions in the inputs' dtype: each dtype against the
 reference in that dtype (same draws). ``speed``: forward + backward, float32, matmul precision "highest",
 variants interleaved (qkernels.bench.time_variants), median ms; ``reference_compiled`` is torch.compile of the
-reference; latent_quantize also has ``triton_4launch``, the Triton kernels before the two-launch ones
-(gpu/experiments/latent_quantize_4launch.py), beside ``triton`` (on a CPU both need TRITON_INTERPRET=1).
+reference; latent_quantize also has ``triton_4launch`` and KLM ``triton_symmetric``, the Triton kernels issue 53
+replaced (gpu/experiments/latent_quantize_4launch.py, klm_symmetric.py: :data:`EXPERIMENTS`), beside ``triton`` (on
+a CPU both need TRITON_INTERPRET=1).
 ``warm``: one forward + backward of every ``speed`` variant (and of pykeops' KLM), so that the compiles land in
 the on-disk caches (inductor's FX graph and autograd caches, Triton's kernel cache, pykeops' build folder) while
 the GPU tests run, and ``speed`` starts compiled. ``keops``: pykeops (its wheels carried: the GPU
@@ -27,6 +28,7 @@ log-sum-exps over the same pairs; skipped with a row saying why when not importa
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -157,16 +159,22 @@ def correct(path: str, device: str, scale: int) -> None:
                 _emit(path, row)
 
 
-def _four_launch(loss) -> Callable[..., None]:
-    """``loss`` on the Triton latent_quantize before the two-launch kernels (gpu/experiments/latent_quantize_4launch.py:
-    the same host path, the old kernels), for the A/B against the package's ``triton``."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
-    import latent_quantize_4launch as lq4
+# op -> (variant, module of gpu/experiments/): the kernels an issue replaced, timed beside the package's ``triton``
+EXPERIMENTS = {
+    "latent_quantize": ("triton_4launch", "latent_quantize_4launch"),
+    "klm": ("triton_symmetric", "klm_symmetric"),
+}
 
+
+def _replaced(loss, module: str) -> Callable[..., None]:
+    """``loss`` on the Triton kernels gpu/experiments/``module``.py keeps (inside its ``patched()``: the same host
+    path, the old kernels), for the A/B against the package's ``triton``."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
+    patched = importlib.import_module(module).patched
     run = variant(loss, "triton")
 
     def forward_backward(*inputs):
-        with lq4.patched():
+        with patched():
             run(*inputs)
 
     return forward_backward
@@ -175,9 +183,10 @@ def _four_launch(loss) -> Callable[..., None]:
 def _variants(op: str, name: str, loss, device: str) -> dict[str, Callable[..., None]]:
     out = {"auto": variant(loss, "auto")}
     out |= {b: variant(loss, b) for b in kernels(op, device) if not (b == "triton" and device == "cpu")}
-    if op == "latent_quantize" and "triton" in kernels(op, device):  # the A/B (on a CPU: TRITON_INTERPRET=1)
+    if op in EXPERIMENTS and "triton" in kernels(op, device):  # the A/B (on a CPU: TRITON_INTERPRET=1)
         out["triton"] = variant(loss, "triton")
-        out["triton_4launch"] = _four_launch(loss)
+        name, module = EXPERIMENTS[op]
+        out[name] = _replaced(loss, module)
     out["reference_compiled"] = variant(loss, compiled=True)
     if op == "cliff_loss" and "triton" in out:
         out["triton high"] = bk._matmul_precision(out["triton"], "high")

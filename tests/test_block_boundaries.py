@@ -12,10 +12,11 @@ Boundaries crossed (kernel: unit, shape here):
   test_edge_values.py);
 - cpu Cliff: 16 groups of conditioning latents, d = 34 (2-3 latents per group);
 - cpu KLM: row blocks of 64, n = 150 and 300 (test_kde.py);
-- triton latent_quantize: 64 x 32 tiles, (N, d) = (150, 70) (3 x 3 tiles), and its fixed-order reduction
-  (_sum_rows) with steps of 4 rows and 16 columns (patched);
+- triton latent_quantize: latent blocks of 16, (N, d) = (150, 70) (5 blocks, the last partial; its small-tile
+  boundaries: test_quantize.py);
 - triton relaxed_categorical / gumbel_quantize: forward rows of 32, backward samples of 32 per latent, N d = 490;
-- triton KLM: 4 row blocks per super-block, 3 super-blocks (the last partial);
+- triton KLM: row blocks, ranges of samples and the ordered reductions (test_kde.py's small_tiles: the interpreter
+  runs the same code at any block size; the unpatched plan: test_bounds.py);
 - triton perturbed_batch: 32 x 16 tiles, (n, d) = (70, 35); curvature_penalty: blocks of 128, n = 300;
 - triton finite_difference_curvature: blocks of 128 columns, M = 1100 (test_edge_values.py) and 600
   (test_hessian.py); kde_grid: 4-wide tiles, 3 blocks per axis (test_kde.py's small_tiles);
@@ -30,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import DEVICE
-from test_kde import cond_rows, latents, small_tiles  # noqa: F401 - small_tiles: a fixture
+from test_kde import cond_rows, latents
 from test_quantize import np_nearest
 
 import qkernels
@@ -217,23 +218,3 @@ def test_cpu_cliff_groups_of_several_conditioning_latents():
         torch.testing.assert_close(res["cpu"][0], res["reference"][0], **t)
         scale = res["reference"][1].abs().max()
         torch.testing.assert_close(res["cpu"][1] / scale, res["reference"][1] / scale, **t)
-
-
-def test_triton_klm_several_row_blocks_per_super_block(small_tiles, monkeypatch):  # noqa: F811
-    """Issue 48 (3): super-blocks of 16 rows walked in 4 row blocks of 4 (the small-tile fixture's super-blocks
-    hold one block below n = 65, where the interpreter takes minutes): n = 37 is 3 super-blocks, the last
-    partial. The off-diagonal programs add the column sums of every row block of theirs to the other
-    super-block's rows."""
-    klm = importlib.import_module("qkernels.triton.kde.klm")
-    monkeypatch.setattr(klm, "_klm_super", lambda n, block: 4 * block)
-    z0 = latents(37, 3)
-    s0 = (torch.rand(3, generator=_gen(19), dtype=torch.float64) + 0.5).to(DEVICE)
-    res = {}
-    for name in ("reference", "triton"):
-        z, s = z0.clone().requires_grad_(), s0.clone().requires_grad_()
-        with qkernels.use_backend(name):
-            loss = qkernels.klm_loss(z, std=s)
-        loss.backward()
-        res[name] = (loss.detach(), z.grad, s.grad)
-    for a, b, what in zip(res["triton"], res["reference"], ("loss", "grad z", "grad std"), strict=True):
-        torch.testing.assert_close(a, b, **TOL[torch.float64], msg=what)

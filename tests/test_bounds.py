@@ -79,29 +79,40 @@ def test_cliff_gemm_epilogue_warps_from_256_rows():
     assert [cg._uni_kl_blocks(100, 4, m)["ew"] for m in (128, 129, 256, 257)] == [4, 8, 8, 8]
 
 
-class _NoLaunch:
-    """A Triton kernel stand-in: ``kernel[grid](...)`` runs nothing."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
-
-
 @triton_only
-def test_klm_pair_tile_rows_and_the_float64_backwards_halving(monkeypatch):
+def test_klm_plan_rows_threads_and_ranges():
     from qkernels.triton.kde import klm
 
-    # rows of the B x A x D pair tile: 32 up to 4 latents (padded D <= 4), 16 up to 16, 8 beyond
-    assert [klm._klm_blocks(d)[0] for d in (1, 4, 5, 16, 17, 64)] == [32, 32, 16, 16, 8, 8]
-    monkeypatch.setattr(klm, "_klm_tiles", _NoLaunch())
+    def plan(n, d):
+        return klm._klm_plan(torch.zeros(n, d), False)
 
-    def block(d, dtype, backward):
-        z = torch.zeros(40, d, dtype=dtype)
-        return klm._klm_launch(z, None, z.new_empty(40, d + 1), backward)[3]
-
-    # the float64 backward halves a tile of more than 2048 values (B * B * D): 32 * 32 * 2 = 2048 stays
-    got = {d: block(d, torch.float64, True) for d in (2, 3, 5, 9, 17, 33)}
-    assert got == {2: 32, 3: 16, 5: 16, 9: 8, 17: 8, 33: 4}
-    assert [block(d, dt, bw) for d, dt, bw in ((3, torch.float64, False), (3, torch.float32, True))] == [32, 32]
+    # a warp per program: 32 rows of one thread up to 32 latents (padded), then 16 rows of 2 threads, 8 of 4 ...
+    assert [plan(4096, d)[:2] for d in (1, 32, 33, 64, 65, 128, 2048)] == [
+        (32, 1),
+        (32, 32),
+        (16, 64),
+        (16, 64),
+        (8, 128),
+        (8, 128),
+        (2, 2048),
+    ]
+    # half as many latents a thread in float64 (two registers each) and backward (five (d,) arrays a row, not three)
+    z = torch.zeros(4096, 64)
+    assert [klm._klm_plan(z.to(dt), bw)[:2] for dt in (torch.float32, torch.float64) for bw in (False, True)] == [
+        (16, 64),
+        (8, 64),
+        (8, 64),
+        (4, 64),
+    ]
+    # ranges of samples a: ~16 one-warp programs per SM (132 SMs off a GPU), unless that leaves a range under 64
+    # samples (the last may be shorter)
+    for n, d in ((64, 12), (1024, 32), (4096, 64), (16384, 32), (130, 3)):
+        block_b, _, split, ranges = plan(n, d)
+        blocks = -(-n // block_b)
+        assert (ranges - 1) * split < n <= ranges * split
+        assert ranges == 1 or split >= 64
+        assert ranges == max(1, n // 64) or blocks * (ranges - 1) < 16 * 132 <= blocks * ranges
+    assert [plan(n, d)[3] for n, d in ((64, 12), (1024, 32), (4096, 64), (16384, 32), (130, 3))] == [1, 16, 9, 5, 2]
 
 
 @triton_only

@@ -391,10 +391,16 @@ def _triton_kde(name):
 @pytest.fixture
 def small_tiles(monkeypatch):
     klm, grid = _triton_kde("klm"), _triton_kde("grid")
-    # 4 x 4 pair tiles and 4-wide point/sample tiles: every shape below has several blocks and a
-    # partial last one, exercising the streaming loops and the masks
-    monkeypatch.setattr(klm, "_klm_blocks", lambda d: (4, 4, max(2, 1 << (d - 1).bit_length())))
-    monkeypatch.setattr(klm, "KLM_SUPER", 8)  # n > 8: several super-blocks, off-diagonal tile pairs
+    # KLM: "warps" of 4 threads, 2 latents a thread (float32 forward; else 1): d = 3 pads to 4 latents, 2 threads a
+    # row and 2 rows a block (else 4 threads, 2 rows); ranges of 3 samples a (several, the last partial); prologue
+    # steps of 4 rows and 2 latents, chain programs of 4 rows. kde_grid: 4-wide point/sample tiles. Every shape
+    # below has several blocks and a partial last one, exercising the streaming loops, the masks and the ordered
+    # reductions
+    for name, value in {"WARP": 4, "KLM_ROW_VALUES": 2, "KLM_MIN_SPAN": 3}.items():
+        monkeypatch.setattr(klm, name, value)
+    for name in ("KLM_PROLOGUE_ROWS", "KLM_CHAIN_ROWS"):
+        monkeypatch.setattr(klm, name, 4)
+    monkeypatch.setattr(klm, "KLM_PROLOGUE_COLS", 2)
     monkeypatch.setattr(grid, "BLOCK_K_GRID", 4)
     monkeypatch.setattr(grid, "BLOCK_S_GRID", 4)
     monkeypatch.setattr(grid, "POINT_BLOCKS", (4,))
@@ -414,7 +420,9 @@ def _grads_vs_reference(fn, inputs, up=None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(7, 3), (13, 2), (5, 1), (9, 5), (17, 2)])  # 17: 3 super-blocks, 6 programs
+# 17 x 2: 5 row blocks of 4 (float32 forward; else 9 of 2) x 5 ranges of 4 samples a, the last of 1; the
+# forward's loss partials of 5 blocks added in 2 steps of 4
+@pytest.mark.parametrize("shape", [(7, 3), (5, 1), (9, 5), (17, 2)])
 def test_triton_klm_matches_reference(small_tiles, shape, dtype):
     n, d = shape
     z0 = latents(n, d, dtype)

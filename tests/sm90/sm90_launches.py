@@ -53,7 +53,7 @@ LAUNCH_BOUND_US = 5.0  # an op estimated under this much GPU time (full GPU, roo
 HEAVIEST = {
     "latent_quantize": {"_latent_quantize_fwd", "_latent_quantize_bwd"},
     "categorical_latent": {"_relaxed_categorical_fwd", "_relaxed_categorical_bwd"},
-    "klm_loss": {"_klm_tiles"},
+    "klm_loss": {"_klm_pairs"},
     "kde_grid": {"_kde_grid_by_points", "_kde_grid_samples_grad"},
     "cliff_loss": {"_cliff_fused_fwd", "_cliff_fused_bwd", "_biv_fwd", "_biv_dx", "_biv_dkz"},
     "normalized_hessian_penalty": {"_fdc_fwd", "_fdc_bwd"},

@@ -70,6 +70,13 @@ KNOWN: dict[tuple[str, str], str] = {
         "no_spills",
     ): f"_biv_dkz float64 at test_kde's 16 x 16 x 16 tiles and 4 warps spills 12 bytes at 72 registers (none at 2 or "
     f"8 warps, none at the GEMM path's own 64 x 32 x 32 tiles); {CLIFF}",
+    # issue 53's KLM (qkernels/triton/kde/klm.py): one value live across the pair loop, stored before it and loaded
+    # after it (SASS: one STL, one LDL), none in the loop; float32 and the float64 backward spill nothing
+    **{
+        (f"klm n=4096 d=64{std} float64", "no_spills"): "_klm_pairs float64 forward spills 4 + 4 bytes at 168 "
+        "registers: one value kept across the pair loop (stored once before, loaded once after it)"
+        for std in ("", " given std")
+    },
     # the forward curvature kernel is one program per (sample, group), 128 at n = 64; a column split needs its
     # reduction in a second launch per activation (host-bound at n = 64) or in curvature_penalty's kernel (an
     # op-boundary change, for after a GPU run has timed _fdc_fwd: ~21 / 41 us of HBM work here)

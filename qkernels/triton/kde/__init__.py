@@ -2,7 +2,8 @@
 (registered as the ops ``qkernels::klm_triton``, ``kde_grid_triton``, ``cliff_loss_triton`` and their
 ``*_backward_triton`` by :mod:`qkernels.ops.kde`, which also checks their arguments):
 
-- :mod:`~qkernels.triton.kde.klm`: Tripod's KLM, flash-style over symmetric tiles of sample pairs;
+- :mod:`~qkernels.triton.kde.klm`: Tripod's KLM, KeOps-shaped (each row held by its threads, the samples
+  streamed past it);
 - :mod:`~qkernels.triton.kde.grid`: ``kde_grid``, per-latent Gaussian KDEs (or derivatives) on given points;
 - :mod:`~qkernels.triton.kde.cliff`: the Cliff loss, which takes one of two paths by shape:
   :mod:`~qkernels.triton.kde.cliff_fused` (small tiles, one program per latent pair) or
@@ -11,7 +12,7 @@
 
 Same math as csrc/include/qkernels/kde.h and csrc/cpu/kde.cpp; semantics:
 :mod:`qkernels.reference.kde`. No (n, n, d) or (n, n) tensor is written to memory: KLM streams
-blocks of sample pairs through registers (flash-attention style), kde_grid streams samples (forward
-and points' gradient) or points (samples' gradient). Every reduction is owned by one program and
-summed in a fixed order, so results are deterministic.
+samples past rows held in registers, kde_grid streams samples (forward and points' gradient) or points
+(samples' gradient). Every reduction is owned by one program and summed in a fixed order, so results are
+deterministic.
 """

@@ -1,6 +1,25 @@
 """Tripod's KLM on Triton: ``klm`` and ``klm_backward`` (the ops ``qkernels::klm_triton`` and
-``klm_backward_triton``), flash-style over symmetric tiles of sample pairs, never the (n, n, d) tensor.
-Launches per forward + backward: 6 (symmetric tiles, 3 each way).
+``klm_backward_triton``), KeOps-shaped: each row b of the samples is held in registers by its own threads
+(its d scaled values and d marginal sums), the samples a streamed past it; never an (n, n) or (n, n, d) tensor.
+Launches: 2 forward (prologue, pairs), 3 backward (prologue, pairs, chain).
+
+Issue 53's shape, from the arithmetic: 4096 x 64 is ~1.07e9 Gaussians per pass, bound by the SFU's exponentials
+(~0.26 ms per pass on an H100), not by its ~2 MB of data. The earlier kernel (symmetric (8 x 8 x 64) tiles,
+gpu/experiments/klm_symmetric.py) reduced every tile across threads three ways and took 4.2 ms forward + backward on
+an H200. Here no reduction crosses a thread in the pair loop but the joint exponent's, over the 2-4 threads of a
+row when d > 32 (one shuffle per pair); the price is visiting each ordered pair, not each unordered pair, once.
+
+- ``_klm_prologue`` (grid: latent blocks): the std (given, or z's population std + 1e-6) and the transposed,
+  scaled samples u = z / std c (d, n), c = sqrt(log2(e) / 2) in float32 (the Gaussians are exp2(-du^2), the SFU's
+  instruction), sqrt(1 / 2) in float64 (exp(-du^2)); backward also exp(-lse) transposed (d + 1, n).
+- ``_klm_pairs`` (grid: row blocks x SPLIT ranges of a): program (i, s) adds, for the rows b of block i, over the
+  samples a of range s: forward the d marginal kernels and the joint one; backward the gradient terms. Their
+  layout (d values down a row's threads, rows across the warp, one warp a program) follows from the loads and
+  stores of the (d, n) tables, whose row stride is not specialized (``NS``): Triton then neither vectorizes along
+  the rows nor spreads a row over the warps. The last of a row block's programs to finish (an arrival ticket,
+  :mod:`qkernels.triton._tickets`) adds its ranges' partials in range order; forward, the last row block adds the
+  loss partials in block order: deterministic.
+- ``_klm_chain`` (backward): dLoss/dz through y = z / std and the default std.
 """
 
 from __future__ import annotations
@@ -12,306 +31,215 @@ import triton
 import triton.language as tl
 
 from qkernels.reference.kde import silverman_factor
-from qkernels.triton._grid import cdiv, next_pow2
+from qkernels.triton import _tickets
+from qkernels.triton._grid import cdiv, min_programs, next_pow2
+from qkernels.triton._tickets import last_to_arrive
 
-# Flash-style and symmetric: the kernel matrices are symmetric, so each pair of sample
-# tiles is computed once. Samples are grouped in super-blocks of KLM_SUPER rows; program (p, q),
-# q <= p, walks the (BLOCK_B x BLOCK_B x D) pair tiles of super-blocks p and q in registers (never
-# the n x n x d tensor) and writes, to a workspace ws (nsb, nsb, KLM_SUPER, W), the partial sums of
-# super-block p's rows over q's samples (ws[p, q]) and, for q < p, of q's rows over p's samples
-# (ws[q, p], the tiles' column sums, accumulated by this program alone). Every ws[r, q] is written
-# by one program; _klm_rows then adds each row's nsb partials in a fixed order: deterministic.
-# Forward (W = d + 1: the joint kernel and the d marginal ones): _klm_fwd_tiles, _klm_rows (lse and
-# one loss partial per row block), _klm_loss: 3 launches. Backward (W = d: dLoss/dy): _klm_bwd_tiles,
-# _klm_rows, _klm_grad (the chain through y = z / std and the default std): 3 launches. float32
-# exponentials are exp2 with log2(e) folded into the scale (the SFU's instruction); float64 keeps
-# exp. The running maximum of an online log-sum-exp is known up front: every exponent is <= 0 and
-# the a = b term is exp(0) = 1, so the sums lie in [1, n] and are accumulated directly. Without a
-# given std every program computes the population std of z + 1e-6 itself (two passes over z).
-
-KLM_SUPER = 128  # at most this many rows per super-block; workspace n^2 / super (d + 1) values
 LOG2E = 1.4426950408889634
+WARP = 32  # threads of a _klm_pairs program (one warp)
+KLM_ROW_VALUES = 32  # float32 latents a thread holds of its row, forward (above: 2, 4, ... threads a row)
+KLM_MIN_SPAN = 64  # samples a at least per program (the row block's loads and partials amortized over them)
+KLM_PROGRAMS_PER_SM = 16  # one-warp programs wanted per SM (its resident programs: ~12 at ~160 registers)
+KLM_PROLOGUE_ROWS = 128  # rows of z per step of the prologue
+KLM_CHAIN_ROWS = 16  # rows of z per program of the chain
+KLM_PROLOGUE_COLS = 4  # latents per program of the prologue
 
 
-def _klm_super(n: int, block: int) -> int:
-    """Rows per super-block: about n / 32 (nsb ~ 32 super-blocks, nsb (nsb + 1) / 2 ~ 528 programs: two per SM
-    of an H100 from n = 1024 on; was n / 16, 136 programs), a power of 2 between BLOCK_B and KLM_SUPER."""
-    return min(KLM_SUPER, max(block, next_pow2(cdiv(n, 32))))
-
-
-def _scale_rows(block_d: int) -> int:
-    """Rows of z per step of the std's two passes (every kernel computes the std itself): ~4096 values per load.
-    Each step is one round trip to L2; at 8 rows (the pair tile's) the H200 spent ~120 us per kernel on them at
-    4096 x 64 (_klm_grad 126 us, _klm_bwd_rows 218 us, against 9 us for _klm_fwd_rows, which has none)."""
-    return max(8, 4096 // block_d)
-
-
-def _klm_blocks(d: int) -> tuple[int, int, int]:
-    """(BLOCK_B rows, BLOCK_A streamed samples, BLOCK_D latents): the pair tile is B x A x D."""
+def _klm_plan(z: torch.Tensor, backward: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_B rows, BLOCK_D, SPLIT samples a per program, ranges S) of ``_klm_pairs`` for z (n, d): a warp's
+    threads over BLOCK_B rows x BLOCK_D / KLM_ROW_VALUES threads per row; ranges enough for KLM_PROGRAMS_PER_SM programs
+    per SM where each still spans KLM_MIN_SPAN samples (the last range may be shorter)."""
+    n, d = z.shape
     block_d = next_pow2(d)
-    block = 32 if block_d <= 4 else 16 if block_d <= 16 else 8  # B * A * D <= 4096 up to d = 64
-    return block, block, block_d
+    # float64: half as many (two registers each); backward: half as many (five (d,) arrays a row, not three)
+    values = max(1, KLM_ROW_VALUES * 4 // z.element_size() // (2 if backward else 1))
+    block_b = max(2, WARP // max(1, block_d // values))
+    blocks = cdiv(n, block_b)
+    want = cdiv(min_programs(z) // 2 * KLM_PROGRAMS_PER_SM, blocks)
+    ranges = max(1, min(want, n // KLM_MIN_SPAN))
+    split = cdiv(n, ranges)
+    return block_b, block_d, split, cdiv(n, split)
 
 
 @triton.jit
-def _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
-    """(std, mean, var) of the latent columns ``cols``: std given (mean and var then 0: not read), or z's population
-    std + 1e-6 (two passes over z, BLOCK_A rows per step)."""
-    dt = z_ptr.dtype.element_ty
-    if HAS_STD:
-        zero = tl.zeros((BLOCK_D,), dt)
-        return tl.load(std_ptr + cols, mask=cmask, other=1.0), zero, zero
-    acc = tl.zeros((BLOCK_A, BLOCK_D), dt)
-    for a0 in range(0, N, BLOCK_A):
-        rows = a0 + tl.arange(0, BLOCK_A)
-        acc += tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=(rows < N)[:, None] & cmask[None, :], other=0.0)
-    mean = tl.sum(acc, 0) / N
-    acc = tl.zeros((BLOCK_A, BLOCK_D), dt)
-    for a0 in range(0, N, BLOCK_A):
-        rows = a0 + tl.arange(0, BLOCK_A)
-        m = (rows < N)[:, None] & cmask[None, :]
-        dev = tl.where(m, tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0) - mean[None, :], 0.0)
-        acc += dev * dev
-    var = tl.sum(acc, 0) / N
-    pos = var > 0
-    std = tl.where(pos, tl.sqrt(tl.where(pos, var, 1.0)), 0.0) + tl.full((), 1e-6, dt)
-    return std, mean, var
-
-
-@triton.jit
-def _gauss(s, c, c2):
-    """exp(c s): exp2(c2 s) with c2 = c log2(e) in float32 (the SFU's instruction), exp in float64."""
+def _gauss(s):
+    """The Gaussian of a scaled square: exp2(-s) in float32 (u scaled by sqrt(log2(e) / 2)), exp(-s) in float64."""
     if s.dtype == tl.float32:
-        return tl.exp2(c2 * s)
-    return tl.exp(c * s)
+        return tl.exp2(-s)
+    return tl.exp(-s)
 
 
 @triton.jit
-def _klm_y(z_ptr, std, rows, cols, cmask, N, D):
-    """y = z / std of the given rows (0 outside) and the row mask."""
-    rmask = rows < N
-    m = rmask[:, None] & cmask[None, :]
-    return tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0) / std[None, :], rmask
-
-
-@triton.jit
-def _ws_offsets(p, q, r0, NSB, W, SUPER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Offsets of ws[p, q, r0:r0 + BLOCK]: (BLOCK, BLOCK_D) marginal columns and (BLOCK,) the joint one (W - 1)."""
-    rows = ((p * NSB + q) * SUPER + r0 + tl.arange(0, BLOCK)) * W
-    return rows[:, None] + tl.arange(0, BLOCK_D)[None, :], rows + W - 1
-
-
-@triton.jit
-def _ws_load(
-    ws_ptr,
-    p,
-    q,
-    r0,
-    NSB,
-    W,
-    cmask,
-    JOINT: tl.constexpr,
-    SUPER: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """ws[p, q, r0:r0 + BLOCK]: (msum (BLOCK, BLOCK_D), jsum (BLOCK,); 0 without JOINT)."""
-    offs, joint = _ws_offsets(p, q, r0, NSB, W, SUPER, BLOCK, BLOCK_D)
-    msum = tl.load(ws_ptr + offs, mask=cmask[None, :], other=0.0)
-    jsum = tl.zeros((BLOCK,), ws_ptr.dtype.element_ty)
-    if JOINT:
-        jsum = tl.load(ws_ptr + joint)
-    return msum, jsum
-
-
-@triton.jit
-def _ws_store(
-    ws_ptr, p, q, r0, NSB, W, msum, jsum, cmask, JOINT: tl.constexpr, SUPER: tl.constexpr, BLOCK: tl.constexpr
-):
-    """ws[p, q, r0:r0 + BLOCK] = [msum (BLOCK, d) | jsum (BLOCK,) if JOINT]."""
-    offs, joint = _ws_offsets(p, q, r0, NSB, W, SUPER, BLOCK, msum.shape[1])
-    tl.store(ws_ptr + offs, msum, mask=cmask[None, :])
-    if JOINT:
-        tl.store(ws_ptr + joint, jsum)
-
-
-@triton.jit
-def _klm_tiles(
+def _klm_prologue(
     z_ptr,
     std_ptr,
     lse_ptr,
-    ws_ptr,
+    stat_ptr,
+    ut_ptr,
+    et_ptr,
     N,
     D,
-    NSB,
-    c_joint: tl.float64,
-    c2_joint: tl.float64,
-    c2_marg: tl.float64,
-    inv_f2: tl.float64,
+    c: tl.float64,
+    HAS_STD: tl.constexpr,
     BACKWARD: tl.constexpr,
-    HAS_STD: tl.constexpr,
-    SUPER: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    SCALE_ROWS: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
-    """Program t of the lower triangle of super-block pairs, (p, q) with q <= p, t = p (p + 1) / 2 + q (the
-    grid launches no idle program): for every row b of super-block p and sample a of q,
-    forward: ws[p, q, b] = [sum_a exp(-(y_bj - y_aj)^2 / 2) for each j | sum_a exp(c_joint |y_b - y_a|^2)]
-    (W = d + 1); BACKWARD: ws[p, q, b, j] = sum_a [-(P_ba + P_ab) / f^2 + (Pj_ba + Pj_ab)] (y_bj - y_aj)
-    (W = d) with the joint softmax P_ba = exp(J_ba - L_b) and the per-latent ones Pj_ba from the
-    forward's lse. For q < p also ws[q, p] (the tiles' column sums, the terms being symmetric)."""
-    t = tl.program_id(0)
-    p = ((tl.sqrt((8 * t + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)  # then exact in integers
-    p = tl.where(p * (p + 1) // 2 > t, p - 1, p)
-    p = tl.where((p + 1) * (p + 2) // 2 <= t, p + 1, p)
-    q = t - p * (p + 1) // 2
-    if q <= p:
-        dt = z_ptr.dtype.element_ty
-        cj, cj2, cm2, if2 = (
-            tl.full((), c_joint, dt),
-            tl.full((), c2_joint, dt),
-            tl.full((), c2_marg, dt),
-            tl.full((), inv_f2, dt),
-        )
-        cols = tl.arange(0, BLOCK_D)
-        cmask = cols < D
-        std, _, _ = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, SCALE_ROWS, BLOCK_D)
-        w = D if BACKWARD else D + 1
-        for b0 in range(0, SUPER, BLOCK):
-            rows_b = p * SUPER + b0 + tl.arange(0, BLOCK)
-            yb, bmask = _klm_y(z_ptr, std, rows_b, cols, cmask, N, D)
-            jsum = tl.zeros((BLOCK,), dt)
-            msum = tl.zeros((BLOCK, BLOCK_D), dt)
-            if BACKWARD:
-                mb = bmask[:, None] & cmask[None, :]
-                elb = tl.exp(-tl.load(lse_ptr + rows_b * (D + 1), mask=bmask, other=0.0))
-                eltb = tl.exp(-tl.load(lse_ptr + rows_b[:, None] * (D + 1) + 1 + cols[None, :], mask=mb, other=0.0))
-            a_end = tl.where(q < p, SUPER, b0 + BLOCK)  # the diagonal super-block: its lower triangle of tiles
-            for a0 in range(0, a_end, BLOCK):
-                # off the diagonal the tile's column sums are rows a's (antisymmetric backward), added to what earlier
-                # row blocks left in ws[q, p, a0] (the diagonal super-block's: the row sums of row block a0). That
-                # value is loaded before the tile's exponentials, so that its latency hides behind them, and stored
-                # after: no barrier per tile, one per row block (below)
-                cols_a = (q < p) | (a0 < b0)
-                prev_m = tl.zeros((BLOCK, BLOCK_D), dt)
-                prev_j = tl.zeros((BLOCK,), dt)
-                if cols_a & (b0 > 0):
-                    prev_m, prev_j = _ws_load(ws_ptr, q, p, a0, NSB, w, cmask, not BACKWARD, SUPER, BLOCK, BLOCK_D)
-                rows_a = q * SUPER + a0 + tl.arange(0, BLOCK)
-                ya, amask = _klm_y(z_ptr, std, rows_a, cols, cmask, N, D)
-                diff = yb[:, None, :] - ya[None, :, :]  # (B, A, D); masked latents are 0 - 0
-                sq = diff * diff
-                pm = bmask[:, None] & amask[None, :]
-                ej = tl.where(pm, _gauss(tl.sum(sq, 2), cj, cj2), 0.0)  # (B, A)
-                em = tl.where(pm[:, :, None], _gauss(sq, -0.5, cm2), 0.0)  # (B, A, D)
-                if BACKWARD:
-                    ma = amask[:, None] & cmask[None, :]
-                    ela = tl.exp(-tl.load(lse_ptr + rows_a * (D + 1), mask=amask, other=0.0))
-                    elta = tl.exp(-tl.load(lse_ptr + rows_a[:, None] * (D + 1) + 1 + cols[None, :], mask=ma, other=0.0))
-                    wj = -ej * (elb[:, None] + ela[None, :]) * if2
-                    em = (wj[:, :, None] + em * (eltb[:, None, :] + elta[None, :, :])) * diff
-                msum += tl.sum(em, 1)
-                jsum += tl.sum(ej, 1)
-                if cols_a:
-                    cm = tl.sum(em, 0)
-                    _ws_store(
-                        ws_ptr,
-                        q,
-                        p,
-                        a0,
-                        NSB,
-                        w,
-                        prev_m + (-cm if BACKWARD else cm),
-                        prev_j + tl.sum(ej, 0),
-                        cmask,
-                        not BACKWARD,
-                        SUPER,
-                        BLOCK,
-                    )
-            _ws_store(ws_ptr, p, q, b0, NSB, w, msum, jsum, cmask, not BACKWARD, SUPER, BLOCK)
-            tl.debug_barrier()  # this row block's stores before the next one's loads (a value's threads may differ)
+    """Program j: latents [j BLOCK_C, (j + 1) BLOCK_C): stat[:, cols] = (std, mean, var) (mean and var 0 with a
+    given std), ut[cols] = (z / std c)^T; BACKWARD also et[1 + cols] = exp(-lse[:, 1 + cols])^T and, program 0,
+    et[0] = exp(-lse[:, 0])."""
+    dt = z_ptr.dtype.element_ty
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < D
+    if HAS_STD:
+        std = tl.load(std_ptr + cols, mask=cmask, other=1.0)
+        mean = tl.zeros((BLOCK_C,), dt)
+        var = tl.zeros((BLOCK_C,), dt)
+    else:
+        acc = tl.zeros((ROWS, BLOCK_C), dt)
+        for r0 in range(0, N, ROWS):
+            rows = r0 + tl.arange(0, ROWS)
+            m = (rows < N)[:, None] & cmask[None, :]
+            acc += tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0)
+        mean = tl.sum(acc, 0) / N
+        acc = tl.zeros((ROWS, BLOCK_C), dt)
+        for r0 in range(0, N, ROWS):
+            rows = r0 + tl.arange(0, ROWS)
+            m = (rows < N)[:, None] & cmask[None, :]
+            dev = tl.where(
+                m, tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0) - mean[None, :], 0.0
+            )
+            acc += dev * dev
+        var = tl.sum(acc, 0) / N
+        pos = var > 0
+        std = tl.where(pos, tl.sqrt(tl.where(pos, var, 1.0)), 0.0) + tl.full((), 1e-6, dt)
+    tl.store(stat_ptr + cols, std, mask=cmask)
+    tl.store(stat_ptr + D + cols, mean, mask=cmask)
+    tl.store(stat_ptr + 2 * D + cols, var, mask=cmask)
+    scale = tl.full((), c, dt) / std
+    for r0 in range(0, N, ROWS):
+        rows = r0 + tl.arange(0, ROWS)
+        rmask = rows < N
+        m = rmask[:, None] & cmask[None, :]
+        x = tl.load(z_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0)
+        tl.store(ut_ptr + cols[None, :] * N + rows[:, None], x * scale[None, :], mask=m)
+        if BACKWARD:
+            lm = tl.load(lse_ptr + rows[:, None] * (D + 1) + 1 + cols[None, :], mask=m, other=0.0)
+            tl.store(et_ptr + (1 + cols[None, :]) * N + rows[:, None], tl.exp(-lm), mask=m)
+            if tl.program_id(0) == 0:
+                lj = tl.load(lse_ptr + rows * (D + 1), mask=rmask, other=0.0)
+                tl.store(et_ptr + rows, tl.exp(-lj), mask=rmask)
 
 
-@triton.jit
-def _ws_rows(ws_ptr, rows, cols, cmask, NSB, W, SUPER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """sum over q (in order) of ws[rows // SUPER, q, rows % SUPER]: (BLOCK, BLOCK_D) marginal
-    columns and (BLOCK,) column d (the joint one, forward)."""
-    dt = ws_ptr.dtype.element_ty
-    base = (rows // SUPER) * NSB * SUPER + rows % SUPER
-    m = tl.zeros((BLOCK, BLOCK_D), dt)
-    j = tl.zeros((BLOCK,), dt)
-    for q in range(0, NSB):
-        r = (base + q * SUPER) * W
-        m += tl.load(ws_ptr + r[:, None] + cols[None, :], mask=cmask[None, :], other=0.0)
-        j += tl.load(ws_ptr + r + W - 1)
-    return m, j
-
-
-@triton.jit
-def _klm_fwd_rows(
-    ws_ptr, lse_ptr, part_ptr, N, D, NSB, SUPER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr
-):
-    """lse[b] = [log of the joint sum | log of each marginal sum] and part[program] = sum_b (joint -
-    sum_j marginal) over this block of rows. Grid (n / BLOCK,)."""
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.arange(0, BLOCK_D)
-    rmask, cmask = rows < N, cols < D
-    mb = rmask[:, None] & cmask[None, :]
-    msum, jsum = _ws_rows(ws_ptr, rows, cols, cmask, NSB, D + 1, SUPER, BLOCK, BLOCK_D)
-    lj = tl.log(tl.where(rmask, jsum, 1.0))
-    lm = tl.log(tl.where(mb, msum, 1.0))
-    tl.store(lse_ptr + rows * (D + 1), lj, mask=rmask)
-    tl.store(lse_ptr + rows[:, None] * (D + 1) + 1 + cols[None, :], lm, mask=mb)
-    tl.store(part_ptr + tl.program_id(0), tl.sum(lj - tl.sum(lm, 1), 0))
-
-
-@triton.jit
-def _klm_bwd_rows(
-    z_ptr,
-    std_ptr,
+@triton.jit(do_not_specialize=["NS"])
+def _klm_pairs(
+    ut_ptr,
+    et_ptr,
     ws_ptr,
-    g_ptr,
-    gy_ptr,
+    lse_ptr,
     part_ptr,
+    out_ptr,
+    g_ptr,
+    NS,
     N,
     D,
-    NSB,
-    HAS_STD: tl.constexpr,
-    SUPER: tl.constexpr,
-    BLOCK: tl.constexpr,
+    SPLIT,
+    S,
+    R,
+    inv_f2: tl.float64,
+    out_scale: tl.float64,
+    const: tl.float64,
+    cnt_ptr,
+    BACKWARD: tl.constexpr,
+    BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    SCALE_ROWS: tl.constexpr,
 ):
-    """gy[b] = dLoss/dy_b = g / n times the row sums of the backward tiles; part[program, j] =
-    sum_b gy_bj y_bj over this block of rows. Grid (n / BLOCK,)."""
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    """Program (i, s): rows b of block i against samples a of range s, partials to ws[s, :, rows] (NS = N, the
+    tables' row stride, unspecialized). Forward: ws[s, j] = sum_a exp(-du_baj^2) for each latent j and ws[s, D] =
+    sum_a exp(-|du_ba|^2 / f^2); the range's last program writes lse's rows and part[i] = sum_b (lse[b, 0] -
+    sum_j lse[b, 1 + j]), the last block out = sum_i part[i] out_scale + const (out_scale = 1 / N: no division).
+    Backward: ws[s, j] = sum_a [(Pj_ba + Pj_ab) - (P_ba + P_ab) / f^2] du_baj (P: the softmaxes of the forward's
+    kernels, from et); the last program writes out[b, j] = g out_scale ws-sum (dLoss/dy, out_scale = 1 / (N c))
+    and part[i, j] = sum_b out[b, j] y_bj."""
+    dt = ut_ptr.dtype.element_ty
+    pid_b, pid_s = tl.program_id(0), tl.program_id(1)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_D)
     rmask, cmask = rows < N, cols < D
-    mb = rmask[:, None] & cmask[None, :]
-    acc, _ = _ws_rows(ws_ptr, rows, cols, cmask, NSB, D, SUPER, BLOCK, BLOCK_D)
-    std, _, _ = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, SCALE_ROWS, BLOCK_D)
-    yb, _ = _klm_y(z_ptr, std, rows, cols, cmask, N, D)
-    gy = tl.where(mb, acc * (tl.load(g_ptr).to(acc.dtype) / N), 0.0)
-    tl.store(gy_ptr + rows[:, None] * D + cols[None, :], gy, mask=mb)
-    tl.store(part_ptr + tl.program_id(0) * D + cols, tl.sum(gy * yb, 0), mask=cmask)
+    tile = cols[:, None] * NS + rows[None, :]  # (BLOCK_D, BLOCK_B) offsets in a (d, n) table
+    m2 = cmask[:, None] & rmask[None, :]
+    ub = tl.load(ut_ptr + tile, mask=m2, other=0.0)
+    f2 = tl.full((), inv_f2, dt)
+    a0 = pid_s * SPLIT
+    a1 = tl.minimum(a0 + SPLIT, N)
+    part_ws = ws_ptr + pid_s * (D + 1) * NS
+    if BACKWARD:
+        elb = tl.load(et_ptr + rows, mask=rmask, other=0.0)
+        s1 = tl.zeros((BLOCK_D, BLOCK_B), dt)
+        s2 = tl.zeros((BLOCK_D, BLOCK_B), dt)
+        ua = tl.load(ut_ptr + cols * NS + a0, mask=cmask, other=0.0)
+        elta = tl.load(et_ptr + (1 + cols) * NS + a0, mask=cmask, other=0.0)
+        ela = tl.load(et_ptr + a0)
+        for a in range(a0, a1):
+            # the next step's loads issued before this step's exponentials (their latency hidden behind them); the
+            # last step's next sample is clamped to a valid one, loaded and not used
+            nxt = tl.minimum(a + 1, N - 1)
+            next_ua = tl.load(ut_ptr + cols * NS + nxt, mask=cmask, other=0.0)
+            next_elta = tl.load(et_ptr + (1 + cols) * NS + nxt, mask=cmask, other=0.0)
+            next_ela = tl.load(et_ptr + nxt)
+            du = ub - ua[:, None]
+            sq = du * du
+            em = _gauss(sq)
+            wj = _gauss(tl.sum(sq, 0) * f2) * (elb + ela) * f2
+            s1 += em * du
+            s2 += (em * elta[:, None] - wj[None, :]) * du
+            ua, elta, ela = next_ua, next_elta, next_ela
+        eltb = tl.load(et_ptr + NS + tile, mask=m2, other=0.0)
+        tl.store(part_ws + tile, eltb * s1 + s2, mask=m2)
+    else:
+        msum = tl.zeros((BLOCK_D, BLOCK_B), dt)
+        jsum = tl.zeros((BLOCK_B,), dt)
+        ua = tl.load(ut_ptr + cols * NS + a0, mask=cmask, other=0.0)
+        for a in range(a0, a1):
+            next_ua = tl.load(ut_ptr + cols * NS + tl.minimum(a + 1, N - 1), mask=cmask, other=0.0)  # as backward
+            du = ub - ua[:, None]
+            ua = next_ua
+            sq = du * du
+            msum += _gauss(sq)
+            jsum += _gauss(tl.sum(sq, 0) * f2)
+        tl.store(part_ws + tile, msum, mask=m2)
+        tl.store(part_ws + D * NS + rows, jsum, mask=rmask)
+    if last_to_arrive(cnt_ptr + pid_b, S):
+        acc = tl.zeros((BLOCK_D, BLOCK_B), dt)
+        jacc = tl.zeros((BLOCK_B,), dt)
+        for s in range(0, S):
+            base = ws_ptr + s * (D + 1) * NS
+            acc += tl.load(base + tile, mask=m2, other=0.0, cache_modifier=".cg")
+            if not BACKWARD:
+                jacc += tl.load(base + D * NS + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+        if BACKWARD:
+            gy = tl.where(m2, acc * (tl.load(g_ptr).to(dt) * tl.full((), out_scale, dt)), 0.0)
+            tl.store(out_ptr + rows[None, :] * D + cols[:, None], gy, mask=m2)
+            # y = u / c = u N out_scale
+            tl.store(part_ptr + pid_b * D + cols, tl.sum(gy * ub, 1) * (N * tl.full((), out_scale, dt)), mask=cmask)
+        else:
+            lj = tl.log(tl.where(rmask, jacc, 1.0))
+            lm = tl.log(tl.where(m2, acc, 1.0))
+            tl.store(lse_ptr + rows * (D + 1), lj, mask=rmask)
+            tl.store(lse_ptr + rows[None, :] * (D + 1) + 1 + cols[:, None], lm, mask=m2)
+            tl.store(part_ptr + pid_b, tl.sum(lj - tl.sum(lm, 0), 0))
+            if last_to_arrive(cnt_ptr + R, R):
+                total = tl.zeros((BLOCK_B,), dt)
+                for i0 in range(0, R, BLOCK_B):
+                    ii = i0 + tl.arange(0, BLOCK_B)
+                    total += tl.load(part_ptr + ii, mask=ii < R, other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr, tl.sum(total, 0) * tl.full((), out_scale, dt) + tl.full((), const, dt))
 
 
 @triton.jit
-def _klm_loss(part_ptr, loss_ptr, P, N, const: tl.float64, BLOCK: tl.constexpr):
-    """loss = sum of the P partials / N + const, summed in a fixed order (one program)."""
-    dt = part_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK,), dt)
-    for p0 in range(0, P, BLOCK):
-        ps = p0 + tl.arange(0, BLOCK)
-        acc += tl.load(part_ptr + ps, mask=ps < P, other=0.0)
-    tl.store(loss_ptr, tl.sum(acc, 0) / N + tl.full((), const, dt))
-
-
-@triton.jit
-def _klm_grad(
+def _klm_chain(
     z_ptr,
-    std_ptr,
+    stat_ptr,
     gz_ptr,
     part_ptr,
     gstd_ptr,
@@ -319,123 +247,134 @@ def _klm_grad(
     D,
     P,
     HAS_STD: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_A: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    # z = y * std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j (the partials, summed in a fixed
-    # order); the default std adds dstd_j (z_bj - mean_j) / (n sqrt(var_j)) (zero where var_j = 0).
-    # gz_ptr holds dLoss/dy on entry and dLoss/dz on exit; program 0 writes dLoss/dstd (given std).
-    rows_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    """z = y std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j (part's P rows, added in order); the default
+    std adds dstd_j (z_bj - mean_j) / (N sqrt(var_j)) (0 where var_j = 0). gz holds dLoss/dy on entry and
+    dLoss/dz on exit; program 0 writes dLoss/dstd (given std)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
-    bmask, cmask = rows_b < N, cols < D
-    mb = bmask[:, None] & cmask[None, :]
-    std, mean, var = _klm_scale(z_ptr, std_ptr, cols, cmask, N, D, HAS_STD, BLOCK_A, BLOCK_D)
+    cmask = cols < D
+    m = (rows < N)[:, None] & cmask[None, :]
+    std = tl.load(stat_ptr + cols, mask=cmask, other=1.0)
     s = tl.zeros((BLOCK_D,), std.dtype)
     for p in range(0, P):
         s += tl.load(part_ptr + p * D + cols, mask=cmask, other=0.0)
     gstd = -s / std
-    offs = rows_b[:, None] * D + cols[None, :]
-    gz = tl.load(gz_ptr + offs, mask=mb, other=0.0) / std[None, :]
+    offs = rows[:, None] * D + cols[None, :]
+    gz = tl.load(gz_ptr + offs, mask=m, other=0.0) / std[None, :]
     if HAS_STD:
         if tl.program_id(0) == 0:
             tl.store(gstd_ptr + cols, gstd, mask=cmask)
     else:
+        mean = tl.load(stat_ptr + D + cols, mask=cmask, other=0.0)
+        var = tl.load(stat_ptr + 2 * D + cols, mask=cmask, other=0.0)
         pos = var > 0
         dstd = tl.where(pos, gstd / (N * tl.sqrt(tl.where(pos, var, 1.0))), 0.0)
-        z = tl.load(z_ptr + offs, mask=mb, other=0.0)
-        gz += dstd[None, :] * (z - mean[None, :])
-    tl.store(gz_ptr + offs, gz, mask=mb)
+        gz += dstd[None, :] * (tl.load(z_ptr + offs, mask=m, other=0.0) - mean[None, :])
+    tl.store(gz_ptr + offs, gz, mask=m)
 
 
-def _klm_launch(z, std, lse, backward):
-    """The tile pass: (workspace, nsb, super, block, block_d)."""
+def _scale(z: torch.Tensor) -> float:
+    """c of u = z / std c: sqrt(log2(e) / 2) in float32 (exp2), sqrt(1 / 2) in float64 (exp)."""
+    return math.sqrt((LOG2E if z.dtype == torch.float32 else 1.0) / 2)
+
+
+def _prologue(z, std, lse):
+    """(stat (3, d), ut (d, n), et (d + 1, n) or None): one launch."""
     n, d = z.shape
-    f = silverman_factor(n, d)
-    block, _, block_d = _klm_blocks(d)
-    if backward and z.dtype == torch.float64 and block * block * block_d > 2048:
-        block //= 2  # the float64 backward's pair tile spilled registers on sm_90 at 32 x 32 x 4
-    sup = _klm_super(n, block)
-    nsb = cdiv(n, sup)
-    ws = z.new_empty(nsb * nsb * sup * (d if backward else d + 1))
-    c_joint = -0.5 / (f * f)
-    _klm_tiles[(nsb * (nsb + 1) // 2,)](
+    stat = z.new_empty(3, d)
+    ut = z.new_empty(d, n)
+    et = None if lse is None else z.new_empty(d + 1, n)
+    _klm_prologue[(cdiv(d, KLM_PROLOGUE_COLS),)](
         z,
         z if std is None else std,
-        lse,
-        ws,
+        z if lse is None else lse,
+        stat,
+        ut,
+        ut if et is None else et,
         n,
         d,
-        nsb,
-        c_joint,
-        c_joint * LOG2E,
-        -0.5 * LOG2E,
-        1.0 / (f * f),
-        BACKWARD=backward,
+        _scale(z),
         HAS_STD=std is not None,
-        SUPER=sup,
-        BLOCK=block,
-        BLOCK_D=block_d,
-        SCALE_ROWS=_scale_rows(block_d),
+        BACKWARD=lse is not None,
+        ROWS=KLM_PROLOGUE_ROWS,
+        BLOCK_C=KLM_PROLOGUE_COLS,
     )
-    return ws, nsb, sup, block, block_d
+    return stat, ut, et
+
+
+def _pairs(z, ut, et, lse, part, out, g, backward):
+    n, d = z.shape
+    block_b, block_d, split, ranges = _klm_plan(z, backward)
+    blocks = cdiv(n, block_b)
+    f = silverman_factor(n, d)
+    ws = z.new_empty(ranges * (d + 1) * n)
+    _tickets.launch(
+        _klm_pairs,
+        (blocks, ranges),
+        blocks + 1,
+        ut,
+        ut if et is None else et,
+        ws,
+        lse,
+        part,
+        out,
+        g,
+        n,
+        n,
+        d,
+        split,
+        ranges,
+        blocks,
+        1.0 / (f * f),
+        1.0 / (n * _scale(z)) if backward else 1.0 / n,
+        (d - 1) * math.log(n) - d * math.log(f),
+        BACKWARD=backward,
+        BLOCK_B=block_b,
+        BLOCK_D=block_d,
+        num_warps=1,
+    )
 
 
 def klm(z: torch.Tensor, std: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss (), lse (n, d + 1)) as :func:`qkernels.reference.kde.klm`: 2 launches."""
     z = z.contiguous()
     std = None if std is None else std.contiguous()
     n, d = z.shape
+    _, ut, _ = _prologue(z, std, None)
     lse = z.new_empty(n, d + 1)
-    ws, nsb, sup, block, block_d = _klm_launch(z, std, lse, False)
-    grid = (cdiv(n, block),)
-    part = z.new_empty(grid[0])
-    _klm_fwd_rows[grid](ws, lse, part, n, d, nsb, SUPER=sup, BLOCK=block, BLOCK_D=block_d)
     loss = z.new_empty(())
-    const = (d - 1) * math.log(n) - d * math.log(silverman_factor(n, d))
-    _klm_loss[(1,)](part, loss, grid[0], n, const, BLOCK=128)
+    block_b = _klm_plan(z, False)[0]
+    _pairs(z, ut, None, lse, z.new_empty(cdiv(n, block_b)), loss, loss, False)
     return loss, lse
 
 
 def klm_backward(
     grad_loss: torch.Tensor, z: torch.Tensor, std: torch.Tensor | None, lse: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dLoss/dz (n, d), dLoss/dstd (d,), empty without std): 3 launches."""
     z, lse = z.contiguous(), lse.contiguous()
     std = None if std is None else std.contiguous()
     n, d = z.shape
-    ws, nsb, sup, block, block_d = _klm_launch(z, std, lse, True)
-    grid = (cdiv(n, block),)
+    stat, ut, et = _prologue(z, std, lse)
+    blocks = cdiv(n, _klm_plan(z, True)[0])
+    part = z.new_empty(blocks, d)
     gz = torch.empty_like(z)
-    part = z.new_empty(grid[0], d)
+    _pairs(z, ut, et, lse, part, gz, grad_loss, True)
     gstd = z.new_empty(0 if std is None else d)
-    s = z if std is None else std
-    _klm_bwd_rows[grid](
+    _klm_chain[(cdiv(n, KLM_CHAIN_ROWS),)](
         z,
-        s,
-        ws,
-        grad_loss,
-        gz,
-        part,
-        n,
-        d,
-        nsb,
-        HAS_STD=std is not None,
-        SUPER=sup,
-        BLOCK=block,
-        BLOCK_D=block_d,
-        SCALE_ROWS=_scale_rows(block_d),
-    )
-    _klm_grad[grid](
-        z,
-        s,
+        stat,
         gz,
         part,
         gstd,
         n,
         d,
-        grid[0],
+        blocks,
         HAS_STD=std is not None,
-        BLOCK_B=block,
-        BLOCK_A=_scale_rows(block_d),
-        BLOCK_D=block_d,
+        ROWS=KLM_CHAIN_ROWS,
+        BLOCK_D=next_pow2(d),
     )
     return gz, gstd
