@@ -20,14 +20,15 @@
 # Works offline with the torch already installed (no pip install): set PYTHON to its interpreter
 # (default: .venv/bin/python if present, else python3). Needs nvcc, pytest, pytest-xdist (else
 # the suite runs in one process), triton. STEPS picks the steps, run in this order (default "build probe tests warm
-# speed correct profile jax keops ab split3"; also "roofline" and "bench", the `qkernels bench` tables, before keops): "jax"
+# speed correct profile jax keops ab split3 gemm3"; also "roofline" and "bench", the `qkernels bench` tables, before keops): "jax"
 # is gpu/gpu_check_jax.py (qkernels.jax's CUDA handlers against its CPU ones and plain JAX; needs jax with its CUDA
 # plugin, else its row says so); "warm"
 # runs one call of every speed variant beside the tests (gpu_check_ops.py warm: the compiles land in the on-disk
 # caches, so speed times compiled code from its start on a quiet GPU); "ab" is gpu/cliff_ab.sh (main's Cliff
 # against each gpu/experiments/*.patch); "split3" is gpu/cliff_split3.py (the reference's product as three
-# TF32 GEMMs). Time limits per step (seconds): SUITE_TIMEOUT (170, warm included), SPEED_TIMEOUT (150),
-# CORRECT_TIMEOUT (75), PROFILE_TIMEOUT (45), JAX_TIMEOUT (90), KEOPS_TIMEOUT (40), AB_TIMEOUT (180), SPLIT3_TIMEOUT (120),
+# TF32 GEMMs); "gemm3" is gpu/experiments/gemm_3xtf32.py (one 4096^3 product: Triton 3xTF32 on pre-split operands
+# against cuBLAS). Time limits per step (seconds): SUITE_TIMEOUT (170, warm included), SPEED_TIMEOUT (150),
+# CORRECT_TIMEOUT (75), PROFILE_TIMEOUT (45), JAX_TIMEOUT (90), KEOPS_TIMEOUT (40), AB_TIMEOUT (180), SPLIT3_TIMEOUT (120), GEMM3_TIMEOUT (90),
 # BENCH_TIMEOUT (150 per hot path); DEADLINE (seconds from the start, default 0 = none) cuts each step's limit to
 # what is left before it, less 20 s for the report, and skips a step with under 10 s left: set it below the
 # device call's limit so that the command ends, and its files are packed, in time. A step that runs over is
@@ -54,7 +55,7 @@ fi
 export PYTHONUNBUFFERED=1  # a step cut by its timeout still leaves its partial output
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 REPORT="$OUT/gpu_check.md"
-STEPS=${STEPS:-build probe tests warm speed correct profile jax keops ab split3}
+STEPS=${STEPS:-build probe tests warm speed correct profile jax keops ab split3 gemm3}
 DEADLINE=${DEADLINE:-0}
 DRY_RUN=${DRY_RUN:-0}
 DRY=""
@@ -344,6 +345,30 @@ if want split3; then
             echo '```'
             cat "$OUT/split3/split3.jsonl" 2>/dev/null
             tail -3 "$OUT/split3.log"
+            echo '```'
+        } >> "$REPORT"
+    fi
+fi
+# ---------------------------------------------------------------- one Cliff product as 3xTF32 on pre-split operands
+if want gemm3; then
+    GEMM3_LIMIT=$(limit "${GEMM3_TIMEOUT:-90}")
+    if [ "$GEMM3_LIMIT" = 0 ]; then skipped gemm3; else
+        step "gemm3"
+        P0=$(date +%s)
+        if [ "$DRY_RUN" = 1 ]; then
+            TRITON_INTERPRET=1 timeout -k 10 "$GEMM3_LIMIT" "$PYTHON" gpu/experiments/gemm_3xtf32.py "$OUT/gemm3" \
+                --rehearse > "$OUT/gemm3.log" 2>&1
+        else
+            timeout -k 10 "$GEMM3_LIMIT" "$PYTHON" gpu/experiments/gemm_3xtf32.py "$OUT/gemm3" > "$OUT/gemm3.log" 2>&1
+        fi
+        GEMM3_RC=$?
+        {
+            echo
+            echo "## \`gpu/experiments/gemm_3xtf32.py\`: exit $GEMM3_RC in $(($(date +%s) - P0)) s (limit $GEMM3_LIMIT)"
+            echo
+            echo '```'
+            cat "$OUT/gemm3/gemm3.jsonl" 2>/dev/null
+            tail -3 "$OUT/gemm3.log"
             echo '```'
         } >> "$REPORT"
     fi
