@@ -180,14 +180,59 @@ def _replaced(loss, module: str) -> Callable[..., None]:
     return forward_backward
 
 
+def _captured(loss, backend: str) -> Callable[..., None]:
+    """Forward + backward of ``loss`` on ``backend`` captured once in a CUDA graph (after 3 warm-up calls on a side
+    stream; the inputs and the gradients' buffers static), then replayed per call: the penalty with the qkernels
+    ops inside a graph, to compare with ``reference_compiled_ro``. The graph accumulates into the gradient buffers
+    it captured (other variants clear ``.grad``; the graph's pool keeps its own)."""
+    from qkernels import use_backend
+
+    graph = []
+
+    def forward_backward(*inputs):
+        if not graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), use_backend(backend):
+                for _ in range(3):
+                    loss(*inputs).backward()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g), use_backend(backend):
+                loss(*inputs).backward()
+            graph.append(g)
+        graph[0].replay()
+
+    return forward_backward
+
+
+def _compiled_ro(loss) -> Callable[..., None]:
+    """``torch.compile(mode="reduce-overhead")`` (CUDA graphs) of the reference: the captured baseline."""
+    from qkernels import use_backend
+
+    fn = torch.compile(loss, dynamic=False, mode="reduce-overhead")
+
+    def forward_backward(*inputs):
+        with use_backend("reference"):
+            fn(*inputs).backward()
+        for t in inputs:
+            if isinstance(t, torch.nn.Module):
+                t.zero_grad(set_to_none=True)
+
+    return forward_backward
+
+
 def _variants(op: str, name: str, loss, device: str) -> dict[str, Callable[..., None]]:
     out = {"auto": variant(loss, "auto")}
     out |= {b: variant(loss, b) for b in kernels(op, device) if not (b == "triton" and device == "cpu")}
     if op in EXPERIMENTS and "triton" in kernels(op, device):  # the A/B (on a CPU: TRITON_INTERPRET=1)
         out["triton"] = variant(loss, "triton")
-        name, module = EXPERIMENTS[op]
-        out[name] = _replaced(loss, module)
+        replaced, module = EXPERIMENTS[op]
+        out[replaced] = _replaced(loss, module)
     out["reference_compiled"] = variant(loss, compiled=True)
+    if op == "finite_difference_curvature" and device == "cuda":  # captured against captured (issue 53)
+        out["auto_graph"] = _captured(loss, "auto")
+        out["reference_compiled_ro"] = _compiled_ro(loss)
     if op == "cliff_loss" and "triton" in out:
         out["triton high"] = bk._matmul_precision(out["triton"], "high")
     if name == "klm n=4096 d=64":  # the dense reference holds d (n, n) tensors (> 10 GB): as the bench, left out
