@@ -1,13 +1,14 @@
 """Issue 53's Cliff design, step (2) alone: one of its three products, C = A B at Cliff's (4096, 32, 128, 128) size
-(4096^3, 137 GFLOP), as 3xTF32 on tensor cores from operands split once beforehand (hi: the float32 value with its
-13 low mantissa bits cleared, exact in TF32; lo = value - hi, exact in float32), so that nothing is converted inside
-the GEMM loop: a Triton kernel doing three TF32 ``tl.dot`` a k-step (lo hi, hi lo, then hi hi into one float32
-accumulator), against cuBLAS SGEMM (float32 "highest", what ``torch.compile`` of the reference runs: ~51 TFLOP/s on
-the H200), one cuBLAS TF32 GEMM (fast, ~200x float32's error in Cliff: ruled out, the speed bound) and three cuBLAS
-TF32 GEMMs on the same split (TF32 switched on for those calls only). Each variant's relative error against float64.
+(4096^3, 137 GFLOP), as 3xTF32 on tensor cores from operands split once beforehand (hi: the value rounded to TF32;
+lo: the rest, rounded to TF32; both exact in TF32), so that nothing is converted inside the GEMM loop: a Triton
+kernel doing three TF32 ``tl.dot`` a k-step (lo hi, hi lo, then hi hi into one float32 accumulator), against cuBLAS
+SGEMM (float32 "highest", what ``torch.compile`` of the reference runs: ~51 TFLOP/s on the H200), one cuBLAS TF32
+GEMM (fast, ~200x float32's error in Cliff: ruled out, the speed bound) and three cuBLAS TF32 GEMMs on the same
+split (TF32 switched on for those calls only). Each variant's relative error against float64. The split's
+accuracy in Cliff's loss and gradient: gpu/experiments/cliff_precision_emulation.py's ``presplit`` mode.
 
     python gpu/experiments/gemm_3xtf32.py OUT_DIR              # a GPU: well under a minute
-    TRITON_INTERPRET=1 python gpu/experiments/gemm_3xtf32.py OUT_DIR --rehearse   # a CPU: 64^3, every variant
+    TRITON_INTERPRET=1 python gpu/experiments/gemm_3xtf32.py OUT_DIR --rehearse   # a CPU: 64 x 48 x 80
     python gpu/experiments/gemm_3xtf32.py OUT_DIR --sm90       # a CPU: compile for sm_90 (Triton 3.6 on
                                                                # PYTHONPATH), print registers, spills, wgmma and
                                                                # cvt counts of the k-loop
@@ -73,10 +74,16 @@ def _gemm_3xtf32(
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
+def _rna(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to TF32 (to nearest, ties away: PTX's cvt.rna.tf32.f32), kept in a float32 container."""
+    return ((x.contiguous().view(torch.int32) + 0x1000) & TF32_MASK).view(torch.float32)
+
+
 def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hi, lo): hi = x with its 13 low mantissa bits cleared (exact in TF32), lo = x - hi (exact in float32)."""
-    hi = (x.view(torch.int32) & TF32_MASK).view(torch.float32)
-    return hi, x - hi
+    """(hi, lo): hi = x rounded to TF32, lo = x - hi (exact in float32) rounded to TF32: both exact in TF32, so the
+    tensor cores read them whole (they drop a float32 operand's 13 low bits), and hi + lo = x within 2^-22 |x|."""
+    hi = _rna(x)
+    return hi, _rna(x - hi)
 
 
 def triton_3xtf32(a_split, b_split, config):
