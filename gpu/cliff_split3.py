@@ -9,8 +9,10 @@ TF32 with a hi / lo split" worth building into the triton backend: how fast, and
     python gpu/cliff_split3.py OUT_DIR --rehearse  # tiny shapes on the CPU (its matmuls ignore TF32)
 
 Rows in OUT_DIR/split3.jsonl as they are taken: ``correct`` (relative loss / gradient errors against the float64
-reference) and ``speed`` (fwd + bwd median ms, CUDA events, after two warm-ups) of ``split3``, ``split3_compiled``
-and ``reference_compiled`` (float32 "highest"), the variants of a shape timed in turn.
+reference) and ``speed`` (fwd + bwd median ms, CUDA events, after two warm-ups) of ``split3``, ``split3_compiled``,
+``triton3`` (issue 53: the three products on gpu/experiments/gemm_3xtf32.py's Triton 3xTF32 kernel, operands split
+once, the rest of the reference eager) and ``reference_compiled`` (float32 "highest"), the variants of a shape timed
+in turn.
 """
 
 from __future__ import annotations
@@ -48,21 +50,23 @@ def main(argv: list[str]) -> None:
         rows.flush()
 
     plain_torch = ref.torch
-    MODES.clear()
-    MODES.add("split3")
     for n, d, m, k in REHEARSAL if rehearse else SHAPES:
         case = f"{n}x{d} M{m} K{k}"
         z, idx = inputs(n, d, m, device)
         torch.set_float32_matmul_precision("highest")
         want, gwant = fwd_bwd(_loss(k), z.double(), idx)
         plain = _loss(k)
-        variants = {  # (function, the module's torch, matmul precision)
-            "reference_compiled": (torch.compile(plain, dynamic=False), plain_torch, "highest"),
-            "split3": (plain, _Torch(), "high"),
-            "split3_compiled": (torch.compile(_loss(k), dynamic=False), _Torch(), "high"),
+        variants = {  # (function, the module's torch, matmul precision, emulation modes)
+            "reference_compiled": (torch.compile(plain, dynamic=False), plain_torch, "highest", set()),
+            "split3": (plain, _Torch(), "high", {"split3"}),
+            "split3_compiled": (torch.compile(_loss(k), dynamic=False), _Torch(), "high", {"split3"}),
+            # the products on gpu/experiments/gemm_3xtf32.py's Triton kernel (pre-split operands), the rest eager
+            "triton3": (plain, _Torch(), "highest", {"triton3"}),
         }
-        for name, (fn, module_torch, mode) in variants.items():
+        for name, (fn, module_torch, mode, modes) in variants.items():
             ref.torch = module_torch
+            MODES.clear()
+            MODES.update(modes)
             torch.set_float32_matmul_precision(mode)
             try:
                 got, g = fwd_bwd(fn, z, idx)

@@ -13,6 +13,8 @@ norm (relative) and its largest element (relative to the largest). A MODE joins 
 - ``presplit``: the products as gpu/experiments/gemm_3xtf32.py computes them (issue 53's design): each operand
   split once beforehand into hi = rna(a) and lo = rna(a - hi), both exact in TF32 (so the tensor cores read them
   whole), lo @ hi + hi @ lo + hi @ hi accumulated in float32;
+- ``triton3``: not an emulation: the products run gpu/experiments/gemm_3xtf32.py's Triton kernel on the
+  ``presplit`` operands (a GPU, or the interpreter; gpu/cliff_split3.py's ``triton3`` variant);
 - ``tf32``: the products with both operands truncated to TF32 (one TF32 MMA);
 - ``split3``: the products as three matmuls on the operands split as for ``tf32x3``, at torch's matmul precision
   (gpu/cliff_split3.py: three cuBLAS TF32 GEMMs on a GPU under "high"; exact on a CPU);
@@ -55,8 +57,12 @@ def _trunc(x):  # a raw float32 operand as a TF32 MMA reads it
 
 
 def _mm(a, b):
-    if a.dtype == torch.float64 or not MODES & {"tf32", "tf32x3", "split3", "presplit"}:
+    if a.dtype == torch.float64 or not MODES & {"tf32", "tf32x3", "split3", "presplit", "triton3"}:
         return a @ b
+    if "triton3" in MODES:
+        from gemm_3xtf32 import CONFIGS, split, triton_3xtf32  # beside this file
+
+        return triton_3xtf32(split(a), split(b), CONFIGS[0])
     if "presplit" in MODES:  # both parts exact in TF32: their products exact in float32, float32 accumulation
         ah, bh = _rna(a), _rna(b)
         al, bl = _rna(a - ah), _rna(b - bh)
