@@ -392,14 +392,13 @@ def _triton_kde(name):
 def small_tiles(monkeypatch):
     klm, grid = _triton_kde("klm"), _triton_kde("grid")
     # KLM: "warps" of 4 threads, 2 latents a thread (float32 forward; else 1): d = 3 pads to 4 latents, 2 threads a
-    # row and 2 rows a block (else 4 threads, 2 rows); ranges of 3 samples a (several, the last partial); prologue
-    # steps of 4 rows and 2 latents, chain programs of 4 rows. kde_grid: 4-wide point/sample tiles. Every shape
-    # below has several blocks and a partial last one, exercising the streaming loops, the masks and the ordered
-    # reductions
-    for name, value in {"WARP": 4, "KLM_ROW_VALUES": 2, "KLM_MIN_SPAN": 3}.items():
+    # row and 2 rows a block (else 4 threads, 2 rows); ranges of 3 samples a (several, the last partial); load steps
+    # of 4 values (prologue steps of 2 rows x 2 latents, loss partials 4 a step, chain partials 1-2 rows a step),
+    # chain programs of 4 rows. kde_grid: 4-wide point/sample tiles. Every shape below has several blocks and a
+    # partial last one, exercising the streaming loops, the masks and the ordered reductions
+    for name, value in {"WARP": 4, "KLM_ROW_VALUES": 2, "KLM_MIN_SPAN": 3, "KLM_STEP_VALUES": 4}.items():
         monkeypatch.setattr(klm, name, value)
-    for name in ("KLM_PROLOGUE_ROWS", "KLM_CHAIN_ROWS"):
-        monkeypatch.setattr(klm, name, 4)
+    monkeypatch.setattr(klm, "KLM_CHAIN_ROWS", 4)
     monkeypatch.setattr(klm, "KLM_PROLOGUE_COLS", 2)
     monkeypatch.setattr(grid, "BLOCK_K_GRID", 4)
     monkeypatch.setattr(grid, "BLOCK_S_GRID", 4)
@@ -421,7 +420,7 @@ def _grads_vs_reference(fn, inputs, up=None):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 # 17 x 2: 5 row blocks of 4 (float32 forward; else 9 of 2) x 5 ranges of 4 samples a, the last of 1; the
-# forward's loss partials of 5 blocks added in 2 steps of 4
+# forward's loss partials of 5 (or 9) blocks added in 2 (3) steps of 4; the chain's 9 in 5 steps of 2
 @pytest.mark.parametrize("shape", [(7, 3), (5, 1), (9, 5), (17, 2)])
 def test_triton_klm_matches_reference(small_tiles, shape, dtype):
     n, d = shape

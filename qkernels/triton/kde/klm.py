@@ -7,7 +7,7 @@ Issue 53's shape, from the arithmetic: 4096 x 64 is ~1.07e9 Gaussians per pass, 
 (~0.26 ms per pass on an H100), not by its ~2 MB of data. The earlier kernel (symmetric (8 x 8 x 64) tiles,
 gpu/experiments/klm_symmetric.py) reduced every tile across threads three ways and took 4.2 ms forward + backward on
 an H200. Here no reduction crosses a thread in the pair loop but the joint exponent's, over the 2-4 threads of a
-row when d > 32 (one shuffle per pair); the price is visiting each ordered pair, not each unordered pair, once.
+row when d > 32 (1-2 shuffles a pair); the price is visiting each ordered pair, not each unordered pair, once.
 
 - ``_klm_prologue`` (grid: latent blocks): the std (given, or z's population std + 1e-6) and the transposed,
   scaled samples u = z / std c (d, n), c = sqrt(log2(e) / 2) in float32 (the Gaussians are exp2(-du^2), the SFU's
@@ -39,8 +39,10 @@ LOG2E = 1.4426950408889634
 WARP = 32  # threads of a _klm_pairs program (one warp)
 KLM_ROW_VALUES = 32  # float32 latents a thread holds of its row, forward (above: 2, 4, ... threads a row)
 KLM_MIN_SPAN = 64  # samples a at least per program (the row block's loads and partials amortized over them)
-KLM_PROGRAMS_PER_SM = 16  # one-warp programs wanted per SM (its resident programs: ~12 at ~160 registers)
-KLM_PROLOGUE_ROWS = 128  # rows of z per step of the prologue
+KLM_PROGRAMS_PER_SM = 16  # one-warp programs wanted per SM (resident on sm_90: 14 at 142 registers, 21 at 96)
+KLM_STEP_VALUES = 4096  # values a load step of the prologue's passes and of the reductions over row blocks: each
+# step is a round trip to L2 or HBM, and these loops are short of other work (the symmetric kernel's 8-row steps
+# cost ~120 us a kernel at 4096 x 64 on the H200)
 KLM_CHAIN_ROWS = 16  # rows of z per program of the chain
 KLM_PROLOGUE_COLS = 4  # latents per program of the prologue
 
@@ -153,14 +155,15 @@ def _klm_pairs(
     BACKWARD: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):
     """Program (i, s): rows b of block i against samples a of range s, partials to ws[s, :, rows] (NS = N, the
     tables' row stride, unspecialized). Forward: ws[s, j] = sum_a exp(-du_baj^2) for each latent j and ws[s, D] =
     sum_a exp(-|du_ba|^2 / f^2); the range's last program writes lse's rows and part[i] = sum_b (lse[b, 0] -
-    sum_j lse[b, 1 + j]), the last block out = sum_i part[i] out_scale + const (out_scale = 1 / N: no division).
-    Backward: ws[s, j] = sum_a [(Pj_ba + Pj_ab) - (P_ba + P_ab) / f^2] du_baj (P: the softmaxes of the forward's
-    kernels, from et); the last program writes out[b, j] = g out_scale ws-sum (dLoss/dy, out_scale = 1 / (N c))
-    and part[i, j] = sum_b out[b, j] y_bj."""
+    sum_j lse[b, 1 + j]), the last block out = sum_i part[i] out_scale + const (BLOCK_R partials a step;
+    out_scale = 1 / N: no division). Backward: ws[s, j] = sum_a [(Pj_ba + Pj_ab) - (P_ba + P_ab) / f^2] du_baj
+    (P: the softmaxes of the forward's kernels, from et); the last program writes out[b, j] = g out_scale ws-sum
+    (dLoss/dy, out_scale = 1 / (N c)) and part[i, j] = sum_b out[b, j] y_bj."""
     dt = ut_ptr.dtype.element_ty
     pid_b, pid_s = tl.program_id(0), tl.program_id(1)
     rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -228,9 +231,9 @@ def _klm_pairs(
             tl.store(lse_ptr + rows[None, :] * (D + 1) + 1 + cols[:, None], lm, mask=m2)
             tl.store(part_ptr + pid_b, tl.sum(lj - tl.sum(lm, 0), 0))
             if last_to_arrive(cnt_ptr + R, R):
-                total = tl.zeros((BLOCK_B,), dt)
-                for i0 in range(0, R, BLOCK_B):
-                    ii = i0 + tl.arange(0, BLOCK_B)
+                total = tl.zeros((BLOCK_R,), dt)
+                for i0 in range(0, R, BLOCK_R):
+                    ii = i0 + tl.arange(0, BLOCK_R)
                     total += tl.load(part_ptr + ii, mask=ii < R, other=0.0, cache_modifier=".cg")
                 tl.store(out_ptr, tl.sum(total, 0) * tl.full((), out_scale, dt) + tl.full((), const, dt))
 
@@ -248,18 +251,21 @@ def _klm_chain(
     HAS_STD: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PART_ROWS: tl.constexpr,
 ):
-    """z = y std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j (part's P rows, added in order); the default
-    std adds dstd_j (z_bj - mean_j) / (N sqrt(var_j)) (0 where var_j = 0). gz holds dLoss/dy on entry and
-    dLoss/dz on exit; program 0 writes dLoss/dstd (given std)."""
+    """z = y std: dz = dy / std, dstd_j = -sum_b dy_bj y_bj / std_j (part's P rows, PART_ROWS a step, added in a
+    fixed order); the default std adds dstd_j (z_bj - mean_j) / (N sqrt(var_j)) (0 where var_j = 0). gz holds
+    dLoss/dy on entry and dLoss/dz on exit; program 0 writes dLoss/dstd (given std)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
     m = (rows < N)[:, None] & cmask[None, :]
     std = tl.load(stat_ptr + cols, mask=cmask, other=1.0)
-    s = tl.zeros((BLOCK_D,), std.dtype)
-    for p in range(0, P):
-        s += tl.load(part_ptr + p * D + cols, mask=cmask, other=0.0)
+    acc = tl.zeros((PART_ROWS, BLOCK_D), std.dtype)
+    for p0 in range(0, P, PART_ROWS):
+        ps = p0 + tl.arange(0, PART_ROWS)
+        acc += tl.load(part_ptr + ps[:, None] * D + cols[None, :], mask=(ps < P)[:, None] & cmask[None, :], other=0.0)
+    s = tl.sum(acc, 0)
     gstd = -s / std
     offs = rows[:, None] * D + cols[None, :]
     gz = tl.load(gz_ptr + offs, mask=m, other=0.0) / std[None, :]
@@ -298,7 +304,7 @@ def _prologue(z, std, lse):
         _scale(z),
         HAS_STD=std is not None,
         BACKWARD=lse is not None,
-        ROWS=KLM_PROLOGUE_ROWS,
+        ROWS=KLM_STEP_VALUES // KLM_PROLOGUE_COLS,
         BLOCK_C=KLM_PROLOGUE_COLS,
     )
     return stat, ut, et
@@ -333,6 +339,7 @@ def _pairs(z, ut, et, lse, part, out, g, backward):
         BACKWARD=backward,
         BLOCK_B=block_b,
         BLOCK_D=block_d,
+        BLOCK_R=min(next_pow2(blocks), KLM_STEP_VALUES),
         num_warps=1,
     )
 
@@ -375,5 +382,6 @@ def klm_backward(
         HAS_STD=std is not None,
         ROWS=KLM_CHAIN_ROWS,
         BLOCK_D=next_pow2(d),
+        PART_ROWS=max(1, min(next_pow2(blocks), KLM_STEP_VALUES // next_pow2(d))),
     )
     return gz, gstd
