@@ -359,6 +359,46 @@ def test_cpu_kernels_bitwise_independent_of_thread_count():
     assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
+@pytest.mark.parametrize("given_std", [False, True])
+def test_triton_klm_in_a_cuda_graph(given_std):
+    """Issue 53's KLM (arrival tickets, their counters made inside the capture): forward + backward captured in a
+    CUDA graph at the benchmark's 4096 x 64 and replayed twice: the eager results bit for bit, and no host
+    synchronization inside the op."""
+    if "triton" not in backends_of("klm"):
+        pytest.skip("triton KDE backend not available")
+    z0 = latents(4096, 64, torch.float32, seed=7)
+    s0 = (ref.population_std(z0) * 1.3 + 0.1).detach()
+    z, s = z0.clone().requires_grad_(), s0.clone().requires_grad_()
+
+    def step():
+        z.grad = s.grad = None
+        with qkernels.use_backend("triton"):
+            loss = klm_loss(z, std=s) if given_std else klm_loss(z)
+        loss.backward()
+        return loss
+
+    want = [t.detach().clone() for t in (step(), z.grad) + ((s.grad,) if given_std else ())]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            loss = step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        got = (loss, z.grad) + ((s.grad,) if given_std else ())
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b.detach())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("deriv", [False, True])
 def test_kde_grid_backends_match_reference(dtype, deriv):
