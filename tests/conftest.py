@@ -174,6 +174,29 @@ def unless_interpreted(cases: list, *left_out: tuple) -> list:
     return cases if DEVICE == "cuda" else [c for c in cases if c not in left_out]
 
 
+def assert_graph_replays_match(step: Callable[[], Any], want: list) -> None:
+    """Capture ``step()`` (a forward + backward returning its outputs and the gradients it made, the tensors ``want``
+    holds from an eager run) in a CUDA graph after a warm-up on a side stream, with host synchronization an error
+    during the capture, then replay it twice: each replay must give ``want`` bit for bit."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            outs = step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(want, outs, strict=True):
+            assert torch.equal(a, b.detach())
+
+
 def tol(dtype: torch.dtype) -> dict:
     """assert_close tolerances per dtype."""
     return {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import require, unless_interpreted
+from conftest import assert_graph_replays_match, require, unless_interpreted
 
 import qkernels
 from qkernels._backend import implementations, kernels
@@ -376,27 +376,9 @@ def test_triton_klm_in_a_cuda_graph(given_std):
         with qkernels.use_backend("triton"):
             loss = klm_loss(z, std=s) if given_std else klm_loss(z)
         loss.backward()
-        return loss
+        return (loss, z.grad) + ((s.grad,) if given_std else ())
 
-    want = [t.detach().clone() for t in (step(), z.grad) + ((s.grad,) if given_std else ())]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph):
-            loss = step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    for _ in range(2):
-        graph.replay()
-        torch.cuda.synchronize()
-        got = (loss, z.grad) + ((s.grad,) if given_std else ())
-        for a, b in zip(want, got, strict=True):
-            assert torch.equal(a, b.detach())
+    assert_graph_replays_match(step, [t.detach().clone() for t in step()])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

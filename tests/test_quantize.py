@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import BACKENDS, DEVICE, KERNEL_BACKENDS, tol, unless_interpreted
+from conftest import BACKENDS, DEVICE, KERNEL_BACKENDS, assert_graph_replays_match, tol, unless_interpreted
 
 import qkernels
 from qkernels import nn as qnn
@@ -728,26 +728,9 @@ def test_triton_latent_quantize_in_a_cuda_graph(global_codebook):
         with qkernels.use_backend("triton"):
             out = qkernels.latent_quantize(z, v)
         ((out.z_q * up).sum() + 0.3 * out.loss_quantize + 0.7 * out.loss_commit).backward()
-        return out
+        return out.z_q, out.indices, out.loss_quantize, out.loss_commit, z.grad, v.grad
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph):
-            out = step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    for _ in range(2):
-        graph.replay()
-        torch.cuda.synchronize()
-        got = (out.z_q, out.indices, out.loss_quantize, out.loss_commit, z.grad, v.grad)
-        for a, b in zip(want, got, strict=True):
-            assert torch.equal(a, b.detach())
+    assert_graph_replays_match(step, want)
 
 
 # ---------------------------------------------------------------------------- ops: opcheck
